@@ -1,0 +1,36 @@
+"""kprof-callbacks: profile real PyTorch training, read it fast, measure custom layers.
+
+Front doors: ``session`` (plain loops), ``ProfilerCallback`` (Lightning), ``compare`` and ``swap`` (custom
+layers), ``summarize`` (trace files -> Summary) and ``time_cuda`` (CUDA-event timing of one function).
+Heavy pieces (Lightning, the analysis, the kernels) are imported on first use, so ``import kprof_callbacks``
+stays cheap inside a training script.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .config import ProfileConfig
+from .session import Session, session
+from .timing import time_cuda
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "ProfilerCallback": ".callback",
+    "summarize": ".analysis",
+    "Summary": ".analysis",
+    "swap": ".swap",
+    "compare": ".compare",
+    "Comparison": ".compare",
+    "kernels": ".kernels",
+}
+
+__all__ = ["ProfileConfig", "Session", "session", "time_cuda", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name], __name__)
+        return module if name == "kernels" else getattr(module, name)
+    raise AttributeError(f"module 'kprof_callbacks' has no attribute {name!r}")

@@ -1,0 +1,155 @@
+"""Profiling options shared by every front door (session, Lightning callback, CLI), validated up front.
+
+The keywords and defaults mirror ``torch.profiler.schedule`` and ``torch.profiler.profile``; every check runs
+when the object is built, so a typo or a bad number fails before the first training step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity
+
+SCHEDULE_FIELDS = ("skip_first", "wait", "warmup", "active", "repeat")
+TRIGGERS = ("schedule", "on_demand", "slow_step")
+# Environment overrides, e.g. ``KPROF_ACTIVE=5`` or ``KPROF_TRIGGER=on_demand``; ``KPROF=0`` disables profiling.
+_ENV_INTS = {name: f"KPROF_{name.upper()}" for name in SCHEDULE_FIELDS}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileConfig:
+    """What to record and when. Numbers follow ``torch.profiler.schedule``; see the README for each option."""
+
+    logdir: str | os.PathLike = "log"
+    run: str | None = None
+    skip_first: int = 0
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    repeat: int = 1
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    activities: tuple[ProfilerActivity, ...] | None = None
+    enabled: bool = True
+    gzip: bool = False
+    scalars: bool = True
+    trigger: str = "schedule"
+    slow_factor: float = 3.0
+    slow_min_steps: int = 20
+    cooldown: int = 50
+    poll_every: int = 10
+    signal: int | None = None
+    max_captures: int | None = None
+    max_trace_mb: float | None = None
+    nvtx: bool = False
+    memory_snapshot: bool = False
+    write_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        for name in SCHEDULE_FIELDS:
+            value = getattr(self, name)
+            low = 1 if name == "active" else 0
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if self.trigger not in TRIGGERS:
+            raise ValueError(f"trigger must be one of {TRIGGERS}, got {self.trigger!r}")
+        if self.slow_factor <= 1.0:
+            raise ValueError(f"slow_factor must be > 1.0, got {self.slow_factor}")
+        for name in ("slow_min_steps", "poll_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.cooldown < 0:
+            raise ValueError(f"cooldown must be >= 0, got {self.cooldown}")
+        if self.max_captures is not None and self.max_captures < 1:
+            raise ValueError(f"max_captures must be >= 1 or None, got {self.max_captures}")
+        if self.max_trace_mb is not None and self.max_trace_mb <= 0:
+            raise ValueError(f"max_trace_mb must be > 0 or None, got {self.max_trace_mb}")
+        if self.write_timeout <= 0:
+            raise ValueError(f"write_timeout must be > 0, got {self.write_timeout}")
+        if self.signal is not None:
+            try:
+                signal.Signals(self.signal)
+            except ValueError:
+                raise ValueError(f"signal must be a valid signal number, got {self.signal}") from None
+        if self.run is not None and (not self.run or Path(self.run).name != self.run):
+            raise ValueError(f"run must be a plain folder name (no '/' or '..'), got {self.run!r}")
+        if self.activities is not None:
+            object.__setattr__(self, "activities", _check_activities(self.activities))
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> ProfileConfig:
+        """Build from user keywords, letting ``KPROF``/``KPROF_<NAME>`` environment variables win."""
+        unknown = set(kwargs) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown profiling option(s): {', '.join(sorted(unknown))}")
+        for name, var in _ENV_INTS.items():
+            if var in os.environ:
+                kwargs[name] = _env_int(var)
+        if "KPROF_TRIGGER" in os.environ:
+            kwargs["trigger"] = os.environ["KPROF_TRIGGER"]
+        if os.environ.get("KPROF", "1").strip().lower() in ("0", "false", "off", "no"):
+            kwargs["enabled"] = False
+        return cls(**kwargs)
+
+    def resolved_activities(self) -> list[ProfilerActivity]:
+        """Activities to record: the user's, else CPU plus CUDA when a CUDA device is usable."""
+        if self.activities is not None:
+            return list(self.activities)
+        acts = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            acts.append(ProfilerActivity.CUDA)
+        return acts
+
+    def profiler_kwargs(self) -> dict:
+        """The keywords passed straight to ``torch.profiler.profile``."""
+        return dict(
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
+            with_modules=self.with_modules,
+        )
+
+
+def _env_int(var: str) -> int:
+    raw = os.environ[var]
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {var} must be an integer, got {raw!r}") from None
+
+
+_KINDS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _check_types(cfg: ProfileConfig) -> None:
+    """Reject wrong types by name; a bool is not accepted where a number is meant."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        optional = f.type.endswith(" | None")
+        kinds = _KINDS.get(f.type.removesuffix(" | None"))
+        if kinds is None or (value is None and optional):
+            continue
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise TypeError(f"{f.name} must be {f.type}, got {type(value).__name__} {value!r}")
+    if not isinstance(cfg.logdir, (str, os.PathLike)):
+        raise TypeError(f"logdir must be a str or path, got {type(cfg.logdir).__name__}")
+
+
+def _check_activities(activities: Iterable) -> tuple[ProfilerActivity, ...]:
+    if isinstance(activities, (str, bytes)) or not isinstance(activities, Iterable):
+        raise TypeError(f"activities must be a list of torch.profiler.ProfilerActivity, got {activities!r}")
+    acts = tuple(activities)
+    bad = [a for a in acts if not isinstance(a, ProfilerActivity)]
+    if bad or not acts:
+        raise ValueError(f"activities must be a non-empty list of torch.profiler.ProfilerActivity, got {acts!r}")
+    return acts

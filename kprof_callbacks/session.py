@@ -1,0 +1,332 @@
+"""``kprof.session``: profile a plain training loop with a ``torch.profiler`` schedule.
+
+One ``torch.profiler.profile`` lives for the whole session, driven by a schedule that says NONE outside the
+profiled windows, so a step outside a window costs a counter, a timer mark and torch's own step bookkeeping.
+Finished windows go to the background ``TraceWriter``; the training thread never waits on disk.
+Every other front door (the Lightning callback, ``compare``, the CLI) drives this class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerAction, ProfilerActivity
+
+from .config import ProfileConfig
+from .timing import StepTimer
+from .triggers import make_trigger
+from .writer import Capture, TraceWriter, worker_name
+
+log = logging.getLogger(__name__)
+
+_SCALAR_EVERY = 50  # steps between hand-offs of step times to the scalar writer
+
+
+class _Plan:
+    """The schedule torch.profiler asks at every step: torch's own for trigger="schedule", else armed windows."""
+
+    def __init__(self, cfg: ProfileConfig, allowed: Callable[[], bool]) -> None:
+        self.cfg = cfg
+        self.allowed = allowed  # budgets: may a new window start?
+        self.fixed = (
+            torch.profiler.schedule(
+                skip_first=cfg.skip_first, wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat
+            )
+            if cfg.trigger == "schedule"
+            else None
+        )
+        self.armed_at: int | None = None  # first step of an armed (triggered) window
+        self.window_start: int | None = None  # first step of the window in progress, any trigger
+        self.reason = cfg.trigger
+
+    def arm(self, step: int, reason: str) -> bool:
+        """Start a window at ``step`` (warmup, then ``active`` recorded steps) unless one is running."""
+        if self.armed_at is not None or self.window_start is not None or not self.allowed():
+            return False
+        self.armed_at, self.reason = step, reason
+        return True
+
+    def __call__(self, step: int) -> ProfilerAction:
+        if self.armed_at is not None:
+            action = _window_action(step - self.armed_at, self.cfg.warmup, self.cfg.active)
+            if action is ProfilerAction.NONE and step > self.armed_at:
+                self.armed_at = None
+        elif self.fixed is not None:
+            action = self.fixed(step)
+        else:
+            action = ProfilerAction.NONE
+        if action is ProfilerAction.NONE:
+            self.window_start = None
+        elif self.window_start is None:
+            if not self.allowed():
+                self.armed_at = None
+                return ProfilerAction.NONE
+            self.window_start = step
+        return action
+
+
+def _window_action(offset: int, warmup: int, active: int) -> ProfilerAction:
+    if offset < 0 or offset >= warmup + active:
+        return ProfilerAction.NONE
+    if offset < warmup:
+        return ProfilerAction.WARMUP
+    return ProfilerAction.RECORD_AND_SAVE if offset == warmup + active - 1 else ProfilerAction.RECORD
+
+
+class Session:
+    """A profiled training loop: call ``step()`` once per step inside ``with kprof.session(...) as s``."""
+
+    _active: Session | None = None  # torch.profiler allows one profiler per process
+
+    def __init__(self, config: ProfileConfig, *, on_trace: Callable[[Path], None] | None = None) -> None:
+        self.config = config
+        self.on_trace = on_trace
+        self.steps = 0
+        self.captures: list[Capture] = []
+        self._timer = StepTimer()
+        self._samples: list[int | None] = []
+        self._scalars_sent = 0
+        self._prof = None
+        self._writer: TraceWriter | None = None
+        self._state = "new"
+        self._activities: list[ProfilerActivity] = []
+        self.run_dir: Path | None = None
+        if config.enabled:
+            self.run_dir = _make_run_dir(Path(config.logdir), config.run)
+            self._activities = _usable_activities(config.resolved_activities())
+        self._plan = _Plan(config, self._may_capture)
+        self._trigger = make_trigger(config, self) if config.enabled else None
+
+    # -- public surface ---------------------------------------------------------------------------------------
+    @property
+    def trace_files(self) -> list[Path]:
+        """Trace files written so far (complete files only, in the order they were written)."""
+        return list(self._writer.files) if self._writer else []
+
+    @property
+    def step_times(self) -> list[float]:
+        """Seconds per completed step (waits for outstanding CUDA events, so call it outside the hot loop)."""
+        self._timer.drain()
+        return list(self._timer.times)
+
+    @property
+    def recording(self) -> bool:
+        """True while the current step is inside a profiling window (warm-up or recorded)."""
+        return self._prof is not None and self._prof.current_action is not ProfilerAction.NONE
+
+    def step(self, samples: int | None = None) -> None:
+        """Mark the end of one training step; ``samples`` (the batch size) turns step times into throughput."""
+        if self._state != "running":
+            raise RuntimeError(f"Session.step() called on a session that is {self._state}; use it inside `with`")
+        self.steps += 1
+        self._timer.mark()
+        self._samples.append(samples)
+        if self._prof is None:
+            return
+        if self._trigger is not None:
+            self._trigger.on_step(self.steps)
+        self._prof.step()
+        if self.config.scalars and self.steps % _SCALAR_EVERY == 0:
+            self._send_scalars()
+
+    def region(self, name: str) -> contextlib.AbstractContextManager:
+        """A labelled range (``record_function``) in the trace; a no-op outside profiling windows."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"region name must be a non-empty str, got {name!r}")
+        if self.recording:
+            return torch.profiler.record_function(name)
+        return contextlib.nullcontext()
+
+    def arm(self, reason: str = "manual") -> bool:
+        """Capture the next steps (warm-up + ``active``) now, whatever the trigger; False if one is running."""
+        return self._prof is not None and self._plan.arm(self.steps + 1, reason)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until traces handed to the writer are on disk (at most ``timeout``, default ``write_timeout``)."""
+        if self._writer is not None:
+            self._writer.flush(self.config.write_timeout if timeout is None else timeout)
+
+    def summary(self):
+        """Summarize this run's trace files (``kprof.summarize``), after any pending writes land."""
+        from .analysis import summarize
+
+        if self.run_dir is None:
+            raise RuntimeError("this session was disabled (enabled=False or KPROF=0): there is nothing to summarize")
+        self.flush()
+        return summarize(self.run_dir)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def __enter__(self) -> Session:
+        if self._state != "new":
+            raise RuntimeError("a kprof Session can be entered only once; create a new one with kprof.session()")
+        self._state = "running"
+        self._timer.mark()
+        if not self.config.enabled:
+            return self
+        if Session._active is not None or torch.autograd.profiler._is_profiler_enabled:
+            self._state = "failed"
+            raise RuntimeError(
+                "another profiler is already running in this process (a kprof session, torch.profiler, or "
+                "Lightning's profiler='pytorch'); torch can run only one at a time"
+            )
+        self._writer = TraceWriter(
+            self.run_dir,
+            worker_name(_rank()),
+            compress=self.config.gzip,
+            max_bytes=None if self.config.max_trace_mb is None else int(self.config.max_trace_mb * 2**20),
+            on_trace=self.on_trace,
+        )
+        self._prof = torch.profiler.profile(
+            activities=self._activities,
+            schedule=self._plan,
+            on_trace_ready=self._trace_ready,
+            **self.config.profiler_kwargs(),
+        )
+        if self._trigger is not None:
+            self._trigger.start()
+        Session._active = self
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._state != "running":
+            return False
+        self._state = "closed"
+        if self._prof is None:
+            return False
+        try:
+            self._prof.__exit__(exc_type, exc, tb)  # saves a window cut short by an exception too
+        finally:
+            Session._active = None
+            if self._trigger is not None:
+                self._trigger.stop()
+            if self.config.scalars:
+                self._timer.drain()
+                self._send_scalars()
+            interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
+            timeout = min(self.config.write_timeout, 10.0) if interrupted else self.config.write_timeout
+            self._writer.close(timeout)
+        return False
+
+    # -- internals ---------------------------------------------------------------------------------------------
+    def _may_capture(self) -> bool:
+        cfg, writer = self.config, self._writer
+        if cfg.max_captures is not None and len(self.captures) >= cfg.max_captures:
+            return False
+        return not (writer is not None and writer.over_budget)
+
+    def _trace_ready(self, prof) -> None:
+        last = prof.step_num - 1 if self._state == "running" else prof.step_num
+        first = max(self._plan.window_start or 0, last - self.config.active + 1)
+        capture = Capture(first_step=first, last_step=last, reason=self._plan.reason)
+        self.captures.append(capture)
+        self._writer.submit(prof, capture)
+
+    def _send_scalars(self) -> None:
+        self._timer.poll()
+        times = self._timer.times
+        start, end = self._scalars_sent, len(times)
+        if end <= start:
+            return
+        batch = [(i + 1, times[i], self._samples[i] if i < len(self._samples) else None) for i in range(start, end)]
+        self._scalars_sent = end
+        self._writer.submit_call(_ScalarSink.for_dir(self.run_dir).bind(batch))
+
+
+class _ScalarSink:
+    """Step time and throughput as TensorBoard scalars beside the traces (runs on the writer thread)."""
+
+    _sinks: dict[Path, _ScalarSink] = {}
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._writer = None
+
+    @classmethod
+    def for_dir(cls, run_dir: Path) -> _ScalarSink:
+        return cls._sinks.setdefault(run_dir, cls(run_dir))
+
+    def bind(self, batch: list[tuple[int, float, int | None]]) -> Callable[[], None]:
+        def write() -> None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            if self._writer is None:
+                self._writer = SummaryWriter(str(self.run_dir))
+            for step, seconds, samples in batch:
+                self._writer.add_scalar("kprof/step_time_ms", seconds * 1e3, step)
+                if samples:
+                    self._writer.add_scalar("kprof/throughput_samples_per_s", samples / seconds, step)
+            self._writer.flush()
+
+        write.__qualname__ = "writing step-time scalars"
+        return write
+
+
+def _rank() -> int | None:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ["RANK"]) if "RANK" in os.environ else None
+
+
+def _make_run_dir(logdir: Path, run: str | None) -> Path:
+    """Create ``logdir/run`` (a fresh timestamped name when ``run`` is None) and check it is writable now."""
+    if run is None:
+        run = _shared_run_name(logdir)
+    run_dir = logdir / run
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".kprof-write-check-"):
+            pass
+    except OSError as exc:
+        raise PermissionError(f"kprof cannot write traces to {run_dir}: {exc.strerror or exc}") from exc
+    return run_dir
+
+
+def _shared_run_name(logdir: Path) -> str:
+    """A readable, unused run name (``YYYYmmdd-HHMMSS[-N]``), the same on every rank of a distributed job."""
+    name = None
+    if _rank() in (None, 0):
+        base = time.strftime("%Y%m%d-%H%M%S")
+        name, n = base, 1
+        while (logdir / name).exists():
+            n += 1
+            name = f"{base}-{n}"
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [name]
+        dist.broadcast_object_list(box, src=0)
+        name = box[0]
+    if name is None:
+        raise RuntimeError("RANK is set but torch.distributed is not initialized: pass run= explicitly")
+    return name
+
+
+def _usable_activities(requested: list[ProfilerActivity]) -> list[ProfilerActivity]:
+    """Drop CUDA activity with one warning where no CUDA device can be profiled."""
+    if ProfilerActivity.CUDA in requested and not torch.cuda.is_available():
+        warnings.warn(
+            "kprof: CUDA activity was requested but no CUDA device is usable; profiling CPU activity only",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        requested = [a for a in requested if a is not ProfilerActivity.CUDA] or [ProfilerActivity.CPU]
+    return requested
+
+
+def session(logdir: str | os.PathLike = "log", **options) -> Session:
+    """Profile a training loop: ``with kprof.session("log", run="baseline") as s: ... s.step()``.
+
+    Options mirror ``torch.profiler.schedule``/``profile`` (``skip_first=0, wait=1, warmup=1, active=3,
+    repeat=1, record_shapes, profile_memory, with_stack, with_flops, activities``) plus kprof's own (``run``,
+    ``enabled``, ``gzip``, ``scalars``, ``trigger``, budgets); see ``ProfileConfig``. Bad values raise here,
+    before training starts. ``enabled=False`` or ``KPROF=0`` makes it a no-op with no profiler.
+    """
+    return Session(ProfileConfig.from_kwargs(logdir=logdir, **options))

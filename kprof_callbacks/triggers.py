@@ -1,0 +1,105 @@
+"""Triggers that arm a capture while training runs: on demand (signal or a PROFILE file) or after a slow step.
+
+A trigger only calls ``session.arm(reason)``; the session's plan then records the next warm-up + ``active``
+steps exactly as a scheduled window would, and budgets (``max_captures``, ``max_trace_mb``) still apply.
+"""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import threading
+import warnings
+from collections import deque
+from typing import TYPE_CHECKING
+
+from .config import ProfileConfig
+
+if TYPE_CHECKING:
+    from .session import Session
+
+PROFILE_FILE = "PROFILE"
+
+
+class OnDemand:
+    """Arms a capture when the process gets ``signal`` (default SIGUSR1) or ``<run_dir>/PROFILE`` appears."""
+
+    def __init__(self, cfg: ProfileConfig, session: Session) -> None:
+        self.session = session
+        self.poll_every = cfg.poll_every
+        self.signum = signal.SIGUSR1 if cfg.signal is None else cfg.signal
+        self.request = session.run_dir / PROFILE_FILE
+        self._signalled = False
+        self._previous = None
+        self._installed = False
+
+    def start(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            warnings.warn(
+                f"kprof: not on the main thread, so no signal handler; create {self.request} to trigger a capture",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return
+        self._previous = signal.getsignal(self.signum)
+        signal.signal(self.signum, self._on_signal)
+        self._installed = True
+
+    def stop(self) -> None:
+        if self._installed:
+            signal.signal(self.signum, self._previous)
+            self._installed = False
+
+    def _on_signal(self, signum, frame) -> None:
+        self._signalled = True
+        if callable(self._previous):  # chain the handler the program had before ours
+            self._previous(signum, frame)
+
+    def on_step(self, step: int) -> None:
+        if self._signalled:
+            self._signalled = False
+            self.session.arm(f"signal {signal.Signals(self.signum).name} at step {step}")
+        elif step % self.poll_every == 0 and self.request.exists():
+            self.request.unlink(missing_ok=True)  # consumed: one file, one capture
+            self.session.arm(f"{PROFILE_FILE} file at step {step}")
+
+
+class SlowStep:
+    """Arms a capture when a step takes more than ``slow_factor`` times the running median step time."""
+
+    def __init__(self, cfg: ProfileConfig, session: Session) -> None:
+        self.session = session
+        self.factor = cfg.slow_factor
+        self.min_steps = cfg.slow_min_steps
+        self.cooldown = cfg.cooldown
+        self.refresh = cfg.poll_every
+        self.recent: deque[float] = deque(maxlen=max(cfg.slow_min_steps, 101))
+        self.median = 0.0
+        self.seen = 0
+        self.quiet_until = 0
+        self.fired: list[tuple[int, float, float]] = []  # (step, seconds, median seconds) of each firing
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def on_step(self, step: int) -> None:
+        timer = self.session._timer
+        timer.poll()
+        for seconds in timer.times[self.seen :]:
+            self.seen += 1
+            if self.seen > self.min_steps and self.seen >= self.quiet_until and seconds > self.factor * self.median:
+                reason = f"slow step {self.seen}: {seconds * 1e3:.2f} ms = {seconds / self.median:.1f}x median"
+                if self.session.arm(reason):
+                    self.fired.append((self.seen, seconds, self.median))
+                    self.quiet_until = self.seen + self.cooldown
+            self.recent.append(seconds)
+            if self.seen % self.refresh == 0 or self.seen <= self.min_steps:
+                self.median = statistics.median(self.recent)
+
+
+def make_trigger(cfg: ProfileConfig, session: Session) -> OnDemand | SlowStep | None:
+    """The trigger object for ``cfg.trigger`` (None for the fixed schedule)."""
+    return {"on_demand": OnDemand, "slow_step": SlowStep}.get(cfg.trigger, lambda *_: None)(cfg, session)

@@ -1,0 +1,170 @@
+"""Trace writer: takes finished captures off the training thread and writes them safely.
+
+``on_trace_ready`` only hands the finished capture to a background thread; that thread exports it to
+``<run_dir>/<worker>.<time_ns>.pt.trace.json[.gz].partial`` and renames it into place, so a file with the final
+name (the name TensorBoard and ``kprof summary`` read) is always complete. Write errors (disk full, logdir gone)
+drop that capture with one warning; they never reach the training loop.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import queue
+import shutil
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PARTIAL = ".partial"
+TRACE_SUFFIX = ".pt.trace.json"
+
+
+def worker_name(rank: int | None = None) -> str:
+    """``<host>_<pid>`` as torch's tensorboard_trace_handler names workers, prefixed ``rank<R>_`` when distributed."""
+    name = f"{socket.gethostname()}_{os.getpid()}"
+    return name if rank is None else f"rank{rank}_{name}"
+
+
+@dataclass
+class Capture:
+    """One profiled window: the steps it covers and where its trace went (``path`` is None until written)."""
+
+    first_step: int
+    last_step: int
+    reason: str
+    path: Path | None = None
+    bytes: int = 0
+    error: str | None = None
+
+
+class TraceWriter:
+    """Background exporter for finished ``torch.profiler`` captures (one daemon thread, bounded queue)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        worker: str,
+        *,
+        compress: bool = False,
+        max_bytes: int | None = None,
+        max_pending: int = 2,
+        on_trace: Callable[[Path], None] | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.worker = worker
+        self.compress = compress
+        self.max_bytes = max_bytes
+        self.on_trace = on_trace
+        self.written_bytes = 0
+        self.files: list[Path] = []
+        self.errors: list[str] = []
+        self._warned: set[str] = set()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._slots = threading.BoundedSemaphore(max_pending)  # captures held in memory, waiting to be written
+        self._thread = threading.Thread(target=self._loop, name="kprof-trace-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def over_budget(self) -> bool:
+        """True once the traces written reach ``max_bytes``: later captures are skipped (oldest traces win)."""
+        return self.max_bytes is not None and self.written_bytes >= self.max_bytes
+
+    def submit(self, prof, capture: Capture) -> None:
+        """Queue a finished capture (called on the training thread: never blocks, never raises)."""
+        suffix = TRACE_SUFFIX + (".gz" if self.compress else "")
+        capture.path = self.run_dir / f"{self.worker}.{time.time_ns()}{suffix}"
+        if not self._slots.acquire(blocking=False):
+            self._fail(capture, "busy", "the writer is still busy with earlier captures; a capture was dropped")
+            return
+        # ``prof.profiler`` holds this window's results; the next window gets a new one, so it is ours now.
+        self._jobs.put((prof.profiler, capture))
+
+    def submit_call(self, fn: Callable[[], None]) -> None:
+        """Run a small piece of disk work (e.g. scalar logging) on the writer thread, in order with traces."""
+        self._jobs.put((fn, None))
+
+    def flush(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until everything queued so far is written."""
+        done = threading.Event()
+        self._jobs.put((done.set, None))
+        return done.wait(timeout)
+
+    def close(self, timeout: float) -> bool:
+        """Finish queued writes within ``timeout`` seconds; returns False (and warns) if some were left."""
+        self._jobs.put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            warnings.warn(
+                f"kprof: trace writing did not finish within {timeout:.0f} s; unfinished files are left as "
+                f"'*{PARTIAL}' in {self.run_dir} and are ignored by readers",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            work, capture = job
+            if capture is None:
+                self._run_quietly(work)
+                continue
+            try:
+                self._write(work, capture)
+            finally:
+                self._slots.release()
+
+    def _write(self, results, capture: Capture) -> None:
+        final = capture.path
+        partial = final.with_name(final.name + PARTIAL)
+        try:
+            if self.compress:
+                raw = final.with_name(final.name[: -len(".gz")] + PARTIAL)
+                results.export_chrome_trace(str(raw))
+                with open(raw, "rb") as src, gzip.open(partial, "wb", compresslevel=3) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                raw.unlink()
+            else:
+                results.export_chrome_trace(str(partial))
+            os.replace(partial, final)
+        except Exception as exc:  # disk full, logdir removed, read-only: drop this capture, keep training
+            for leftover in (partial, final.with_name(final.name[: -len(".gz")] + PARTIAL)):
+                leftover.unlink(missing_ok=True)
+            self._fail(capture, "write", f"writing {final.name} failed: {exc}")
+            return
+        capture.bytes = final.stat().st_size
+        self.written_bytes += capture.bytes
+        self.files.append(final)
+        if self.on_trace is not None:
+            self._run_quietly(lambda: self.on_trace(final))
+
+    def _run_quietly(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            self._warn_once("callback", f"{getattr(fn, '__qualname__', fn)!s} raised {type(exc).__name__}: {exc}")
+
+    def _fail(self, capture: Capture, kind: str, message: str) -> None:
+        capture.error = message
+        capture.path = None
+        self.errors.append(message)
+        self._warn_once(kind, message)
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        """Warn the first time each kind of fault happens; later ones go to the debug log and ``errors``."""
+        if kind in self._warned:
+            log.debug("kprof: %s", message)
+            return
+        self._warned.add(kind)
+        warnings.warn(f"kprof: {message} (training continues)", RuntimeWarning, stacklevel=2)
