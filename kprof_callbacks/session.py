@@ -27,6 +27,8 @@ from .triggers import make_trigger
 from .writer import Capture, TraceWriter, worker_name
 
 log = logging.getLogger(__name__)
+# Each window is written as it ends, so torch's reminder that a new cycle starts empty is noise here.
+warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
 
 _SCALAR_EVERY = 50  # steps between hand-offs of step times to the scalar writer
 
@@ -36,7 +38,7 @@ class _Plan:
 
     def __init__(self, cfg: ProfileConfig, allowed: Callable[[], bool]) -> None:
         self.cfg = cfg
-        self.allowed = allowed  # budgets: may a new window start?
+        self.allowed = allowed  # the disk budget: may a new window start?
         self.fixed = (
             torch.profiler.schedule(
                 skip_first=cfg.skip_first, wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat
@@ -47,15 +49,18 @@ class _Plan:
         self.armed_at: int | None = None  # first step of an armed (triggered) window
         self.window_start: int | None = None  # first step of the window in progress, any trigger
         self.reason = cfg.trigger
+        self._last = ProfilerAction.NONE
+        self.started = 0  # windows begun, counted against max_captures
 
     def arm(self, step: int, reason: str) -> bool:
         """Start a window at ``step`` (warmup, then ``active`` recorded steps) unless one is running."""
-        if self.armed_at is not None or self.window_start is not None or not self.allowed():
+        if self.armed_at is not None or self.window_start is not None:
             return False
         self.armed_at, self.reason = step, reason
         return True
 
     def __call__(self, step: int) -> ProfilerAction:
+        """torch.profiler calls this once per step with the step about to run."""
         if self.armed_at is not None:
             action = _window_action(step - self.armed_at, self.cfg.warmup, self.cfg.active)
             if action is ProfilerAction.NONE and step > self.armed_at:
@@ -64,13 +69,15 @@ class _Plan:
             action = self.fixed(step)
         else:
             action = ProfilerAction.NONE
+        if action is not ProfilerAction.NONE and self._last in (ProfilerAction.NONE, ProfilerAction.RECORD_AND_SAVE):
+            if self.allowed() and (self.cfg.max_captures is None or self.started < self.cfg.max_captures):
+                self.window_start = step
+                self.started += 1
+            else:
+                action, self.armed_at = ProfilerAction.NONE, None
         if action is ProfilerAction.NONE:
             self.window_start = None
-        elif self.window_start is None:
-            if not self.allowed():
-                self.armed_at = None
-                return ProfilerAction.NONE
-            self.window_start = step
+        self._last = action
         return action
 
 
@@ -219,10 +226,7 @@ class Session:
 
     # -- internals ---------------------------------------------------------------------------------------------
     def _may_capture(self) -> bool:
-        cfg, writer = self.config, self._writer
-        if cfg.max_captures is not None and len(self.captures) >= cfg.max_captures:
-            return False
-        return not (writer is not None and writer.over_budget)
+        return not (self._writer is not None and self._writer.over_budget)
 
     def _trace_ready(self, prof) -> None:
         last = prof.step_num - 1 if self._state == "running" else prof.step_num
