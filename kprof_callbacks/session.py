@@ -198,6 +198,8 @@ class Session:
             on_trace_ready=self._trace_ready,
             **self.config.profiler_kwargs(),
         )
+        if self.config.scalars:
+            import torch.utils.tensorboard  # noqa: F401  (import now: an import mid-training would hold the GIL)
         if self._trigger is not None:
             self._trigger.start()
         Session._active = self

@@ -45,6 +45,62 @@ class Capture:
     error: str | None = None
 
 
+def _raw_name(partial: Path) -> Path:
+    return partial.with_name(partial.name + ".raw")
+
+
+def _export(results, dest: Path, compress: bool) -> None:
+    """Write one capture's chrome-trace JSON to ``dest`` (gzip-compressed when asked)."""
+    if not compress:
+        results.export_chrome_trace(str(dest))
+        return
+    raw = _raw_name(dest)
+    results.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(dest, "wb", compresslevel=3) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    raw.unlink()
+
+
+def _export_in_child(results, dest: Path, compress: bool, timeout: float) -> None:
+    """``_export`` in a forked child process.
+
+    torch's exporter is C++ that holds the GIL for the whole write (~0.3 s for 20 MB), which would freeze the
+    training thread even from a background thread. The forked child owns a copy-on-write snapshot of the
+    results, writes the file and exits; the parent only waits (without the GIL). The child touches no CUDA.
+    """
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork() in a multi-threaded process
+        pid = os.fork()
+    if pid == 0:  # child: export, report any error through the pipe, never return into the caller's code
+        code = 0
+        try:
+            os.close(read_end)
+            _export(results, dest, compress)
+        except BaseException as exc:
+            os.write(write_end, f"{type(exc).__name__}: {exc}".encode()[:4000])
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                raise TimeoutError(f"trace export did not finish within {timeout:.0f} s")
+            time.sleep(0.005)
+        message = os.read(read_end, 4096).decode(errors="replace")
+    finally:
+        os.close(read_end)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise OSError(message or f"trace export process exited with status {status}")
+
+
 class TraceWriter:
     """Background exporter for finished ``torch.profiler`` captures (one daemon thread, bounded queue)."""
 
@@ -57,12 +113,16 @@ class TraceWriter:
         max_bytes: int | None = None,
         max_pending: int = 2,
         on_trace: Callable[[Path], None] | None = None,
+        fork: bool = True,
+        child_timeout: float = 300.0,
     ) -> None:
         self.run_dir = run_dir
         self.worker = worker
         self.compress = compress
         self.max_bytes = max_bytes
         self.on_trace = on_trace
+        self.fork = fork
+        self.child_timeout = child_timeout
         self.written_bytes = 0
         self.files: list[Path] = []
         self.errors: list[str] = []
@@ -129,17 +189,13 @@ class TraceWriter:
         final = capture.path
         partial = final.with_name(final.name + PARTIAL)
         try:
-            if self.compress:
-                raw = final.with_name(final.name[: -len(".gz")] + PARTIAL)
-                results.export_chrome_trace(str(raw))
-                with open(raw, "rb") as src, gzip.open(partial, "wb", compresslevel=3) as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                raw.unlink()
+            if self.fork and hasattr(os, "fork"):
+                _export_in_child(results, partial, self.compress, self.child_timeout)
             else:
-                results.export_chrome_trace(str(partial))
+                _export(results, partial, self.compress)
             os.replace(partial, final)
         except Exception as exc:  # disk full, logdir removed, read-only: drop this capture, keep training
-            for leftover in (partial, final.with_name(final.name[: -len(".gz")] + PARTIAL)):
+            for leftover in (partial, _raw_name(partial)):
                 leftover.unlink(missing_ok=True)
             self._fail(capture, "write", f"writing {final.name} failed: {exc}")
             return
