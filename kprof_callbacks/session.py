@@ -9,6 +9,7 @@ Every other front door (the Lightning callback, ``compare``, the CLI) drives thi
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import tempfile
@@ -198,8 +199,8 @@ class Session:
             on_trace_ready=self._trace_ready,
             **self.config.profiler_kwargs(),
         )
-        if self.config.scalars:
-            import torch.utils.tensorboard  # noqa: F401  (import now: an import mid-training would hold the GIL)
+        if self.config.scalars:  # import now: an import mid-training would hold the GIL for ~0.1 s
+            importlib.import_module("torch.utils.tensorboard")
         if self._trigger is not None:
             self._trigger.start()
         Session._active = self
