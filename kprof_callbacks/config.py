@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -84,6 +85,8 @@ class ProfileConfig:
             raise ValueError(f"run must be a plain folder name (no '/' or '..'), got {self.run!r}")
         if self.activities is not None:
             object.__setattr__(self, "activities", _check_activities(self.activities))
+        if self.memory_snapshot and not torch.cuda.is_available():
+            warnings.warn("kprof: memory_snapshot=True needs a CUDA device; no snapshot will be saved", RuntimeWarning, stacklevel=4)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> ProfileConfig:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from .config import ProfileConfig
+from .config import ProfileConfig, _check_activities
 from .timing import StepTimer
 from .triggers import make_trigger
 from .writer import Capture, TraceWriter, worker_name
@@ -108,6 +108,9 @@ class Session:
         self._state = "new"
         self._activities: list[ProfilerActivity] = []
         self.run_dir: Path | None = None
+        self._nvtx = config.nvtx and torch.cuda.is_available()
+        if config.nvtx and not self._nvtx:
+            warnings.warn("kprof: nvtx=True needs a CUDA device; no NVTX ranges will be emitted", RuntimeWarning, stacklevel=3)
         if config.enabled:
             self.run_dir = _make_run_dir(Path(config.logdir), config.run)
             self._activities = _usable_activities(config.resolved_activities())
@@ -138,6 +141,9 @@ class Session:
         self.steps += 1
         self._timer.mark()
         self._samples.append(samples)
+        if self._nvtx:
+            torch.cuda.nvtx.range_pop()
+            torch.cuda.nvtx.range_push(f"step {self.steps}")
         if self._prof is None:
             return
         if self._trigger is not None:
@@ -147,12 +153,46 @@ class Session:
             self._send_scalars()
 
     def region(self, name: str) -> contextlib.AbstractContextManager:
-        """A labelled range (``record_function``) in the trace; a no-op outside profiling windows."""
+        """A labelled range (``record_function``) in the trace, free outside profiling windows.
+
+        With ``nvtx=True`` it is also an NVTX range on every step, for Nsight Systems / ``ncu --nvtx``.
+        """
         if not isinstance(name, str) or not name:
             raise ValueError(f"region name must be a non-empty str, got {name!r}")
+        if not (self.recording or self._nvtx):
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
         if self.recording:
-            return torch.profiler.record_function(name)
-        return contextlib.nullcontext()
+            stack.enter_context(torch.profiler.record_function(name))
+        if self._nvtx:
+            stack.enter_context(torch.cuda.nvtx.range(name))
+        return stack
+
+    def pause(self, activities: list[ProfilerActivity] | None = None) -> None:
+        """Stop collecting (all activities, or those given) until ``resume()``; part of a step stays out."""
+        self._toggle(False, activities)
+
+    def resume(self, activities: list[ProfilerActivity] | None = None) -> None:
+        """Collect again after ``pause()``."""
+        self._toggle(True, activities)
+
+    @contextlib.contextmanager
+    def paused(self, activities: list[ProfilerActivity] | None = None):
+        """``with s.paused(): ...`` leaves that code out of the trace (``toggle_collection_dynamic``)."""
+        self.pause(activities)
+        try:
+            yield
+        finally:
+            self.resume(activities)
+
+    def _toggle(self, enable: bool, activities: list[ProfilerActivity] | None) -> None:
+        if self._prof is None:
+            return
+        if not hasattr(self._prof, "toggle_collection_dynamic"):
+            raise NotImplementedError(f"pause/resume need torch.profiler.toggle_collection_dynamic (torch {torch.__version__} lacks it)")
+        acts = self._activities if activities is None else _check_activities(activities)
+        if self.recording:
+            self._prof.toggle_collection_dynamic(enable, list(acts))
 
     def arm(self, reason: str = "manual") -> bool:
         """Capture the next steps (warm-up + ``active``) now, whatever the trigger; False if one is running."""
@@ -178,6 +218,8 @@ class Session:
             raise RuntimeError("a kprof Session can be entered only once; create a new one with kprof.session()")
         self._state = "running"
         self._timer.mark()
+        if self._nvtx:
+            torch.cuda.nvtx.range_push("step 0")
         if not self.config.enabled:
             return self
         if Session._active is not None or torch.autograd.profiler._is_profiler_enabled:
@@ -201,6 +243,8 @@ class Session:
         )
         if self.config.scalars:  # import now: an import mid-training would hold the GIL for ~0.1 s
             importlib.import_module("torch.utils.tensorboard")
+        if self.config.memory_snapshot and torch.cuda.is_available():
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
         if self._trigger is not None:
             self._trigger.start()
         Session._active = self
@@ -211,6 +255,8 @@ class Session:
         if self._state != "running":
             return False
         self._state = "closed"
+        if self._nvtx:
+            torch.cuda.nvtx.range_pop()
         if self._prof is None:
             return False
         try:
@@ -219,6 +265,8 @@ class Session:
             Session._active = None
             if self._trigger is not None:
                 self._trigger.stop()
+            if self.config.memory_snapshot and torch.cuda.is_available():
+                self._dump_memory_snapshot()
             if self.config.scalars:
                 self._timer.drain()
                 self._send_scalars()
@@ -230,6 +278,16 @@ class Session:
     # -- internals ---------------------------------------------------------------------------------------------
     def _may_capture(self) -> bool:
         return not (self._writer is not None and self._writer.over_budget)
+
+    def _dump_memory_snapshot(self) -> None:
+        """Save the CUDA allocator history beside the traces (open it at https://pytorch.org/memory_viz)."""
+        path = self.run_dir / f"{self._writer.worker}.memory_snapshot.pickle"
+        try:
+            torch.cuda.memory._dump_snapshot(str(path))
+        except Exception as exc:  # a snapshot is a bonus: never fail the run for it
+            warnings.warn(f"kprof: could not save the memory snapshot: {exc}", RuntimeWarning, stacklevel=3)
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
 
     def _trace_ready(self, prof) -> None:
         last = prof.step_num - 1 if self._state == "running" else prof.step_num

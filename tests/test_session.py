@@ -317,3 +317,37 @@ def test_slow_step_triggers_capture_and_records_the_slow_step(tmp_path):
     assert len(s.trace_files) == 1
     assert s.captures[0].reason.startswith("slow step 21:")
     assert s.captures[0].first_step >= 21
+
+
+def test_paused_code_is_left_out_of_the_trace(tmp_path):
+    with kprof.session(tmp_path, run="r", wait=0, warmup=0, active=2) as s:
+        for _ in range(2):
+            with s.paused():
+                torch.mm(torch.randn(32, 32), torch.randn(32, 32))
+            torch.relu(torch.randn(32))
+            s.step()
+    names = {e.get("name") for e in _events(s.trace_files[0])}
+    assert "aten::relu" in names and "aten::mm" not in names
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_nvtx_without_cuda_warns_and_emits_nothing(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda *a: calls.append(a))
+    with pytest.warns(RuntimeWarning, match="nvtx=True needs a CUDA device"):
+        s = kprof.session(tmp_path, run="r", nvtx=True)
+    with s:
+        _train(s, 3)
+    assert calls == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_nvtx_ranges_on_cuda(tmp_path, monkeypatch):
+    pushed = []
+    real = torch.cuda.nvtx.range_push
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda msg: (pushed.append(msg), real(msg))[1])
+    with kprof.session(tmp_path, run="r", nvtx=True, wait=0, warmup=0, active=1) as s:
+        _train(s, 3)
+    assert [m for m in pushed if m.startswith("step")] == ["step 0", "step 1", "step 2", "step 3"]
+    assert "forward" in pushed
