@@ -103,6 +103,7 @@ class Session:
         self._timer = StepTimer()
         self._samples: list[int | None] = []
         self._scalars_sent = 0
+        self._times_read = 0
         self._prof = None
         self._writer: TraceWriter | None = None
         self._state = "new"
@@ -128,6 +129,13 @@ class Session:
         """Seconds per completed step (waits for outstanding CUDA events, so call it outside the hot loop)."""
         self._timer.drain()
         return list(self._timer.times)
+
+    def new_step_times(self) -> list[float]:
+        """Seconds per step for the steps completed since the last call, without waiting for the GPU."""
+        self._timer.poll()
+        new = self._timer.times[self._times_read :]
+        self._times_read += len(new)
+        return new
 
     @property
     def recording(self) -> bool:
