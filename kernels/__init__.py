@@ -15,7 +15,7 @@ from ._build import KernelBuildError, load, load_inline
 _EXPORTS = {
     "square": "square", "Square": "square",
     "add": "add", "Add": "add",
-    "gelu": "gelu", "GELU": "gelu", "bias_gelu": "gelu", "BiasGELU": "gelu",
+    "gelu": "gelu", "GELU": "gelu", "bias_gelu": "gelu", "BiasGELU": "gelu", "LinearGELU": "gelu",
     "layer_norm": "layernorm", "LayerNorm": "layernorm",
     "rms_norm": "rmsnorm", "RMSNorm": "rmsnorm",
 }
@@ -28,7 +28,9 @@ def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = importlib.import_module(f".{_EXPORTS[name]}", __name__)
-    return getattr(module, name)
+    # The import bound the submodule under its own name (add, square, gelu): the functions win.
+    globals().update({n: getattr(module, n) for n, m in _EXPORTS.items() if m == _EXPORTS[name]})
+    return globals()[name]
 
 
 def __dir__() -> list[str]:

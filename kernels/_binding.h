@@ -1,0 +1,79 @@
+// Helpers shared by the torch bindings of the elementwise ops (square, add, gelu): input checks, the
+// dtype code handed to the CUDA launchers, the CPU map, and KPROF_CUDA_CALL, which runs a launcher on
+// the tensor's device and current stream when the extension was built with CUDA.
+#pragma once
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/utils/pybind.h>
+
+#ifdef KPROF_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace kprof {
+
+// The launchers take c10::ScalarType's numbers (see _elementwise.cuh); CUDA kernels exist for these.
+static_assert(static_cast<int>(at::ScalarType::Half) == 5 && static_cast<int>(at::ScalarType::Float) == 6 &&
+              static_cast<int>(at::ScalarType::BFloat16) == 15);
+
+inline int dtype_code(const at::Tensor& t) { return static_cast<int>(t.scalar_type()); }
+
+// Rejects what the kernels cannot read correctly (the Python layer makes inputs contiguous first).
+inline void check_input(const at::Tensor& t, const char* op, const char* arg) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, " is undefined");
+  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", arg, " must be contiguous");
+  const auto dtype = t.scalar_type();
+  const bool cuda_ok = dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
+  const bool cpu_ok = cuda_ok || dtype == at::kDouble;
+  TORCH_CHECK_TYPE(t.is_cuda() ? cuda_ok : (t.is_cpu() && cpu_ok), op, ": ", arg,
+                   " must be a float32/float16/bfloat16 CUDA tensor or a float32/float64/float16/bfloat16 CPU "
+                   "tensor, got ", t.scalar_type(), " on ", t.device());
+}
+
+inline void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg) {
+  TORCH_CHECK_VALUE(a.sizes() == b.sizes(), op, ": ", arg, " has shape ", b.sizes(), ", expected ", a.sizes());
+  TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type() && a.device() == b.device(), op, ": ", arg, " is ",
+                   b.scalar_type(), " on ", b.device(), ", expected ", a.scalar_type(), " on ", a.device());
+}
+
+// Elements per CPU task below which at::parallel_for stays on one thread (ATen's own grain size).
+constexpr int64_t kGrain = 32768;
+
+// out[i] = f(in[i]...) computed in at::opmath_type (float for half/bfloat16), split over CPU threads.
+template <typename scalar_t, typename F, typename... In>
+void cpu_map(int64_t n, F f, scalar_t* out, const In*... in) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      out[i] = static_cast<scalar_t>(f(static_cast<at::opmath_type<In>>(in[i])...));
+    }
+  });
+}
+
+#ifdef KPROF_WITH_CUDA
+inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+
+inline void check_cuda(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
+}
+
+// Runs `stmt` under a guard for the tensor's device; without CUDA code in the build, raises instead.
+#define KPROF_ON_CUDA(tensor, op, stmt)                      \
+  do {                                                       \
+    const c10::cuda::CUDAGuard kprof_guard_((tensor).device()); \
+    stmt;                                                    \
+  } while (0)
+#else
+#define KPROF_ON_CUDA(tensor, op, stmt) \
+  TORCH_CHECK(false, op, ": this build of kprof's kernels has no CUDA code (torch or nvcc had no CUDA at build time)")
+#endif
+
+// Calls a launcher on the tensor's device and raises if it reports an error.
+#define KPROF_CUDA_CALL(tensor, op, call) KPROF_ON_CUDA(tensor, op, ::kprof::check_cuda((call), (op)))
+
+}  // namespace kprof

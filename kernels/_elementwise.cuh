@@ -1,0 +1,165 @@
+// Device helpers shared by the elementwise kernels (square, add, gelu): dtype codes, float conversions,
+// 16-byte packs and a vectorized grid-stride map. Plain CUDA, no torch headers, so each .cu compiles
+// with `nvcc -c`.
+#pragma once
+
+#include <cuda/std/utility>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kprof::elementwise {
+
+// Element types, numbered as c10::ScalarType so the torch binding can pass `scalar_type()` through.
+enum Dtype : int { kHalf = 5, kFloat = 6, kBFloat16 = 15 };
+
+constexpr int kThreads = 256;
+// Packs each thread loads before it computes: two independent 16-byte loads per input in flight.
+constexpr int kUnroll = 2;
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// VEC consecutive elements moved with one access (16 bytes when VEC == 16 / sizeof(T)).
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  T v[VEC];
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_pack(const T* p, float (&out)[VEC]) {
+  const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out[j] = to_float(pk.v[j]);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_pack(T* p, const float (&in)[VEC]) {
+  Pack<T, VEC> pk;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) pk.v[j] = from_float<T>(in[j]);
+  *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
+}
+
+// The N input arrays of a map, all of the output's element type.
+template <typename T, int N>
+struct Inputs {
+  const T* p[N];
+};
+
+template <typename Op, typename T, int N, int VEC, size_t... K>
+__device__ __forceinline__ float apply(const Op& op, const Pack<T, VEC> (&v)[N], int j, cuda::std::index_sequence<K...>) {
+  return op(to_float(v[K].v[j])...);
+}
+
+// out[i] = op(in.p[0][i], ...) in float for i < n. Each thread loads kUnroll packs of every input
+// before computing, then strides over the grid; elements past the last whole pack go one per thread.
+template <typename T, int VEC, int N, typename Op>
+__global__ void __launch_bounds__(kThreads) map_kernel(int64_t n, Op op, T* __restrict__ out, Inputs<T, N> in) {
+  const int64_t packs = n / VEC;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads * kUnroll;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < packs;
+       base += step) {
+    Pack<T, VEC> v[kUnroll][N];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = base + u * kThreads;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        if (p < packs) v[u][k] = *reinterpret_cast<const Pack<T, VEC>*>(in.p[k] + p * VEC);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t p = base + u * kThreads;
+      if (p >= packs) continue;
+      float r[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) r[j] = apply(op, v[u], j, cuda::std::make_index_sequence<N>{});
+      store_pack<T, VEC>(out + p * VEC, r);
+    }
+  }
+  for (int64_t i = packs * VEC + static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kThreads) {
+    Pack<T, 1> v[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k].v[0] = in.p[k][i];
+    out[i] = from_float<T>(apply(op, v, 0, cuda::std::make_index_sequence<N>{}));
+  }
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Blocks of `kernel` (with `threads` threads each) that the whole device runs at once.
+template <typename Kernel>
+inline cudaError_t resident_blocks(Kernel kernel, int threads, int64_t* blocks) {
+  int device = 0, sms = 0, per_sm = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
+  *blocks = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  return err;
+}
+
+// Blocks for a grid-stride kernel: what the work needs, at most what the device runs at once.
+template <typename Kernel>
+inline cudaError_t grid_size(Kernel kernel, int threads, int64_t work_per_block, int64_t work, int* blocks) {
+  int64_t resident = 0;
+  const cudaError_t err = resident_blocks(kernel, threads, &resident);
+  const int64_t needed = (work + work_per_block - 1) / work_per_block;
+  *blocks = static_cast<int>(needed < 1 ? 1 : (needed < resident ? needed : resident));
+  return err;
+}
+
+template <int VEC, typename T, int N, typename Op>
+inline cudaError_t launch_map(cudaStream_t stream, int64_t n, Op op, T* out, Inputs<T, N> in) {
+  auto kernel = map_kernel<T, VEC, N, Op>;
+  int blocks = 0;
+  const cudaError_t err = grid_size(kernel, kThreads, static_cast<int64_t>(kThreads) * kUnroll * VEC, n, &blocks);
+  if (err != cudaSuccess) return err;
+  kernel<<<blocks, kThreads, 0, stream>>>(n, op, out, in);
+  return cudaGetLastError();
+}
+
+// out[i] = op(in[i]...): 16-byte packs when every pointer allows them, else one element at a time.
+template <typename T, typename Op, typename... In>
+inline cudaError_t map(cudaStream_t stream, int64_t n, Op op, T* out, const In*... in) {
+  if (n == 0) return cudaSuccess;
+  const Inputs<T, sizeof...(In)> inputs{{in...}};
+  const bool packed = aligned16(out) && (aligned16(in) && ...);
+  return packed ? launch_map<16 / sizeof(T)>(stream, n, op, out, inputs) : launch_map<1>(stream, n, op, out, inputs);
+}
+
+template <typename T>
+struct Type {
+  using type = T;
+};
+
+// Runs f(Type<T>{}) for the element type named by `dtype`; cudaErrorInvalidValue for any other.
+template <typename F>
+inline cudaError_t with_dtype(int dtype, F&& f) {
+  switch (dtype) {
+    case kFloat:
+      return f(Type<float>{});
+    case kHalf:
+      return f(Type<__half>{});
+    case kBFloat16:
+      return f(Type<__nv_bfloat16>{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace kprof::elementwise

@@ -1,0 +1,155 @@
+"""``kernels.GELU`` (erf or tanh form) and the fused bias + GELU epilogue (``BiasGELU``, ``LinearGELU``)."""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import _build
+from ._layer import check_impl, check_like, check_tensor, label, resolve_impl
+
+APPROXIMATIONS = ("none", "tanh")
+
+
+@functools.cache
+def _ext() -> types.ModuleType:
+    return _build.load("gelu", ["gelu.cpp", "gelu.cu"])
+
+
+def _check_approximate(approximate: str) -> bool:
+    """True for the tanh form; ValueError for anything but nn.GELU's two choices."""
+    if approximate not in APPROXIMATIONS:
+        raise ValueError(f"approximate must be one of {APPROXIMATIONS}, got {approximate!r}")
+    return approximate == "tanh"
+
+
+class GELUFunction(torch.autograd.Function):
+    """gelu(x) with kprof's forward and backward kernels; saves x for the backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, tanh_approx: bool) -> torch.Tensor:
+        ctx.tanh_approx = tanh_approx
+        ctx.save_for_backward(x)
+        return _ext().forward(x, tanh_approx)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        return _ext().backward(grad.contiguous(), x, ctx.tanh_approx), None
+
+
+class BiasGELUFunction(torch.autograd.Function):
+    """gelu(x + bias) in one pass; the backward writes grad x and the bias gradient in one pass too."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, bias: torch.Tensor, tanh_approx: bool) -> torch.Tensor:
+        ctx.tanh_approx = tanh_approx
+        ctx.save_for_backward(x, bias)
+        return _ext().bias_forward(x, bias, tanh_approx)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        x, bias = ctx.saved_tensors
+        grad_x, grad_bias = _ext().bias_backward(grad.contiguous(), x, bias, ctx.tanh_approx)
+        return grad_x, grad_bias, None
+
+
+def gelu(x: torch.Tensor, approximate: str = "none", *, impl: str | None = None) -> torch.Tensor:
+    """``F.gelu`` with kprof kernels. A strided ``x`` is copied to contiguous memory first.
+    ``impl``: None (by device), "cuda", "cpp" or "torch"."""
+    tanh_approx = _check_approximate(approximate)
+    x = check_tensor(x, "x", "kprof gelu")
+    impl = resolve_impl(check_impl(impl), x, "kprof gelu")
+    with label("gelu"):
+        return F.gelu(x, approximate=approximate) if impl == "torch" else GELUFunction.apply(x, tanh_approx)
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", *, impl: str | None = None) -> torch.Tensor:
+    """``F.gelu(x + bias)`` fused, ``bias`` broadcast over the last dimension of ``x``."""
+    tanh_approx = _check_approximate(approximate)
+    x = check_tensor(x, "x", "kprof bias_gelu")
+    if x.dim() == 0:
+        raise ValueError("kprof bias_gelu: x must have at least one dimension")
+    bias = check_like(x, bias, "bias", "kprof bias_gelu", shape=(x.shape[-1],))
+    impl = resolve_impl(check_impl(impl), x, "kprof bias_gelu")
+    with label("bias_gelu"):
+        if impl == "torch":
+            return F.gelu(x + bias, approximate=approximate)
+        return BiasGELUFunction.apply(x, bias, tanh_approx)
+
+
+class GELU(nn.Module):
+    """Drop-in for ``nn.GELU`` running kprof kernels (``impl`` as in ``gelu``)."""
+
+    def __init__(self, approximate: str = "none", *, impl: str | None = None) -> None:
+        super().__init__()
+        _check_approximate(approximate)
+        self.approximate = approximate
+        self.impl = check_impl(impl)
+
+    @classmethod
+    def from_module(cls, module: nn.GELU, *, impl: str | None = None) -> GELU:
+        if not isinstance(module, nn.GELU):
+            raise TypeError(f"module must be nn.GELU, got {type(module).__name__}")
+        return cls(module.approximate, impl=impl)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu(x, self.approximate, impl=self.impl)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}, impl={self.impl or 'auto'}"
+
+
+class BiasGELU(nn.Module):
+    """gelu(x + bias) fused, the epilogue of a bias-free matmul; ``bias`` has ``features`` entries."""
+
+    def __init__(self, features: int, approximate: str = "none", *, impl: str | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        _check_approximate(approximate)
+        self.approximate = approximate
+        self.impl = check_impl(impl)
+        self.bias = nn.Parameter(torch.zeros(features, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return bias_gelu(x, self.bias, self.approximate, impl=self.impl)
+
+    def extra_repr(self) -> str:
+        return f"features={self.bias.numel()}, approximate={self.approximate!r}, impl={self.impl or 'auto'}"
+
+
+class LinearGELU(nn.Linear):
+    """``nn.Linear`` followed by ``nn.GELU``: the matmul runs without its bias, then one fused
+    bias + GELU kernel. Same parameters and state_dict keys (weight, bias) as the ``nn.Linear``."""
+
+    def __init__(self, in_features: int, out_features: int, approximate: str = "none", *, impl: str | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__(in_features, out_features, bias=True, device=device, dtype=dtype)
+        _check_approximate(approximate)
+        self.approximate = approximate
+        self.impl = check_impl(impl)
+
+    @classmethod
+    def from_module(cls, linear: nn.Linear, gelu: nn.GELU, *, impl: str | None = None) -> LinearGELU:
+        """Shares ``linear``'s parameters (no copy), so training either trains both."""
+        if not isinstance(linear, nn.Linear) or linear.bias is None:
+            raise TypeError("linear must be an nn.Linear with a bias")
+        if not isinstance(gelu, nn.GELU):
+            raise TypeError(f"gelu must be nn.GELU, got {type(gelu).__name__}")
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused.in_features, fused.out_features = linear.in_features, linear.out_features
+        fused.weight, fused.bias = linear.weight, linear.bias
+        fused.approximate, fused.impl = gelu.approximate, check_impl(impl)
+        return fused
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with label("linear_gelu"):
+            return bias_gelu(F.linear(x, self.weight), self.bias, self.approximate, impl=self.impl)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, approximate={self.approximate!r}, impl={self.impl or 'auto'}"
