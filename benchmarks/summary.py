@@ -1,0 +1,130 @@
+"""Time `kprof.summarize` against torch's `prof.key_averages()` on the same profiles.
+
+Each row profiles a small MLP training loop on CPU (record_shapes=True) for enough steps
+to reach the target trace size, then times, on that one profile:
+  - key_averages: the first `prof.key_averages()` call (what a trace handler pays),
+  - summarize: `summarize(trace file)` reading the exported file from disk (median of 3).
+
+    .venv/bin/python benchmarks/summary.py --sizes 5 15 50 --out benchmarks/out/summary.json
+    .venv/bin/python benchmarks/summary.py --quick        # CI smoke: one ~1 MB trace
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from kprof_callbacks.analysis import summarize
+
+
+def _train_steps(n_steps: int, on_ready) -> None:
+    """Profile `n_steps` steps of a small MLP (one active window) and hand the profile to `on_ready`."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, on_trace_ready=on_ready,
+                 schedule=schedule(wait=0, warmup=1, active=n_steps, repeat=1)) as prof:
+        for _ in range(n_steps + 1):
+            with record_function("forward"):
+                loss = nn.functional.cross_entropy(model(x), y)
+            with record_function("backward"):
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+
+
+def measure(n_steps: int, folder: Path) -> dict:
+    """Profile, time key_averages() and summarize() on the same profile; one result row."""
+    path = folder / f"mlp_{n_steps}.pt.trace.json"
+    row: dict = {"steps": n_steps}
+
+    def on_ready(prof) -> None:
+        t0 = time.perf_counter()
+        averages = prof.key_averages()
+        row["key_averages_s"] = time.perf_counter() - t0
+        row["ops"] = len(averages)
+        prof.export_chrome_trace(str(path))
+
+    _train_steps(n_steps, on_ready)
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        summary = summarize(path)
+        times.append(time.perf_counter() - t0)
+    row["summarize_s"] = statistics.median(times)
+    row["trace_mb"] = path.stat().st_size / 2**20
+    row["events"] = sum(1 for _ in _events(path))
+    row["summary_steps"] = len(summary.steps)
+    row["speedup"] = row["key_averages_s"] / row["summarize_s"]
+    path.unlink()
+    return row
+
+
+def _events(path: Path):
+    class Trace(msgspec.Struct):
+        traceEvents: list[msgspec.Raw]  # noqa: N815
+
+    return msgspec.json.decode(path.read_bytes(), type=Trace).traceEvents
+
+
+def _bytes_per_step(folder: Path) -> float:
+    sizes = {}
+    for n in (10, 30):
+        path = folder / f"calibrate_{n}.json"
+        _train_steps(n, lambda prof, p=path: prof.export_chrome_trace(str(p)))
+        sizes[n] = path.stat().st_size
+        path.unlink()
+    return (sizes[30] - sizes[10]) / 20
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=float, nargs="+", default=[5, 15, 50], help="target trace sizes in MB")
+    parser.add_argument("--quick", action="store_true", help="one ~1 MB trace (CI smoke test)")
+    parser.add_argument("--out", type=Path, help="write the results and versions as JSON here")
+    args = parser.parse_args()
+    sizes = [1.0] if args.quick else args.sizes
+    torch.set_num_threads(1)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        per_step = _bytes_per_step(folder)
+        for mb in sizes:
+            rows.append(measure(max(2, round(mb * 2**20 / per_step)), folder))
+            print(f"  {rows[-1]['trace_mb']:.1f} MB done", file=sys.stderr)
+    print("| trace MB | events | steps | key_averages() s | summarize() s | speedup |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['trace_mb']:.1f} | {r['events']:,} | {r['steps']} | {r['key_averages_s']:.2f} | "
+              f"{r['summarize_s']:.3f} | {r['speedup']:.0f}x |")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
+            "versions": {"python": platform.python_version(), "torch": torch.__version__, "msgspec": msgspec.__version__,
+                         "numpy": np.__version__},
+            "rows": rows,
+        }
+        args.out.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

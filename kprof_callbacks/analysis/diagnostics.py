@@ -1,0 +1,195 @@
+"""Findings: each one a sentence with its evidence (numbers from the trace) and what to try.
+
+Thresholds are deliberately plain (idle > 30% of the step, kernels under 10 us, a step
+1.5x the median): a finding is a pointer to where to look, not a verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from statistics import median
+
+import numpy as np
+
+from . import fmt
+from .steps import WHOLE_TRACE, Windows
+from .tables import Diagnostic, KernelStats, RankStats, StepSkew, StepStats
+from .timeline import KERNEL, MEMCPY, OP, RUNTIME, Timeline
+
+IDLE_SHARE = 0.30
+SMALL_KERNEL_US = 10.0
+DATALOADER_SHARE = 0.10
+SLOW_STEP_RATIO = 1.5
+COMM_SHARE = 0.20
+OVERLAP_SHARE = 0.50
+STRAGGLER_LAG = 0.10
+SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                        "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy"})
+SCALAR_READ = "aten::_local_scalar_dense"  # .item(), bool(), int() of a tensor
+
+
+@dataclasses.dataclass
+class Evidence:
+    """Counts gathered inside the step windows of every trace (added up across files)."""
+
+    steps: int = 0
+    has_gpu: bool = False
+    syncs: Counter = dataclasses.field(default_factory=Counter)
+    sync_us: float = 0.0
+    scalar_reads: int = 0
+    pageable_copies: int = 0
+    pageable_bytes: int = 0
+    pageable_us: float = 0.0
+    kernels: int = 0
+    small_kernels: int = 0
+    small_kernel_us: float = 0.0
+    files_without_steps: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, other: Evidence) -> None:
+        for f in dataclasses.fields(self):
+            if f.name == "has_gpu":
+                self.has_gpu |= other.has_gpu
+            else:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+def gather(tl: Timeline, win: Windows) -> Evidence:
+    """Evidence from one trace's events that fall inside its steps."""
+    host, dev = tl.host, tl.device
+    names = tl.names
+    ev = Evidence(steps=int(win.number.size), has_gpu=bool(dev.start.size))
+    if win.number.size == 1 and win.number[0] == WHOLE_TRACE:
+        ev.files_without_steps.append(tl.source.path.name)
+    host_in = win.index_of(host.start) >= 0
+    sync_id = [k for k, n in enumerate(names) if n in SYNC_CALLS]
+    is_sync = host_in & (host.kind == RUNTIME) & np.isin(host.name, sync_id)
+    ev.syncs = Counter(names[k] for k in host.name[is_sync].tolist())
+    ev.sync_us = float((host.end - host.start)[is_sync].sum()) / 1000.0
+    if SCALAR_READ in names:
+        ev.scalar_reads = int((host_in & (host.kind == OP) & (host.name == names.index(SCALAR_READ))).sum())
+    dev_in = win.index_of(dev.start) >= 0
+    dur = (dev.end - dev.start) / 1000.0
+    pageable = dev_in & (dev.kind == MEMCPY) & np.isin(dev.name, [k for k, n in enumerate(names) if "Pageable" in n])
+    ev.pageable_copies, ev.pageable_bytes = int(pageable.sum()), int(dev.nbytes[pageable].sum())
+    ev.pageable_us = float(dur[pageable].sum())
+    kernel = dev_in & (dev.kind == KERNEL)
+    small = kernel & (dur < SMALL_KERNEL_US)
+    ev.kernels, ev.small_kernels, ev.small_kernel_us = int(kernel.sum()), int(small.sum()), float(dur[small].sum())
+    return ev
+
+
+def diagnose(steps: list[StepStats], kernels: list[KernelStats], ranks: list[RankStats], skew: list[StepSkew],
+             ev: Evidence) -> list[Diagnostic]:
+    """All findings for one run, warnings first."""
+    found = []
+    wall = sum(s.wall_us for s in steps)
+    if ev.has_gpu and steps:
+        found += _gpu_findings(steps, wall, ev)
+    loader = sum(s.dataloader_us for s in steps)
+    if wall and loader / wall >= DATALOADER_SHARE:
+        found.append(Diagnostic("dataloader", "warning", (
+            f"Data loading takes {fmt.share(loader / wall)} of step time ({fmt.duration(loader / len(steps))} per step): "
+            "the training loop waits for batches; raise DataLoader num_workers, set persistent_workers=True and "
+            "pin_memory=True, or move decoding/augmentation off the main process.")))
+    found += _slow_steps(steps)
+    if len(ranks) > 1 and all(r.rank is not None for r in ranks):
+        found += _rank_findings(ranks, skew)
+    if not ev.has_gpu:
+        found.append(Diagnostic("no_gpu", "info", (
+            "No GPU activity in the trace (a CPU-only run, or ProfilerActivity.CUDA not enabled): "
+            "GPU columns are left out and compute means host operators.")))
+    if ev.files_without_steps:
+        found.append(Diagnostic("no_steps", "info", (
+            f"No ProfilerStep# ranges in {', '.join(ev.files_without_steps[:3])}"
+            f"{' and others' if len(ev.files_without_steps) > 3 else ''}: each such trace is one step covering all of it; "
+            "call prof.step() (or Session.step()) once per iteration for per-step numbers.")))
+    return sorted(found, key=lambda d: d.severity != "warning")
+
+
+def _gpu_findings(steps: list[StepStats], wall: float, ev: Evidence) -> list[Diagnostic]:
+    found = []
+    idle_share = median(s.gpu_idle_us / s.wall_us for s in steps if s.wall_us) if wall else 0.0
+    if idle_share > IDLE_SHARE:
+        host = sum(s.cpu_only_us for s in steps) / wall
+        found.append(Diagnostic("gpu_idle", "warning", (
+            f"The GPU is idle {fmt.share(idle_share)} of a step (median over {len(steps)} steps; host-only work "
+            f"{fmt.share(host)} of step time): it waits for the host; check the input pipeline and host-side work "
+            "between kernels (Python overhead, synchronizations, logging).")))
+    if ev.kernels >= 100 and ev.small_kernels / ev.kernels >= 0.5 and idle_share > IDLE_SHARE * 2 / 3:
+        found.append(Diagnostic("launch_bound", "warning", (
+            f"Launch-bound: {fmt.share(ev.small_kernels / ev.kernels)} of {ev.kernels} kernels run under "
+            f"{SMALL_KERNEL_US:.0f} us (mean {fmt.duration(ev.small_kernel_us / max(ev.small_kernels, 1))}) and the GPU "
+            f"is idle {fmt.share(idle_share)} of a step between them: the host cannot launch kernels fast enough; fuse ops "
+            "(torch.compile), capture CUDA graphs, or use larger batches.")))
+    if ev.pageable_copies:
+        found.append(Diagnostic("pageable_memcpy", "warning", (
+            f"{ev.pageable_copies} host<->device copies from pageable memory ({fmt.size(ev.pageable_bytes)}, "
+            f"{fmt.duration(ev.pageable_us)} in {len(steps)} steps): they are synchronous and slower; use "
+            "DataLoader(pin_memory=True) or tensor.pin_memory(), then .to(device, non_blocking=True).")))
+    n_sync = sum(ev.syncs.values())
+    if n_sync or ev.scalar_reads:
+        calls = ", ".join(f"{name} x{count}" for name, count in ev.syncs.most_common())
+        found.append(Diagnostic("sync", "warning", (
+            f"{(n_sync or ev.scalar_reads) / len(steps):.1f} host-GPU synchronizations per step "
+            f"({calls or 'none from the runtime'}; {ev.scalar_reads} tensor reads by .item()/bool()/int(), "
+            f"{fmt.duration(ev.sync_us)} blocked): the host stalls until the GPU catches up; keep values on the GPU, "
+            "log every N steps, avoid .item()/.cpu()/print(tensor) inside the step.")))
+    return found
+
+
+def _slow_steps(steps: list[StepStats]) -> list[Diagnostic]:
+    """Steps slower than SLOW_STEP_RATIO x the median step of the same rank/worker; one finding for the worst."""
+    workers: dict[tuple[int | None, str], list[StepStats]] = {}
+    for s in steps:
+        workers.setdefault((s.rank, s.worker), []).append(s)
+    slow = []  # (ratio, step, its worker's median)
+    for mine in workers.values():
+        if len(mine) >= 3:
+            typical = median(s.wall_us for s in mine)
+            slow += [(s.wall_us / typical, s, typical) for s in mine if s.wall_us > SLOW_STEP_RATIO * typical]
+    if not slow:
+        return []
+    ratio, worst, typical = max(slow, key=lambda x: x[0])
+    where = "" if len(workers) == 1 else f" on rank {worst.rank}" if worst.rank is not None else f" on {worst.worker}"
+    more = ""
+    if len(slow) > 1:
+        spread = len({(s.rank, s.worker) for _, s, _ in slow})
+        more = f" ({len(slow)} steps above {SLOW_STEP_RATIO}x" + (f" on {spread} ranks/workers)" if spread > 1 else ")")
+    return [Diagnostic("slow_step", "warning", (
+        f"Step {worst.step}{where} took {fmt.duration(worst.wall_us)}, {ratio:.1f}x the median {fmt.duration(typical)}{more}: "
+        "look at what ran in it (first-iteration warm-up, allocator growth, garbage collection, checkpointing, "
+        "recompilation)."))]
+
+
+def _rank_findings(ranks: list[RankStats], skew: list[StepSkew]) -> list[Diagnostic]:
+    found = []
+    if skew:
+        counts = Counter(s.slowest_rank for s in skew)
+        rank, times = counts.most_common(1)[0]
+        mine = [s for s in skew if s.slowest_rank == rank]
+        lag = sum(s.lag_us for s in mine) / len(mine)
+        base = sum(s.median_compute_us for s in mine) / len(mine)
+        if times * 2 >= len(skew) and base and lag / base >= STRAGGLER_LAG:
+            found.append(Diagnostic("straggler", "warning", (
+                f"Rank {rank} is the straggler: slowest in {times} of {len(skew)} steps, computing "
+                f"{fmt.duration(lag)} (+{fmt.share(lag / base)}) longer than the other ranks (median); they wait for "
+                "it in the collectives. Check uneven batch sizes or sequence lengths, its data loading, and its GPU "
+                "(clocks, temperature, other processes).")))
+    worst = max(ranks, key=lambda r: r.comm_share)
+    mean_share = sum(r.comm_share for r in ranks) / len(ranks)
+    if mean_share >= COMM_SHARE:
+        found.append(Diagnostic("comm_share", "warning", (
+            f"Communication takes {fmt.share(mean_share)} of step time on average (rank {worst.rank}: "
+            f"{fmt.share(worst.comm_share)}); {fmt.share(1 - mean_share)} is left for everything else. Grow the "
+            "per-rank batch, use gradient accumulation (no_sync), or compress gradients.")))
+    comm = sum(r.comm_us for r in ranks)
+    if comm and mean_share >= COMM_SHARE / 4:
+        overlap = sum(r.overlap_us for r in ranks) / comm
+        if overlap < OVERLAP_SHARE:
+            exposed = sum(r.exposed_comm_us for r in ranks) / len(ranks)
+            found.append(Diagnostic("overlap", "warning", (
+                f"Only {fmt.share(overlap)} of communication overlaps computation; {fmt.duration(exposed)} per step "
+                "per rank is exposed. DDP overlaps gradient all-reduce with backward: check bucket_cap_mb, "
+                "find_unused_parameters=False, and that no synchronization sits between backward and the optimizer.")))
+    return found

@@ -1,0 +1,28 @@
+"""Human-readable numbers for tables and diagnostics."""
+
+from __future__ import annotations
+
+
+def duration(us: float) -> str:
+    """Microseconds as `812 us`, `12.3 ms` or `1.24 s`."""
+    if abs(us) >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if abs(us) >= 1e3:
+        return f"{us / 1e3:.1f} ms" if abs(us) >= 1e4 else f"{us / 1e3:.2f} ms"
+    return f"{us:.1f} us" if abs(us) < 100 else f"{us:.0f} us"
+
+
+def size(nbytes: float) -> str:
+    """Bytes as `512 B`, `3.1 KB`, `1.2 GB` (binary multiples, sign kept)."""
+    value, unit = abs(nbytes), "B"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1024 or unit == "TB":
+            break
+        value /= 1024
+    sign = "-" if nbytes < 0 else ""
+    return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
+
+
+def share(fraction: float) -> str:
+    """A fraction as a percentage."""
+    return f"{100 * fraction:.0f}%" if fraction >= 0.1 else f"{100 * fraction:.1f}%"

@@ -1,0 +1,169 @@
+"""Operator, label and kernel tables: per-event costs from the call tree, summed per name.
+
+Self time is an event's duration minus its direct children's (same thread), GPU time of an
+op is the time of the kernels whose `External id` is the op's, and memory of an op is the
+sum of the `[memory]` records inside its time range, all as in torch's key_averages().
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import numpy as np
+
+from .tables import KernelStats, LabelStats, OpStats
+from .timeline import ANNOTATION, CPU_MEMORY, CUDA_MEMORY, DEVICE_KINDS, OP, RUNTIME, Timeline, is_collective_name
+from .tree import Tree
+
+Totals = dict[tuple[str, ...], np.ndarray]
+"""Row key -> summed statistics vector; merged across files by adding vectors."""
+
+
+
+@dataclasses.dataclass
+class HostCosts:
+    """Per host event: time (us) and memory (bytes), total and self."""
+
+    cpu: np.ndarray
+    self_cpu: np.ndarray
+    cuda: np.ndarray
+    self_cuda: np.ndarray
+    cpu_memory: np.ndarray
+    self_cpu_memory: np.ndarray
+    cuda_memory: np.ndarray
+    self_cuda_memory: np.ndarray
+
+
+def launcher_of_device_events(tl: Timeline) -> np.ndarray:
+    """For each device event, the index of the host op or label that launched it (-1 if unknown)."""
+    host, dev = tl.host, tl.device
+    owners = np.flatnonzero((host.ext >= 0) & ((host.kind == OP) | (host.kind == ANNOTATION)))
+    owners = owners[np.argsort(host.ext[owners], kind="stable")]
+    keys = host.ext[owners]
+    if keys.size == 0 or dev.ext.size == 0:
+        return np.full(dev.ext.size, -1, np.int64)
+    pos = np.minimum(np.searchsorted(keys, dev.ext), keys.size - 1)
+    return np.where((keys[pos] == dev.ext) & (dev.ext >= 0), owners[pos], -1)
+
+
+def _memory_inside(tl: Timeline, devices: tuple[int, ...]) -> np.ndarray:
+    """Per host event: bytes allocated minus freed on `devices` during the event (any thread, as torch)."""
+    mem = tl.memory
+    pick = np.isin(mem.device, devices)
+    times, nbytes = mem.time[pick], mem.nbytes[pick]
+    if times.size == 0:
+        return np.zeros(tl.host.start.size)
+    order = np.argsort(times, kind="stable")
+    times, running = times[order], np.concatenate([[0], np.cumsum(nbytes[order])])
+    lo = np.searchsorted(times, tl.host.start, side="left")
+    hi = np.searchsorted(times, tl.host.end, side="right")
+    return (running[hi] - running[lo]).astype(np.float64)
+
+
+def host_costs(tl: Timeline, tree: Tree) -> HostCosts:
+    """Per-event totals and self values for the whole host tree of one trace."""
+    host, dev = tl.host, tl.device
+    cpu = (host.end - host.start) / 1000.0
+    launcher = launcher_of_device_events(tl)
+    linked = launcher >= 0
+    self_cuda = np.bincount(launcher[linked], weights=(dev.end - dev.start)[linked] / 1000.0, minlength=cpu.size)
+    cpu_mem, cuda_mem = _memory_inside(tl, CPU_MEMORY), _memory_inside(tl, CUDA_MEMORY)
+    return HostCosts(
+        cpu=cpu,
+        self_cpu=cpu - tree.children_sum(cpu),
+        cuda=tree.subtree_sum(self_cuda),
+        self_cuda=self_cuda,
+        cpu_memory=cpu_mem,
+        self_cpu_memory=cpu_mem - tree.children_sum(cpu_mem),
+        cuda_memory=cuda_mem,
+        self_cuda_memory=cuda_mem - tree.children_sum(cuda_mem),
+    )
+
+
+def _group(keys: np.ndarray, columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Unique keys and, per key, the sum of each column (rows: keys, cols: columns)."""
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    sums = np.stack([np.bincount(inverse, weights=c, minlength=uniq.size) for c in columns], axis=1)
+    return uniq, sums
+
+
+def op_totals(tl: Timeline, tree: Tree, costs: HostCosts, *, by_shape: bool) -> Totals:
+    """Operators (aten ops and runtime calls) per name, or per (name, input shapes)."""
+    host = tl.host
+    rows = np.flatnonzero(tree.keep & ((host.kind == OP) | (host.kind == RUNTIME)))
+    if rows.size == 0:
+        return {}
+    shape = host.shape[rows].astype(np.int64) + 1 if by_shape else np.zeros(rows.size, np.int64)
+    keys = host.name[rows].astype(np.int64) * (len(tl.shapes) + 1) + shape
+    values = [np.ones(rows.size)] + [getattr(costs, f.name)[rows] for f in dataclasses.fields(costs)]
+    uniq, sums = _group(keys, values)
+    shapes = [""] + tl.shapes
+    return {(tl.names[k // (len(tl.shapes) + 1)], shapes[k % (len(tl.shapes) + 1)]): s for k, s in zip(uniq.tolist(), sums)}
+
+
+def label_totals(tl: Timeline, tree: Tree, costs: HostCosts) -> Totals:
+    """record_function labels (not ProfilerStep#N, not c10d's own collective ranges) per name."""
+    host = tl.host
+    labels = np.flatnonzero(tree.keep & (host.kind == ANNOTATION))
+    names = tl.names
+    is_label = np.array([not (names[k].startswith("ProfilerStep#") or is_collective_name(names[k]))
+                         for k in range(len(names))], bool)
+    labels = labels[is_label[host.name[labels]]] if labels.size else labels
+    if labels.size == 0:
+        return {}
+    uniq, sums = _group(host.name[labels], [np.ones(labels.size), costs.cpu[labels], costs.cuda[labels]])
+    return {(names[k],): s for k, s in zip(uniq.tolist(), sums)}
+
+
+def kernel_totals(tl: Timeline) -> Totals:
+    """GPU activities per (name, kind): count, total and longest duration."""
+    dev = tl.device
+    if dev.name.size == 0:
+        return {}
+    keys = dev.name.astype(np.int64) * len(DEVICE_KINDS) + dev.kind
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    dur = (dev.end - dev.start) / 1000.0
+    longest = np.zeros(uniq.size)
+    np.maximum.at(longest, inverse, dur)
+    count = np.bincount(inverse, minlength=uniq.size)
+    total = np.bincount(inverse, weights=dur, minlength=uniq.size)
+    return {(tl.names[k // len(DEVICE_KINDS)], DEVICE_KINDS[k % len(DEVICE_KINDS)]): np.array([c, t, m])
+            for k, c, t, m in zip(uniq.tolist(), count, total, longest)}
+
+
+def merge_totals(parts: Iterable[Totals], *, maxima: tuple[int, ...] = ()) -> Totals:
+    """Add statistics vectors of the same key across files (columns in `maxima` take the max)."""
+    out: Totals = {}
+    for part in parts:
+        for key, vec in part.items():
+            if key in out:
+                merged = out[key] + vec
+                for col in maxima:
+                    merged[col] = max(out[key][col], vec[col])
+                out[key] = merged
+            else:
+                out[key] = vec.copy()
+    return out
+
+
+def op_rows(totals: Totals) -> list[OpStats]:
+    rows = []
+    for (name, shapes), v in totals.items():
+        calls, cpu, self_cpu, cuda, self_cuda, *memory = v.tolist()
+        rows.append(OpStats(name, shapes, int(calls), cpu, self_cpu, cuda, self_cuda, *(int(round(m)) for m in memory)))
+    return sorted(rows, key=lambda r: -r.self_cpu_us)
+
+
+def label_rows(totals: Totals, step_total_us: float) -> list[LabelStats]:
+    rows = []
+    for (name,), v in totals.items():
+        count, total, cuda = v.tolist()
+        rows.append(LabelStats(name, int(count), total, total / count, cuda, total / step_total_us if step_total_us else 0.0))
+    return sorted(rows, key=lambda r: -r.total_us)
+
+
+def kernel_rows(totals: Totals) -> list[KernelStats]:
+    rows = [KernelStats(name, kind, int(c), t, t / c, m) for (name, kind), (c, t, m) in
+            ((k, v.tolist()) for k, v in totals.items())]
+    return sorted(rows, key=lambda r: -r.total_us)

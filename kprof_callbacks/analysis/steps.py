@@ -1,0 +1,148 @@
+"""Per-step breakdown: where each step's wall time went (GPU work by kind, host-only, idle).
+
+A step is its `ProfilerStep#N` host range, extended to the end of the last GPU activity
+launched inside it and starting no earlier than the previous step's end, as
+torch-tb-profiler's overview does (kernels run after the host has moved on). Traces
+without step ranges (no schedule / prof.step(), older torch) are one step covering all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from . import intervals as iv
+from .tables import StepStats
+from .timeline import (ANNOTATION, COMM, CPU_MEMORY, CUDA_MEMORY, KERNEL, MEMCPY, MEMSET, OP, RUNTIME, Timeline,
+                       is_collective_name)
+
+WHOLE_TRACE = -1
+"""Step number of the single pseudo-step of a trace without ProfilerStep ranges."""
+
+
+def is_dataloader_name(name: str) -> bool:
+    """DataLoader iteration ranges torch records, and our own `data_loading` label."""
+    return name.startswith(("enumerate(DataLoader)#", "enumerate(DataPipe)#")) or name.rpartition("::")[2] == "data_loading"
+
+
+@dataclasses.dataclass
+class Windows:
+    """Step numbers and their [lo, hi) time windows (ns), in time order."""
+
+    number: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+    def index_of(self, times: np.ndarray) -> np.ndarray:
+        """Index of the window holding each time, -1 outside all windows."""
+        i = np.searchsorted(self.lo, times, side="right") - 1
+        ok = (i >= 0) & (times < self.hi[np.maximum(i, 0)])
+        return np.where(ok, i, -1)
+
+
+@dataclasses.dataclass
+class StepTimes:
+    """One file's steps: table rows plus compute/communication per step for the rank view."""
+
+    windows: Windows
+    rows: list[StepStats]
+    compute_us: np.ndarray
+    comm_us: np.ndarray
+    overlap_us: np.ndarray
+
+
+def _launch_times(tl: Timeline) -> np.ndarray:
+    """When the host launched each device event (its runtime call's start; else its own start)."""
+    host, dev = tl.host, tl.device
+    rt = np.flatnonzero((host.kind == RUNTIME) & (host.corr >= 0))
+    launch = dev.start.copy()
+    if rt.size and dev.corr.size:
+        rt = rt[np.argsort(host.corr[rt], kind="stable")]
+        pos = np.minimum(np.searchsorted(host.corr[rt], dev.corr), rt.size - 1)
+        hit = (host.corr[rt][pos] == dev.corr) & (dev.corr >= 0)
+        launch[hit] = host.start[rt][pos[hit]]
+    return launch
+
+
+def windows(tl: Timeline) -> Windows:
+    """The step windows of one trace."""
+    host, dev = tl.host, tl.device
+    if tl.steps.shape[0] == 0:
+        lo = min(host.start.min(initial=np.iinfo(np.int64).max), dev.start.min(initial=np.iinfo(np.int64).max))
+        hi = max(host.end.max(initial=0), dev.end.max(initial=0))
+        return Windows(np.array([WHOLE_TRACE]), np.array([lo]), np.array([hi]))
+    number, lo, hi = tl.steps[:, 0].copy(), tl.steps[:, 1].copy(), tl.steps[:, 2].copy()
+    if dev.start.size:
+        owner = Windows(number, lo, hi).index_of(_launch_times(tl))
+        launched = owner >= 0
+        np.maximum.at(hi, owner[launched], dev.end[launched])
+    for i in range(1, lo.size):
+        lo[i] = max(lo[i], hi[i - 1])
+        hi[i] = max(hi[i], lo[i])
+    return Windows(number, lo, hi)
+
+
+def _named(tl: Timeline, predicate: Callable[[str], bool]) -> np.ndarray:
+    """Per host event: whether its name satisfies `predicate` (evaluated once per distinct name)."""
+    return np.array([predicate(n) for n in tl.names], bool)[tl.host.name]
+
+
+def _spans(start: np.ndarray, end: np.ndarray, pick: np.ndarray) -> iv.Intervals:
+    return iv.union(start[pick], end[pick])
+
+
+def step_times(tl: Timeline, rank: int | None) -> StepTimes:
+    """Breakdown of every step of one trace."""
+    host, dev = tl.host, tl.device
+    win = windows(tl)
+    # Collectives are never compute. With GPU activity their time is the NCCL kernels (host ranges only
+    # bracket launches) plus gloo's host ranges; without, it is their host ranges.
+    collective = _named(tl, is_collective_name)
+    host_comm = _named(tl, lambda n: n.startswith("gloo:")) if dev.start.size else collective
+    loader = _named(tl, is_dataloader_name) & ((host.kind == OP) | (host.kind == ANNOTATION))
+
+    gpu = _spans(dev.start, dev.end, np.ones(dev.start.size, bool))
+    kernel, memcpy, memset, nccl = (_spans(dev.start, dev.end, dev.kind == k) for k in (KERNEL, MEMCPY, MEMSET, COMM))
+    comm = iv.merge(nccl, _spans(host.start, host.end, host_comm))
+    cpu = _spans(host.start, host.end, ((host.kind == OP) | (host.kind == RUNTIME)) & ~collective)
+    loader = _spans(host.start, host.end, loader)
+    compute = iv.merge(kernel, memcpy, memset) if dev.start.size else cpu
+
+    def inside(spans: iv.Intervals) -> np.ndarray:
+        return iv.length_in(spans, win.lo, win.hi) / 1000.0
+
+    wall = (win.hi - win.lo) / 1000.0
+    busy = inside(gpu)
+    columns = {
+        "wall_us": wall,
+        "gpu_busy_us": busy,
+        "gpu_idle_us": wall - busy if dev.start.size else np.zeros(wall.size),
+        "kernel_us": inside(kernel),
+        "memcpy_us": inside(memcpy),
+        "memset_us": inside(memset),
+        "comm_us": inside(comm),
+        "cpu_only_us": inside(iv.subtract(cpu, gpu)),
+        "dataloader_us": inside(loader),
+    }
+    peak = _peak_memory(tl, win)
+    worker = tl.source.worker
+    rows = [
+        StepStats(step=int(n), rank=rank, worker=worker, peak_memory=int(p), **{k: float(v[i]) for k, v in columns.items()})
+        for i, (n, p) in enumerate(zip(win.number.tolist(), peak.tolist()))
+    ]
+    return StepTimes(win, rows, inside(compute), columns["comm_us"], inside(iv.intersect(compute, comm)))
+
+
+def _peak_memory(tl: Timeline, win: Windows) -> np.ndarray:
+    """Highest total allocation per step: CUDA memory when recorded, else host memory."""
+    mem = tl.memory
+    cuda = np.isin(mem.device, CUDA_MEMORY)
+    pick = cuda if cuda.any() else np.isin(mem.device, CPU_MEMORY)
+    times, allocated = mem.time[pick], mem.allocated[pick]
+    peak = np.zeros(win.lo.size, np.int64)
+    owner = win.index_of(times)
+    inside = owner >= 0
+    np.maximum.at(peak, owner[inside], allocated[inside])
+    return peak

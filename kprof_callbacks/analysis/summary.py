@@ -1,0 +1,250 @@
+"""`summarize(path)`: trace files on disk -> `Summary` (tables, diagnostics, exports).
+
+One pass per file: decode (reader), columns (timeline), call tree (tree), then per-step
+breakdown, operator/label/kernel totals and diagnostic evidence; files of one run are then
+merged, with one entry per rank (or worker) for the multi-rank view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import diagnostics, ops, ranks, stacks, steps
+from .reader import TraceError, TraceFile, find_runs, read_trace, run_contents
+from .tables import Diagnostic, KernelStats, LabelStats, OpStats, RankStats, StepSkew, StepStats
+from .timeline import PYTHON, build
+from .tree import nest
+
+if TYPE_CHECKING:
+    import pandas
+
+log = logging.getLogger(__name__)
+
+SORT_KEYS = ("cuda", "cpu", "memory")
+
+
+@dataclasses.dataclass(eq=False)
+class Summary:
+    """What a run's traces say: per-step breakdown, top operators, kernels, labels, ranks, findings."""
+
+    name: str
+    files: list[Path]
+    steps: list[StepStats]
+    ops: list[OpStats]
+    ops_by_shape: list[OpStats]  # empty unless the traces recorded input shapes
+    kernels: list[KernelStats]
+    labels: list[LabelStats]
+    ranks: list[RankStats]  # one per rank/worker; more than one for multi-process runs
+    step_skew: list[StepSkew]  # per step, the slowest rank (distributed runs)
+    diagnostics: list[Diagnostic]
+    problems: list[str]  # one line per file that could not be read
+    memory_snapshots: list[Path]
+    _stacks: list[stacks.StackSource] = dataclasses.field(repr=False, default_factory=list)
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.kernels)
+
+    def render(self, top: int = 10, sort: str = "cuda") -> str:
+        """The report as text: `top` rows per table, operators sorted by self `cuda`, `cpu` or `memory`."""
+        from .report import render
+
+        if sort not in SORT_KEYS:
+            raise ValueError(f"sort must be one of {SORT_KEYS}, got {sort!r}")
+        if top < 1:
+            raise ValueError(f"top must be >= 1, got {top}")
+        return render(self, top=top, sort=sort)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def print(self, top: int = 10, sort: str = "cuda", file=None) -> None:
+        """Print the text report (to stdout unless `file` is given)."""
+        print(self.render(top=top, sort=sort), file=file or sys.stdout)
+
+    def to_dict(self) -> dict[str, Any]:
+        """All tables as JSON-safe lists of dicts."""
+
+        def rows(items: Iterable[Any]) -> list[dict[str, Any]]:
+            return [dataclasses.asdict(r) for r in items]
+
+        return {
+            "name": self.name,
+            "files": [str(p) for p in self.files],
+            "steps": rows(self.steps),
+            "ops": rows(self.ops),
+            "ops_by_shape": rows(self.ops_by_shape),
+            "kernels": rows(self.kernels),
+            "labels": rows(self.labels),
+            "ranks": [dict(dataclasses.asdict(r), comm_share=r.comm_share, overlap_share=r.overlap_share) for r in self.ranks],
+            "step_skew": rows(self.step_skew),
+            "diagnostics": rows(self.diagnostics),
+            "problems": list(self.problems),
+            "memory_snapshots": [str(p) for p in self.memory_snapshots],
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def to_pandas(self) -> dict[str, pandas.DataFrame]:
+        """One DataFrame per table (steps, ops, ops_by_shape, kernels, labels, ranks, step_skew, diagnostics)."""
+        import pandas as pd
+
+        tables = {"steps": StepStats, "ops": OpStats, "ops_by_shape": OpStats, "kernels": KernelStats,
+                  "labels": LabelStats, "ranks": RankStats, "step_skew": StepSkew, "diagnostics": Diagnostic}
+        data = self.to_dict()
+        return {key: pd.DataFrame(data[key], columns=[f.name for f in dataclasses.fields(row)] if not data[key] else None)
+                for key, row in tables.items()}
+
+    def to_html(self, path: str | Path, top: int = 20) -> Path:
+        """Write a self-contained HTML report (inline SVG plots, no scripts, no network)."""
+        from .html import write_html
+
+        return write_html({self.name: self}, Path(path), top=top)
+
+    def export_stacks(self, path: str | Path, metric: str = "self_cpu") -> Path:
+        """Write flamegraph folded stacks (`self_cpu` or `self_cuda` microseconds) to `path`."""
+        folded = stacks.folded(self._stacks, metric)
+        if not any(s.has_python for s in self._stacks):
+            log.warning("no Python stacks in the traces (profile with with_stack=True): "
+                        "the folded stacks show operator nesting only")
+        if metric == "self_cuda" and not folded:
+            log.warning("no GPU kernels in the traces: %s is empty", path)
+        stacks.write_folded(folded, path)
+        return Path(path)
+
+
+@dataclasses.dataclass
+class _FileResult:
+    rank: int | None
+    worker: str
+    times: steps.StepTimes
+    ops: ops.Totals
+    ops_by_shape: ops.Totals
+    labels: ops.Totals
+    kernels: ops.Totals
+    evidence: diagnostics.Evidence
+    stack: stacks.StackSource
+
+
+def _analyze(trace: TraceFile) -> _FileResult:
+    tl = build(trace)
+    host = tl.host
+    tree = nest(host.thread, host.start, host.end, host.name)
+    costs = ops.host_costs(tl, tree)
+    times = steps.step_times(tl, trace.rank)
+    launcher = ops.launcher_of_device_events(tl)
+    return _FileResult(
+        rank=trace.rank,
+        worker=trace.worker,
+        times=times,
+        ops=ops.op_totals(tl, tree, costs, by_shape=False),
+        ops_by_shape=ops.op_totals(tl, tree, costs, by_shape=True) if tl.shapes else {},
+        labels=ops.label_totals(tl, tree, costs),
+        kernels=ops.kernel_totals(tl),
+        evidence=diagnostics.gather(tl, times.windows),
+        stack=stacks.StackSource(
+            names=tl.names, name=host.name, parent=tree.parent, depth=tree.depth, keep=tree.keep,
+            self_cpu_us=costs.self_cpu, kernel_name=tl.device.name, kernel_launcher=launcher,
+            kernel_us=(tl.device.end - tl.device.start) / 1000.0, has_python=bool((host.kind == PYTHON).any()),
+        ),
+    )
+
+
+def _with_progress(paths: list[Path], progress: bool, desc: str) -> Iterator[Path]:
+    if not progress:
+        yield from paths
+        return
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm ships with lightning; fall back to a counter on stderr
+        for i, p in enumerate(paths, 1):
+            print(f"\r{desc}: {i}/{len(paths)} {p.name}", end="", file=sys.stderr, flush=True)
+            yield p
+        print(file=sys.stderr)
+        return
+    yield from tqdm(paths, desc=desc, unit="file", file=sys.stderr)
+
+
+def _summarize_run(name: str, traces: list[Path], partial: list[Path], snapshots: list[Path], progress: bool) -> Summary:
+    problems = [f"{p}: skipped, still being written (*.partial)" for p in partial]
+    results: list[_FileResult] = []
+    files: list[Path] = []
+    for path in _with_progress(traces, progress, f"summarizing {name}"):
+        try:
+            results.append(_analyze(read_trace(path)))
+        except TraceError as exc:
+            problems.append(f"{path}: {exc}")
+            continue
+        files.append(path)
+    for line in problems:
+        log.warning("%s", line)
+    if not results:
+        raise ValueError(f"nothing readable in {name}: " + ("; ".join(problems) or "no trace files"))
+
+    workers: dict[tuple, ranks.Worker] = {}
+    for r in results:
+        key = ("rank", r.rank) if r.rank is not None else ("worker", r.worker)
+        workers.setdefault(key, ranks.Worker(r.rank, r.worker, [])).times.append(r.times)
+    ordered = sorted(workers.values(), key=lambda w: (w.rank is None, w.rank or 0, w.worker))
+    step_rows = [row for w in ordered for t in w.times for row in t.rows]
+    evidence = diagnostics.Evidence()
+    for r in results:
+        evidence.add(r.evidence)
+    kernels = ops.kernel_rows(ops.merge_totals((r.kernels for r in results), maxima=(2,)))
+    rank_rows = ranks.rank_stats(ordered)
+    skew = ranks.step_skew(ordered)
+    return Summary(
+        name=name,
+        files=files,
+        steps=step_rows,
+        ops=ops.op_rows(ops.merge_totals(r.ops for r in results)),
+        ops_by_shape=ops.op_rows(ops.merge_totals(r.ops_by_shape for r in results)),
+        kernels=kernels,
+        labels=ops.label_rows(ops.merge_totals(r.labels for r in results), sum(s.wall_us for s in step_rows)),
+        ranks=rank_rows,
+        step_skew=skew,
+        diagnostics=diagnostics.diagnose(step_rows, kernels, rank_rows, skew, evidence),
+        problems=problems,
+        memory_snapshots=snapshots,
+        _stacks=[r.stack for r in results],
+    )
+
+
+def summarize(path: str | Path, *, progress: bool = False) -> Summary | dict[str, Summary]:
+    """Summarize torch.profiler traces on disk.
+
+    `path` is a trace file, a run folder (trace files directly inside: one Summary, with a
+    row per rank when several processes wrote traces), or a logdir whose subfolders are
+    runs (a dict run name -> Summary). Unreadable files become lines in `Summary.problems`;
+    a missing path raises FileNotFoundError, and nothing readable at all raises ValueError.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"no such trace file or folder: {root}")
+    if root.is_file():
+        snapshots = sorted(root.parent.glob("*.pickle"))
+        return _summarize_run(root.name, [root], [], snapshots, progress)
+    traces, partial, snapshots = run_contents(root, any_json=True)
+    if traces or partial:
+        return _summarize_run(root.name or str(root), traces, partial, snapshots, progress)
+    runs = find_runs(root)
+    if not runs:
+        raise ValueError(f"no trace files (*.pt.trace.json, *.pt.trace.json.gz) in {root}")
+    out, failures = {}, []
+    for name, folder in runs.items():
+        traces, partial, snapshots = run_contents(folder, any_json=False)
+        try:
+            out[name] = _summarize_run(name, traces, partial, snapshots, progress)
+        except ValueError as exc:
+            failures.append(str(exc))
+            log.warning("%s", exc)
+    if not out:
+        raise ValueError("; ".join(failures))
+    return out

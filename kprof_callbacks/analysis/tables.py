@@ -1,0 +1,107 @@
+"""Row types of the Summary tables. Times are microseconds (as in the trace and key_averages), memory bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStats:
+    """One profiled step (a `ProfilerStep#N` range, extended to the end of the GPU work it launched)."""
+
+    step: int
+    rank: int | None
+    worker: str
+    wall_us: float
+    gpu_busy_us: float  # union of kernels, copies and sets on all streams
+    gpu_idle_us: float
+    kernel_us: float  # compute kernels (NCCL kernels are in comm_us)
+    memcpy_us: float
+    memset_us: float
+    comm_us: float  # NCCL kernels, or gloo collectives on the host
+    cpu_only_us: float  # host ops running while the GPU is idle
+    dataloader_us: float
+    peak_memory: int  # bytes allocated at the peak (CUDA if recorded, else host); 0 if not recorded
+
+
+@dataclasses.dataclass(frozen=True)
+class OpStats:
+    """A host operator (aten op, runtime call), aggregated like key_averages()."""
+
+    name: str
+    input_shapes: str  # "" unless grouped by input shape
+    calls: int
+    cpu_total_us: float
+    self_cpu_us: float
+    cuda_total_us: float  # GPU time of kernels launched by it and its children
+    self_cuda_us: float
+    cpu_memory: int
+    self_cpu_memory: int
+    cuda_memory: int
+    self_cuda_memory: int
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelStats:
+    """A GPU activity name: kernel, memcpy, memset or NCCL kernel."""
+
+    name: str
+    kind: str
+    count: int
+    total_us: float
+    mean_us: float
+    max_us: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelStats:
+    """A record_function label (`region()`, Lightning hooks, user ranges)."""
+
+    name: str
+    count: int
+    total_us: float
+    mean_us: float
+    cuda_total_us: float  # GPU time of kernels launched inside it
+    step_share: float  # total / summed step wall time
+
+
+@dataclasses.dataclass(frozen=True)
+class RankStats:
+    """One rank (or worker) of a run: means per step of compute, communication and their overlap."""
+
+    rank: int | None
+    worker: str
+    steps: int
+    step_us: float
+    compute_us: float  # GPU compute kernels, or host ops on a CPU-only run
+    comm_us: float
+    overlap_us: float  # communication that runs while compute runs
+    exposed_comm_us: float  # communication nothing overlaps: the step waits for it
+
+    @property
+    def comm_share(self) -> float:
+        return self.comm_us / self.step_us if self.step_us else 0.0
+
+    @property
+    def overlap_share(self) -> float:
+        return self.overlap_us / self.comm_us if self.comm_us else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSkew:
+    """Across ranks, one step: which rank computed longest and by how much."""
+
+    step: int
+    slowest_rank: int
+    slowest_compute_us: float
+    median_compute_us: float  # median over the other ranks
+    lag_us: float  # slowest minus others
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnostic:
+    """A finding: a sentence with the evidence and a suggestion."""
+
+    kind: str
+    severity: str  # "warning" or "info"
+    message: str

@@ -1,0 +1,344 @@
+"""kprof_callbacks.analysis against real torch.profiler runs on CPU, checked with key_averages()."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
+
+from kprof_callbacks.analysis import Summary, summarize
+from kprof_callbacks.analysis import intervals as iv
+from kprof_callbacks.analysis.cli import add_summary_parser
+
+ACTIVE = 3
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _profile_mlp(run_dir: Path, *, with_stack: bool) -> dict:
+    """Profile a small MLP training loop into `run_dir`; return key_averages() of the same profile."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(96, 16), torch.randint(0, 4, (96,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=16)
+    write = tensorboard_trace_handler(str(run_dir), worker_name="host_1")
+    seen = {}
+
+    def on_ready(prof) -> None:
+        seen["ops"] = prof.key_averages()
+        seen["shapes"] = prof.key_averages(group_by_input_shape=True)
+        write(prof)
+
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=ACTIVE, repeat=1),
+                 on_trace_ready=on_ready, record_shapes=True, profile_memory=True, with_stack=with_stack) as prof:
+        for i, (x, y) in enumerate(loader):
+            with record_function("kprof::forward"):
+                # a second batch size every other step: two input-shape groups for the same ops
+                loss = nn.functional.cross_entropy(model(x[: 16 - 8 * (i % 2)]), y[: 16 - 8 * (i % 2)])
+            with record_function("backward"):
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+            prof.step()
+    return seen
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, dict]:
+    """One profiled run (shapes, memory, Python stacks) and its key_averages()."""
+    run_dir = tmp_path_factory.mktemp("log") / "mlp"
+    return run_dir, _profile_mlp(run_dir, with_stack=True)
+
+
+@pytest.fixture(scope="module")
+def summary(run) -> Summary:
+    return summarize(run[0])
+
+
+def _trace(run_dir: Path) -> Path:
+    (path,) = run_dir.glob("*.pt.trace.json")
+    return path
+
+
+def test_ops_match_key_averages(run, summary):
+    averages = {e.key: e for e in run[1]["ops"]}
+    assert len(summary.ops) > 20
+    for op in summary.ops:
+        ref = averages[op.name]
+        assert op.calls == ref.count, op.name
+        assert op.cpu_total_us == pytest.approx(ref.cpu_time_total, rel=1e-3, abs=0.01), op.name
+        assert op.self_cpu_us == pytest.approx(ref.self_cpu_time_total, rel=1e-3, abs=0.01), op.name
+        assert op.cpu_memory == ref.cpu_memory_usage, op.name
+        assert op.self_cpu_memory == ref.self_cpu_memory_usage, op.name
+    assert any(op.self_cpu_memory > 0 for op in summary.ops if op.name in ("aten::mm", "aten::addmm", "aten::empty"))
+
+
+def test_ops_by_input_shape_match_key_averages(run, summary):
+    averages = {(e.key, str(e.input_shapes).replace(" ", "")): e for e in run[1]["shapes"]}
+    calls = {op.name: op.calls for op in summary.ops}
+    for op in summary.ops_by_shape:
+        calls[op.name] -= op.calls
+        if "[[[" in op.input_shapes.replace(" ", ""):
+            continue  # TensorList inputs: the trace has each tensor's shape, key_averages only `[]`
+        ref = averages[(op.name, (op.input_shapes or "[]").replace(" ", ""))]
+        assert op.calls == ref.count, (op.name, op.input_shapes)
+        assert op.self_cpu_us == pytest.approx(ref.self_cpu_time_total, rel=1e-3, abs=0.01)
+    assert set(calls.values()) == {0}
+    addmm = {op.input_shapes for op in summary.ops_by_shape if op.name == "aten::addmm"}
+    assert len(addmm) == 4  # two layers x two batch sizes
+
+
+def test_steps_and_labels(run, summary):
+    steps = json.loads(_trace(run[0]).read_text())["traceEvents"]
+    ranges = {int(e["name"].split("#")[1]): e["dur"] for e in steps if e.get("name", "").startswith("ProfilerStep#")}
+    assert [s.step for s in summary.steps] == sorted(ranges)
+    for s in summary.steps:
+        assert s.wall_us == pytest.approx(ranges[s.step], abs=0.002)  # CPU only: the host range is the step
+        assert 0 < s.cpu_only_us <= s.wall_us
+        assert 0 < s.dataloader_us < s.wall_us
+        assert s.peak_memory > 0
+        assert s.gpu_busy_us == s.kernel_us == s.comm_us == 0
+    averages = {e.key: e for e in run[1]["ops"]}
+    labels = {lb.name: lb for lb in summary.labels}
+    for name in ("kprof::forward", "backward"):
+        assert labels[name].count == ACTIVE
+        assert labels[name].total_us == pytest.approx(averages[name].cpu_time_total, rel=1e-3)
+        assert 0 < labels[name].step_share < 1
+    assert not any(name.startswith("ProfilerStep") for name in labels)
+    assert {d.kind for d in summary.diagnostics} >= {"no_gpu"}
+
+
+def test_render_to_dict_to_pandas(summary):
+    text = summary.render(top=5, sort="memory")
+    assert "Top 5 operators by self CPU memory" in text and "kprof::forward" in text
+    assert "Top 10 operators by self CPU time" in str(summary)  # no GPU: cuda sort falls back to CPU
+    doc = json.loads(json.dumps(summary.to_dict()))
+    assert len(doc["ops"]) == len(summary.ops) and doc["steps"][0]["step"] == summary.steps[0].step
+    frames = summary.to_pandas()
+    assert set(frames) >= {"steps", "ops", "ops_by_shape", "kernels", "labels", "ranks", "diagnostics"}
+    assert frames["ops"]["calls"].sum() == sum(op.calls for op in summary.ops)
+    assert list(frames["kernels"].columns) == ["name", "kind", "count", "total_us", "mean_us", "max_us"]
+    with pytest.raises(ValueError, match="sort"):
+        summary.render(sort="gpu")
+
+
+def test_export_stacks(tmp_path, run, summary):
+    out = summary.export_stacks(tmp_path / "cpu.folded")
+    lines = out.read_text().splitlines()
+    assert lines and all(re.fullmatch(r"[^;\n]+(;[^;\n]+)* \d+", line) for line in lines)
+    assert any(".py(" in line for line in lines)  # Python frames from with_stack=True
+    folded_mm = sum(int(line.rsplit(" ", 1)[1]) for line in lines if line.rsplit(" ", 1)[0].endswith(";aten::mm"))
+    ref = {e.key: e for e in run[1]["ops"]}["aten::mm"].self_cpu_time_total
+    n_mm = sum(1 for line in lines if line.rsplit(" ", 1)[0].endswith(";aten::mm"))
+    assert abs(folded_mm - ref) <= n_mm  # one rounding to whole microseconds per line
+    with pytest.raises(ValueError, match="metric"):
+        summary.export_stacks(tmp_path / "x", metric="cuda")
+
+
+def test_without_steps_and_old_field_names(tmp_path, run, summary):
+    """A trace as older torch wrote it: `Operator` category, old arg spellings, no ProfilerStep, a bare list."""
+    rename = {"cpu_op": "Operator", "cuda_runtime": "Runtime", "kernel": "Kernel"}
+    events = []
+    for e in json.loads(_trace(run[0]).read_text())["traceEvents"]:
+        if e.get("name", "").startswith("ProfilerStep#"):
+            continue
+        args = e.get("args", {})
+        for new, old in (("External id", "external id"), ("Input Dims", "Input dims")):
+            if new in args:
+                args[old] = args.pop(new)
+        events.append(dict(e, cat=rename.get(e.get("cat"), e.get("cat"))) if "cat" in e else e)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(events))
+    old = summarize(path)
+    assert [s.step for s in old.steps] == [-1]
+    assert "all" in old.render()
+    assert any(d.kind == "no_steps" for d in old.diagnostics)
+    assert {(o.name, o.calls) for o in old.ops} == {(o.name, o.calls) for o in summary.ops}
+    assert {(o.name, o.input_shapes, o.calls) for o in old.ops_by_shape} == {
+        (o.name, o.input_shapes, o.calls) for o in summary.ops_by_shape}
+
+
+def test_gzip_trace_reads_the_same(tmp_path, run, summary):
+    run_dir = tmp_path / "gz"
+    run_dir.mkdir()
+    trace = _trace(run[0])
+    (run_dir / (trace.name + ".gz")).write_bytes(gzip.compress(trace.read_bytes()))
+    gz = summarize(run_dir)
+    assert gz.ops == summary.ops
+    assert gz.steps == summary.steps
+
+
+def test_bad_files_each_get_one_line(tmp_path, run, summary, caplog):
+    run_dir = tmp_path / "mixed"
+    shutil.copytree(run[0], run_dir)
+    trace = _trace(run_dir)
+    good = trace.read_bytes()
+    bad = {
+        "truncated.1.pt.trace.json": good[: len(good) // 2],
+        "truncatedgz.2.pt.trace.json.gz": gzip.compress(good)[:1000],
+        "notatrace.3.pt.trace.json": b'{"hello": "world"}',
+        "wrongtypes.4.pt.trace.json": b'{"traceEvents": [{"ph": "X", "ts": "soon"}]}',
+        "empty.5.pt.trace.json": b"",
+    }
+    for name, data in bad.items():
+        (run_dir / name).write_bytes(data)
+    (run_dir / "host_1.6.pt.trace.json.partial").write_bytes(good[:100])
+    with caplog.at_level(logging.WARNING):
+        mixed = summarize(run_dir)
+    assert len(mixed.problems) == len(bad) + 1
+    for name in [*bad, "host_1.6.pt.trace.json.partial"]:
+        (line,) = [p for p in mixed.problems if name in p]
+        assert "\n" not in line and line in caplog.text
+    assert "truncated or corrupt JSON" in next(p for p in mixed.problems if "truncated.1" in p)
+    assert "gzip" in next(p for p in mixed.problems if "truncatedgz" in p)
+    assert "not a torch.profiler trace" in next(p for p in mixed.problems if "notatrace" in p)
+    assert "still being written" in next(p for p in mixed.problems if ".partial" in p)
+    assert "not a torch.profiler trace" in next(p for p in mixed.problems if "wrongtypes" in p)
+    assert mixed.files == [trace]
+    assert mixed.ops == summary.ops
+    assert "Problems" in mixed.render()
+
+
+def test_missing_empty_and_unreadable_paths(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such"):
+        summarize(tmp_path / "nope")
+    with pytest.raises(ValueError, match="no trace files"):
+        summarize(tmp_path)
+    (tmp_path / "only.pt.trace.json").write_text("{")
+    with pytest.raises(ValueError, match="nothing readable.*truncated"):
+        summarize(tmp_path)
+
+
+def test_logdir_of_runs_and_memory_snapshot(tmp_path, run):
+    logdir = tmp_path / "log"
+    for name in ("a", "b"):
+        shutil.copytree(run[0], logdir / name)
+    (logdir / "b" / "rank0_snapshot.pickle").write_bytes(b"\x80")
+    (logdir / "empty").mkdir()
+    runs = summarize(logdir)
+    assert sorted(runs) == ["a", "b"]
+    assert runs["a"].ops == runs["b"].ops
+    assert runs["b"].memory_snapshots == [logdir / "b" / "rank0_snapshot.pickle"]
+    assert "https://pytorch.org/memory_viz" in runs["b"].render()
+
+
+def _cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="kprof")
+    add_summary_parser(parser.add_subparsers())
+    args = parser.parse_args(["summary", *argv])
+    return args.func(args)
+
+
+def test_cli(tmp_path, run, capsys):
+    html, folded = tmp_path / "r.html", tmp_path / "s.folded"
+    assert _cli(str(run[0]), "--top", "3", "--sort", "cpu", "--html", str(html), "--stacks", str(folded)) == 0
+    out = capsys.readouterr().out
+    assert "Top 3 operators by self CPU time" in out
+    page = html.read_text()
+    assert "<svg" in page and "kprof::forward" in page
+    assert not re.search(r"<(script|link|img|iframe)\b", page) and not re.search(r"(src|href)\s*=\s*[\"']?https?:", page)
+    assert folded.read_text().strip()
+    assert _cli(str(run[0]), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "mlp"
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.pt.trace.json").write_text("not json")
+    assert _cli(str(tmp_path / "bad")) == 1
+    assert "nothing readable" in capsys.readouterr().err
+    assert _cli(str(tmp_path / "missing")) == 1
+    with pytest.raises(SystemExit):
+        _cli(str(run[0]), "--top", "0")
+
+
+_RANK_WORKER = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+    rank, world, logdir, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    handler = tensorboard_trace_handler(logdir, worker_name=f"rank{rank}_host_{os.getpid()}")
+    # iteration 1 (DDP rebuilds its buckets there) is the warm-up; steps 2-4 are recorded
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+                 on_trace_ready=handler) as prof:
+        for _ in range(5):
+            x = torch.randn(256 * (1 + 7 * rank), 32)  # rank 1 computes 8x more: the straggler
+            model(x).sum().backward()
+            opt.step(); opt.zero_grad(); prof.step()
+    dist.destroy_process_group()
+""")
+
+
+def test_two_ranks_give_a_rank_table(tmp_path):
+    logdir = tmp_path / "ddp"
+    world = 2
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK_WORKER, str(r), str(world), str(logdir), str(tmp_path / "store")],
+                              stderr=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1")) for r in range(world)]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read().decode()[-2000:]
+    s = summarize(logdir)
+    assert [(r.rank, r.steps) for r in s.ranks] == [(0, 3), (1, 3)]
+    for r in s.ranks:
+        assert r.comm_us > 0 and r.compute_us > 0
+        assert 0 <= r.overlap_us <= min(r.comm_us, r.compute_us) + 1e-6
+        assert r.exposed_comm_us == pytest.approx(r.comm_us - r.overlap_us)
+    assert sorted({(st.rank, st.step) for st in s.steps}) == [(r, n) for r in (0, 1) for n in (2, 3, 4)]
+    assert [k.step for k in s.step_skew] == [2, 3, 4]
+    assert all(k.lag_us >= 0 for k in s.step_skew)
+    assert s.ranks[1].compute_us > s.ranks[0].compute_us
+    assert any(d.kind == "straggler" and d.message.startswith("Rank 1 ") for d in s.diagnostics)
+    assert "Ranks (means per step)" in s.render() and "Slowest rank per step" in s.render()
+
+
+def _brute(spans: list[tuple[int, int]]) -> np.ndarray:
+    covered = np.zeros(200, bool)
+    for a, b in spans:
+        covered[a:b] = True
+    return covered
+
+
+def test_interval_arithmetic_against_brute_force():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        sets = []
+        for _ in range(2):
+            a = rng.integers(0, 190, 12)
+            sets.append((a, a + rng.integers(0, 10, 12)))
+        ua, ub = iv.union(*sets[0]), iv.union(*sets[1])
+        ca, cb = _brute(zip(*sets[0])), _brute(zip(*sets[1]))
+        assert iv.total(ua) == ca.sum()
+        assert np.all(ua[0][1:] > ua[1][:-1])  # disjoint, sorted, not touching
+        assert iv.total(iv.intersect(ua, ub)) == (ca & cb).sum()
+        assert iv.total(iv.subtract(ua, ub)) == (ca & ~cb).sum()
+        assert iv.total(iv.merge(ua, ub)) == (ca | cb).sum()
+        lo = rng.integers(0, 150, 5)
+        hi = lo + rng.integers(0, 50, 5)
+        assert iv.length_in(ua, lo, hi).tolist() == [int(ca[a:b].sum()) for a, b in zip(lo, hi)]
+
+
+@pytest.mark.parametrize("trace", sorted(FIXTURES.glob("*.pt.trace.json.gz")), ids=lambda p: p.name)
+def test_recorded_gpu_trace(trace):
+    """GPU traces recorded on a device (tests/fixtures): the breakdown is consistent with the kernels."""
+    s = summarize(trace)
+    assert s.kernels and s.has_gpu
+    for st in s.steps:
+        assert 0 < st.gpu_busy_us <= st.wall_us + 1e-6
+        assert st.gpu_idle_us == pytest.approx(st.wall_us - st.gpu_busy_us)
+        assert max(st.kernel_us, st.memcpy_us, st.memset_us, st.comm_us) <= st.gpu_busy_us + 1e-6
+    assert sum(op.self_cuda_us for op in s.ops) <= sum(k.total_us for k in s.kernels) + 1e-3
