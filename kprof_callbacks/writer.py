@@ -49,16 +49,38 @@ def _raw_name(partial: Path) -> Path:
     return partial.with_name(partial.name + ".raw")
 
 
+def _temp_files(partial: Path) -> list[Path]:
+    """Every temp file one write may leave: ours, and the ``<name>.tmp`` torch's exporter writes before renaming."""
+    return [p.with_name(p.name + tmp) for p in (partial, _raw_name(partial)) for tmp in ("", ".tmp")]
+
+
+def _not_written(path: Path) -> str:
+    """Why torch's exporter left no file (it only logs "Failed to write to log file!" and returns)."""
+    folder = path.parent
+    if not folder.is_dir():
+        return f"{folder} no longer exists"
+    stat = os.statvfs(folder)
+    if stat.f_flag & os.ST_RDONLY:
+        return f"{folder} is on a read-only file system"
+    if not os.access(folder, os.W_OK):
+        return f"no permission to write in {folder}"
+    free = stat.f_bavail * stat.f_frsize
+    if free < 2**20:
+        return f"No space left on device ({free // 1024} KiB free in {folder})"
+    return f"torch's trace exporter could not write {path.name} ({free // 2**20} MiB free in {folder})"
+
+
 def _export(results, dest: Path, compress: bool) -> None:
     """Write one capture's chrome-trace JSON to ``dest`` (gzip-compressed when asked)."""
+    json_path = _raw_name(dest) if compress else dest
+    results.export_chrome_trace(str(json_path))
+    if not json_path.is_file():
+        raise OSError(_not_written(json_path))
     if not compress:
-        results.export_chrome_trace(str(dest))
         return
-    raw = _raw_name(dest)
-    results.export_chrome_trace(str(raw))
-    with open(raw, "rb") as src, gzip.open(dest, "wb", compresslevel=3) as dst:
+    with open(json_path, "rb") as src, gzip.open(dest, "wb", compresslevel=3) as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
-    raw.unlink()
+    json_path.unlink()
 
 
 def _export_in_child(results, dest: Path, compress: bool, timeout: float) -> None:
@@ -195,7 +217,7 @@ class TraceWriter:
                 _export(results, partial, self.compress)
             os.replace(partial, final)
         except Exception as exc:  # disk full, logdir removed, read-only: drop this capture, keep training
-            for leftover in (partial, _raw_name(partial)):
+            for leftover in _temp_files(partial):
                 leftover.unlink(missing_ok=True)
             self._fail(capture, "write", f"writing {final.name} failed: {exc}")
             return
