@@ -170,7 +170,10 @@ class TraceWriter:
         self._jobs.put((prof.profiler, capture))
 
     def submit_call(self, fn: Callable[[], None]) -> None:
-        """Run a small piece of disk work (e.g. scalar logging) on the writer thread, in order with traces."""
+        """Run a small piece of disk work (e.g. scalar logging) on the writer thread, in order with traces.
+
+        Its errors count as write errors: one full disk is one warning, whether a trace or scalars hit it first.
+        """
         self._jobs.put((fn, None))
 
     def flush(self, timeout: float) -> bool:
@@ -200,7 +203,7 @@ class TraceWriter:
                 return
             work, capture = job
             if capture is None:
-                self._run_quietly(work)
+                self._run_quietly(work, "write")
                 continue
             try:
                 self._write(work, capture)
@@ -225,13 +228,14 @@ class TraceWriter:
         self.written_bytes += capture.bytes
         self.files.append(final)
         if self.on_trace is not None:
-            self._run_quietly(lambda: self.on_trace(final))
+            name = getattr(self.on_trace, "__qualname__", self.on_trace)
+            self._run_quietly(lambda: self.on_trace(final), "callback", f"your on_trace callback {name}")
 
-    def _run_quietly(self, fn: Callable[[], None]) -> None:
+    def _run_quietly(self, fn: Callable[[], None], kind: str, what: str | None = None) -> None:
         try:
             fn()
-        except Exception as exc:
-            self._warn_once("callback", f"{getattr(fn, '__qualname__', fn)!s} raised {type(exc).__name__}: {exc}")
+        except BaseException as exc:  # even SystemExit: the writer thread must outlive any callback
+            self._warn_once(kind, f"{what or getattr(fn, '__qualname__', fn)} raised {type(exc).__name__}: {exc}")
 
     def _fail(self, capture: Capture, kind: str, message: str) -> None:
         capture.error = message
