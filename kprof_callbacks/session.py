@@ -106,6 +106,7 @@ class Session:
         self._times_read = 0
         self._prof = None
         self._writer: TraceWriter | None = None
+        self._scalar_sink: _ScalarSink | None = None
         self._state = "new"
         self._activities: list[ProfilerActivity] = []
         self.run_dir: Path | None = None
@@ -251,6 +252,7 @@ class Session:
         )
         if self.config.scalars:  # import now: an import mid-training would hold the GIL for ~0.1 s
             importlib.import_module("torch.utils.tensorboard")
+            self._scalar_sink = _ScalarSink(self.run_dir, self._writer.worker)
         if self.config.memory_snapshot and torch.cuda.is_available():
             torch.cuda.memory._record_memory_history(max_entries=100_000)
         if self._trigger is not None:
@@ -278,6 +280,7 @@ class Session:
             if self.config.scalars:
                 self._timer.drain()
                 self._send_scalars()
+                self._writer.submit_call(self._scalar_sink.close)
             interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
             timeout = min(self.config.write_timeout, 10.0) if interrupted else self.config.write_timeout
             self._writer.close(timeout)
@@ -312,36 +315,45 @@ class Session:
             return
         batch = [(i + 1, times[i], self._samples[i] if i < len(self._samples) else None) for i in range(start, end)]
         self._scalars_sent = end
-        self._writer.submit_call(_ScalarSink.for_dir(self.run_dir).bind(batch))
+        self._writer.submit_call(self._scalar_sink.bind(batch))
 
 
 class _ScalarSink:
-    """Step time and throughput as TensorBoard scalars beside the traces (runs on the writer thread)."""
+    """Step time and throughput as TensorBoard scalars beside the traces, one event file per session.
 
-    _sinks: dict[Path, _ScalarSink] = {}
+    Records are written on the trace writer's thread with tensorboard's RecordWriter. A SummaryWriter would add
+    a thread of its own that outlives the session and dies with a traceback when the disk fills up.
+    """
 
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self._writer = None
-
-    @classmethod
-    def for_dir(cls, run_dir: Path) -> _ScalarSink:
-        return cls._sinks.setdefault(run_dir, cls(run_dir))
+    def __init__(self, run_dir: Path, worker: str) -> None:
+        self.path = run_dir / f"events.out.tfevents.{time.time_ns()}.{worker}"
+        self._records = None
 
     def bind(self, batch: list[tuple[int, float, int | None]]) -> Callable[[], None]:
         def write() -> None:
-            from torch.utils.tensorboard import SummaryWriter
+            from tensorboard.compat.proto.event_pb2 import Event
+            from tensorboard.compat.proto.summary_pb2 import Summary
+            from tensorboard.summary.writer.record_writer import RecordWriter
 
-            if self._writer is None:
-                self._writer = SummaryWriter(str(self.run_dir))
+            if self._records is None:
+                self._records = RecordWriter(open(self.path, "wb"))
+                self._records.write(Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
             for step, seconds, samples in batch:
-                self._writer.add_scalar("kprof/step_time_ms", seconds * 1e3, step)
+                values = [Summary.Value(tag="kprof/step_time_ms", simple_value=seconds * 1e3)]
                 if samples:
-                    self._writer.add_scalar("kprof/throughput_samples_per_s", samples / seconds, step)
-            self._writer.flush()
+                    values.append(Summary.Value(tag="kprof/throughput_samples_per_s", simple_value=samples / seconds))
+                event = Event(wall_time=time.time(), step=step, summary=Summary(value=values))
+                self._records.write(event.SerializeToString())
+            self._records.flush()
 
         write.__qualname__ = "writing step-time scalars"
         return write
+
+    def close(self) -> None:
+        """Close the event file (on the writer thread, after the last batch)."""
+        if self._records is not None:
+            self._records.close()
+            self._records = None
 
 
 def _rank() -> int | None:
