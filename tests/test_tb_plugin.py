@@ -1,0 +1,287 @@
+"""The kprof TensorBoard tab, for real: TensorBoard on 127.0.0.1 over traces written by kprof.session and
+kprof.compare, its HTTP routes checked against kprof.summarize of the same files, the page in headless Chromium."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import kprof_callbacks as kprof
+from kprof_callbacks.tb import TensorBoardServer
+from kprof_callbacks.tensorboard import logdir as scan
+
+PLUGIN = "data/plugin/kprof/"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+BAD_TRACE = "otherhost_1.1795000000000000000.pt.trace.json"
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+
+
+def _profile(logdir: Path, run: str, steps: int = 5) -> kprof.Session:
+    """A real profiled loop: one capture of 2 steps (wait=1, warmup=1, active=2), step-time scalars for all."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with kprof.session(logdir, run=run, wait=1, warmup=1, active=2, repeat=1) as s:
+        for _ in range(steps):
+            with s.region("forward"):
+                loss = model(torch.randn(8, 16)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            s.step()
+    assert len(s.trace_files) == 1
+    return s
+
+
+def _roundtrip(data: dict) -> dict:
+    return json.loads(json.dumps(data))
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("log").resolve()
+
+
+@pytest.fixture(scope="module")
+def comparison(logdir: Path):
+    model = _model()
+    batches = [torch.randn(8, 16) for _ in range(3)]
+    return kprof.compare({"torch": model, "copy": copy.deepcopy(model)}, lambda m, b: m(b).pow(2).mean(), batches,
+                         steps=4, warmup=1, block=2, logdir=logdir / "ab")
+
+
+@pytest.fixture(scope="module")
+def sessions(logdir: Path, comparison) -> dict[str, kprof.Session]:
+    """Runs `live` and `baseline`; `baseline` also holds a truncated trace and a complete-looking `.partial`;
+    `broken` holds nothing but a truncated trace."""
+    live = _profile(logdir, "live")
+    (logdir / "broken").mkdir()
+    (logdir / "broken" / BAD_TRACE).write_text(live.trace_files[0].read_text()[:5000])
+    runs = {"live": live, "baseline": _profile(logdir, "baseline", steps=6)}  # written last: the tab opens on it
+    good = runs["baseline"].trace_files[0]
+    text = good.read_text()
+    (good.parent / BAD_TRACE).write_text(text[: len(text) // 2])  # a crash mid-write without the temp-file rename
+    good.with_name(good.name + ".partial").write_text(text)  # would double every count if it were read
+    return runs
+
+
+@pytest.fixture(scope="module")
+def tb(logdir: Path, sessions, group_leftovers):
+    with TensorBoardServer(logdir) as server:
+        yield server
+    assert not group_leftovers(server.pid), "TensorBoard left processes behind"
+
+
+def _get(tb: TensorBoardServer, route: str, **params):
+    return tb.get_json(PLUGIN + route, **params)
+
+
+def _http_error(tb: TensorBoardServer, route: str, **params) -> int:
+    with pytest.raises(urllib.error.HTTPError) as err:
+        _get(tb, route, **params)
+    return err.value.code
+
+
+# -- registration and routes -----------------------------------------------------------------------------------
+def test_plugin_is_listed_and_serves_its_module(tb):
+    listing = tb.get_json("data/plugins_listing")
+    assert listing["kprof"]["enabled"] is True
+    assert listing["kprof"]["loading_mechanism"] == {"type": "IFRAME", "module_path": "/data/plugin/kprof/index.js"}
+    with urllib.request.urlopen(tb.url + PLUGIN + "index.js", timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/javascript")
+        assert b"export async function render()" in response.read()
+
+
+def test_runs_lists_finished_traces_and_comparisons(tb, logdir, sessions):
+    listing = _get(tb, "runs")
+    runs = {r["run"]: r for r in listing["runs"]}
+    assert set(runs) == {"ab/copy", "ab/torch", "baseline", "broken", "live"}
+    good = sessions["baseline"].trace_files[0].name
+    assert sorted(f["name"] for f in runs["baseline"]["traces"]) == sorted([good, BAD_TRACE])
+    assert runs["baseline"]["partial"] == [good + ".partial"]
+    assert runs["baseline"]["bytes"] == sum((logdir / "baseline" / n).stat().st_size for n in (good, BAD_TRACE))
+    assert [c["dir"] for c in listing["comparisons"]] == ["ab"]
+
+
+@pytest.mark.parametrize("run", ["baseline", "ab/torch"])
+def test_summary_equals_kprof_summarize(tb, logdir, run):
+    data = _get(tb, "summary", run=run)
+    assert data["error"] is None
+    assert data["summary"] == _roundtrip(kprof.summarize(logdir / run).to_dict())
+    assert data["summary"]["steps"] and data["summary"]["diagnostics"]
+
+
+def test_bad_and_partial_files_are_named_and_the_rest_is_summarized(tb, logdir, sessions):
+    data = _get(tb, "summary", run="baseline")
+    good = sessions["baseline"].trace_files[0]
+    problems = {p["file"]: p["problem"] for p in data["problems"]}
+    assert set(problems) == {BAD_TRACE, good.name + ".partial"}
+    assert "corrupt JSON" in problems[BAD_TRACE]
+    assert "still being written" in problems[good.name + ".partial"]
+    alone = _roundtrip(kprof.summarize(good).to_dict())  # the good file by itself: the .partial added nothing
+    assert data["summary"]["files"] == [str(good)]
+    for table in ("steps", "ops", "labels", "kernels", "diagnostics"):
+        assert data["summary"][table] == alone[table]
+    assert [s["step"] for s in data["summary"]["steps"]] == [2, 3]  # ProfilerStep#N of the active window
+
+
+def test_run_without_a_readable_file_says_why(tb, logdir):
+    data = _get(tb, "summary", run="broken")
+    assert data["summary"] is None
+    assert f"{logdir / 'broken' / BAD_TRACE}: truncated or corrupt JSON" in data["error"]
+    with pytest.raises(ValueError, match="nothing readable"):
+        kprof.summarize(logdir / "broken")
+
+
+def test_step_time_covers_every_step(tb, sessions):
+    times = sessions["baseline"].step_times
+    points = tb.wait_for(lambda: _get(tb, "steptime", run="baseline")["points"], "kprof/step_time_ms scalars")
+    assert [p[0] for p in points] == list(range(1, len(times) + 1))
+    assert [p[1] for p in points] == pytest.approx([t * 1e3 for t in times], rel=1e-5)
+
+
+def test_compare_route_serves_compare_json_with_run_links(tb, logdir, comparison):
+    data = _get(tb, "compare", dir="ab")
+    assert data["error"] is None
+    assert data["data"] == json.loads((logdir / "ab" / "compare.json").read_text())
+    assert data["runs"] == {"torch": "ab/torch", "copy": "ab/copy"}
+    assert [v["speedup"] for v in data["data"]["variants"]] == [comparison[n].speedup for n in ("torch", "copy")]
+
+
+def test_trace_download_is_the_file_on_disk(tb, sessions):
+    path = sessions["baseline"].trace_files[0]
+    url = f"{tb.url}{PLUGIN}trace?run=baseline&file={path.name}"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        assert response.headers["Content-Disposition"] == f"attachment; filename={path.name}"
+        assert response.read() == path.read_bytes()
+
+
+@pytest.mark.parametrize("route, params", [
+    ("summary", {"run": "../.."}),
+    ("summary", {"run": "nope"}),
+    ("summary", {"run": "ab"}),  # a folder, but no trace files in it
+    ("trace", {"run": "baseline", "file": "../live/x.pt.trace.json"}),
+    ("trace", {"run": "baseline", "file": "events.out.tfevents.0"}),
+    ("compare", {"dir": "baseline"}),
+])
+def test_unknown_runs_and_files_are_404(tb, route, params):
+    assert _http_error(tb, route, **params) == 404
+
+
+def test_missing_run_parameter_is_400(tb):
+    assert _http_error(tb, "summary") == 400
+
+
+# -- the page ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def chromium(tmp_path: Path, group_leftovers):
+    """`chromium(url, *args)`: headless Chromium on `url` in a process group of its own, killed after; its stdout."""
+    if CHROMIUM is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium)")
+
+    def run(url: str, *args: str) -> str:
+        cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+               f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=15000", *args, url]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, text=True)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        assert not group_leftovers(proc.pid), "Chromium left processes behind"
+        assert proc.returncode == 0, f"chromium exited with {proc.returncode}"
+        return out
+
+    return run
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_tab_renders_diagnostics_and_bad_files(tb, logdir, chromium):
+    dom = chromium(f"{tb.url}data/plugin_entry.html?name=kprof#run=baseline", "--dump-dom")
+    summary = kprof.summarize(logdir / "baseline")
+    assert 'id="diagnostics"' in dom
+    for diagnostic in summary.diagnostics:
+        assert f'data-kind="{diagnostic.kind}"' in dom
+    assert 'id="problems"' in dom and f"<code>{BAD_TRACE}</code>" in dom
+    assert "Per-step breakdown" in dom and "Step time over the run" in dom and "<svg" in dom
+
+
+def test_tab_renders_the_comparison(tb, chromium):
+    dom = chromium(f"{tb.url}data/plugin_entry.html?name=kprof#compare=ab", "--dump-dom")
+    assert 'id="compare"' in dom
+    assert ">torch</a>" in dom and ">copy</a>" in dom and "baseline" in dom
+
+
+def test_screenshot_of_the_tab_inside_tensorboard(tb, chromium, tmp_path):
+    shot = tmp_path / "kprof-tab.png"
+    chromium(f"{tb.url}#kprof", f"--screenshot={shot}", "--window-size=1280,1600")
+    assert _png_size(shot) == (1280, 1600)
+
+
+def test_new_capture_appears_on_reload(tb, logdir):
+    first = _get(tb, "summary", run="live")
+    assert _get(tb, "summary", run="live")["summarized_at"] == first["summarized_at"]  # served from the cache
+    _profile(logdir, "live")
+    runs = {r["run"]: r for r in _get(tb, "runs")["runs"]}
+    assert len(runs["live"]["traces"]) == 2
+    fresh = _get(tb, "summary", run="live")
+    assert fresh["summarized_at"] > first["summarized_at"]
+    assert len(fresh["summary"]["steps"]) == 2 * len(first["summary"]["steps"])
+    assert fresh["summary"] == _roundtrip(kprof.summarize(logdir / "live").to_dict())
+
+
+# -- a logdir without kprof runs ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def empty_tb(tmp_path_factory, group_leftovers):
+    logdir = tmp_path_factory.mktemp("empty")
+    (logdir / "first_run").mkdir()
+    (logdir / "first_run" / "host_1.1.pt.trace.json.partial").write_text("{}")  # its first capture, still being written
+    with TensorBoardServer(logdir) as server:
+        yield server
+    assert not group_leftovers(server.pid), "TensorBoard left processes behind"
+
+
+def test_empty_logdir_is_inactive_and_lists_nothing(empty_tb):
+    assert empty_tb.get_json("data/plugins_listing")["kprof"]["enabled"] is False
+    assert _get(empty_tb, "runs") == {"logdir": str(Path(empty_tb.logdir).resolve()), "runs": [], "comparisons": []}
+
+
+def test_empty_logdir_page_says_how_to_produce_a_run(empty_tb, chromium):
+    dom = chromium(f"{empty_tb.url}data/plugin_entry.html?name=kprof", "--dump-dom")
+    assert 'id="empty"' in dom and "kprof.session(" in dom
+
+
+def test_listing_stats_files_without_reading_them(tmp_path):
+    """100 runs of unreadable traces list fine: the listing never opens a trace."""
+    for i in range(100):
+        run = tmp_path / f"run{i:03d}"
+        run.mkdir()
+        (run / f"host_{i}.{i}.pt.trace.json").write_bytes(b"\0not json")
+    runs = scan.list_runs(tmp_path)
+    assert [r.name for r in runs] == [f"run{i:03d}" for i in range(100)]
+    assert all(r.traces[0].bytes == 9 for r in runs)
+    assert scan.has_data(tmp_path)
