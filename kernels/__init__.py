@@ -3,6 +3,9 @@
 Each op is a kernel pair (``<op>.cu`` for CUDA, ``<op>.cpp`` for the CPU and the torch binding),
 an autograd.Function, a functional form and an ``nn.Module`` with ``from_module``. Nothing is
 compiled at import: each extension is built (or loaded from the cache) at its first call.
+
+The functions ``square``, ``add`` and ``gelu`` share their names with the modules defining them; the
+functions win here, and ``importlib.import_module("kprof_callbacks.kernels.gelu")`` reaches a module.
 """
 
 from __future__ import annotations
@@ -11,26 +14,24 @@ import importlib
 from typing import Any
 
 from ._build import KernelBuildError, load, load_inline
+from .add import Add, add
+from .gelu import GELU, BiasGELU, LinearGELU, bias_gelu, gelu
+from .square import Square, square
 
-_EXPORTS = {
-    "square": "square", "Square": "square",
-    "add": "add", "Add": "add",
-    "gelu": "gelu", "GELU": "gelu", "bias_gelu": "gelu", "BiasGELU": "gelu", "LinearGELU": "gelu",
+# Layers from modules that import on first use (name -> module in this package).
+_LAZY = {
     "layer_norm": "layernorm", "LayerNorm": "layernorm",
     "rms_norm": "rmsnorm", "RMSNorm": "rmsnorm",
 }
 
-__all__ = ["KernelBuildError", "load", "load_inline", *_EXPORTS]
+__all__ = ["KernelBuildError", "load", "load_inline", "Add", "add", "GELU", "BiasGELU", "LinearGELU", "bias_gelu",
+           "gelu", "Square", "square", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    """Import an op's module on first use, so ``import kprof_callbacks.kernels`` stays cheap."""
-    if name not in _EXPORTS:
+    if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(f".{_EXPORTS[name]}", __name__)
-    # The import bound the submodule under its own name (add, square, gelu): the functions win.
-    globals().update({n: getattr(module, n) for n, m in _EXPORTS.items() if m == _EXPORTS[name]})
-    return globals()[name]
+    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
 
 
 def __dir__() -> list[str]:

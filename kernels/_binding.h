@@ -36,7 +36,9 @@ inline void check_input(const at::Tensor& t, const char* op, const char* arg) {
                    "tensor, got ", t.scalar_type(), " on ", t.device());
 }
 
+// b checked as a's partner (an input or an output buffer): same shape, dtype and device, contiguous.
 inline void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg) {
+  check_input(b, op, arg);
   TORCH_CHECK_VALUE(a.sizes() == b.sizes(), op, ": ", arg, " has shape ", b.sizes(), ", expected ", a.sizes());
   TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type() && a.device() == b.device(), op, ": ", arg, " is ",
                    b.scalar_type(), " on ", b.device(), ", expected ", a.scalar_type(), " on ", a.device());

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import types
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
 IMPLS = ("cuda", "cpp", "torch")
+Layer = TypeVar("Layer", bound="KernelLayer")
 CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -58,3 +62,23 @@ def label(name: str) -> contextlib.AbstractContextManager:
     if torch._C._autograd._profiler_enabled():  # record_function costs microseconds even when idle
         return torch.profiler.record_function(f"kprof::{name}")
     return contextlib.nullcontext()
+
+
+class KernelLayer(torch.nn.Module):
+    """Base of the elementwise layers: ``impl`` (None, "cuda", "cpp" or "torch") and ``build()``."""
+
+    _load: Callable[[], types.ModuleType]  # the subclass's extension loader
+
+    def __init__(self, impl: str | None = None) -> None:
+        super().__init__()
+        self.impl = check_impl(impl)
+
+    def build(self: Layer) -> Layer:
+        """Build (or load from the cache) the extension now rather than at the first forward, so a compiler
+        problem shows up here; a no-op when the "torch" reference is chosen."""
+        if self.impl != "torch":
+            type(self)._load()
+        return self
+
+    def impl_repr(self) -> str:
+        return f"impl={self.impl or 'auto'}"

@@ -6,10 +6,8 @@ import functools
 import types
 
 import torch
-from torch import nn
-
 from . import _build
-from ._layer import check_impl, check_like, check_tensor, label, resolve_impl
+from ._layer import KernelLayer, check_impl, check_like, check_tensor, label, resolve_impl
 
 
 @functools.cache
@@ -22,7 +20,9 @@ class AddFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return _ext().forward(a, b)
+        out = torch.empty_like(a)
+        _ext().forward(a, b, out)
+        return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,15 +39,16 @@ def add(a: torch.Tensor, b: torch.Tensor, *, impl: str | None = None) -> torch.T
         return torch.add(a, b) if impl == "torch" else AddFunction.apply(a, b)
 
 
-class Add(nn.Module):
+class Add(KernelLayer):
     """``add`` as a module, so one model can run it with each implementation."""
 
+    _load = staticmethod(_ext)
+
     def __init__(self, *, impl: str | None = None) -> None:
-        super().__init__()
-        self.impl = check_impl(impl)
+        super().__init__(impl)
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return add(a, b, impl=self.impl)
 
     def extra_repr(self) -> str:
-        return f"impl={self.impl or 'auto'}"
+        return self.impl_repr()

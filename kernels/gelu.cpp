@@ -1,8 +1,9 @@
 // Torch binding and CPU kernels of kprof GELU (erf or tanh form) and the fused bias + GELU, forward and
-// backward. CPU math runs in at::opmath_type (float for half/bfloat16, double for double).
+// backward. Results go to caller-allocated buffers. CPU math runs in at::opmath_type (float for
+// half/bfloat16, double for double).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
-#include <ATen/ops/zeros_like.h>
+#include <ATen/ops/zeros.h>
 
 #include "_binding.h"
 #include "_gelu_math.h"
@@ -24,39 +25,39 @@ namespace {
 
 namespace gelu = kprof::gelu;
 
-#define KPROF_FLOAT_DISPATCH(t, op, ...) AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, (t).scalar_type(), op, __VA_ARGS__)
+#define KPROF_FLOAT_DISPATCH(t, op, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, (t).scalar_type(), op, __VA_ARGS__)
 
-at::Tensor gelu_forward(const at::Tensor& x, bool tanh_approx) {
+// y = gelu(x).
+void gelu_forward(const at::Tensor& x, const at::Tensor& y, bool tanh_approx) {
   kprof::check_input(x, "kprof gelu", "x");
-  at::Tensor y = at::empty_like(x);
+  kprof::check_same(x, y, "kprof gelu", "y");
   if (x.is_cuda()) {
     KPROF_CUDA_CALL(x, "kprof gelu", kprof_gelu_forward(kprof::dtype_code(x), x.const_data_ptr(), y.mutable_data_ptr(),
                                                         x.numel(), tanh_approx, kprof::current_stream()));
-    return y;
+    return;
   }
   KPROF_FLOAT_DISPATCH(x, "kprof gelu", [&] {
     kprof::cpu_map(x.numel(), [=](auto v) { return gelu::forward(v, tanh_approx); }, y.mutable_data_ptr<scalar_t>(),
                    x.const_data_ptr<scalar_t>());
   });
-  return y;
 }
 
-at::Tensor gelu_backward(const at::Tensor& dy, const at::Tensor& x, bool tanh_approx) {
+// dx = dy * gelu'(x).
+void gelu_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& dx, bool tanh_approx) {
   kprof::check_input(x, "kprof gelu backward", "x");
-  kprof::check_input(dy, "kprof gelu backward", "grad");
   kprof::check_same(x, dy, "kprof gelu backward", "grad");
-  at::Tensor dx = at::empty_like(x);
+  kprof::check_same(x, dx, "kprof gelu backward", "grad_x");
   if (x.is_cuda()) {
     KPROF_CUDA_CALL(x, "kprof gelu backward",
                     kprof_gelu_backward(kprof::dtype_code(x), dy.const_data_ptr(), x.const_data_ptr(),
                                         dx.mutable_data_ptr(), x.numel(), tanh_approx, kprof::current_stream()));
-    return dx;
+    return;
   }
   KPROF_FLOAT_DISPATCH(x, "kprof gelu backward", [&] {
     kprof::cpu_map(x.numel(), [=](auto g, auto v) { return g * gelu::derivative(v, tanh_approx); },
                    dx.mutable_data_ptr<scalar_t>(), dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>());
   });
-  return dx;
 }
 
 // x is [..., cols] with cols == bias.numel(); returns the number of rows.
@@ -70,38 +71,36 @@ int64_t check_bias(const at::Tensor& x, const at::Tensor& bias, const char* op) 
   return bias.numel() == 0 ? 0 : x.numel() / bias.numel();
 }
 
-at::Tensor bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, bool tanh_approx) {
+// y = gelu(x + bias), bias broadcast over the rows of x.
+void bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& y, bool tanh_approx) {
   const int64_t rows = check_bias(x, bias, "kprof bias_gelu");
+  kprof::check_same(x, y, "kprof bias_gelu", "y");
   const int64_t cols = bias.numel();
-  at::Tensor y = at::empty_like(x);
   if (x.is_cuda()) {
     KPROF_CUDA_CALL(x, "kprof bias_gelu",
                     kprof_bias_gelu_forward(kprof::dtype_code(x), x.const_data_ptr(), bias.const_data_ptr(),
                                             y.mutable_data_ptr(), rows, cols, tanh_approx, kprof::current_stream()));
-    return y;
+    return;
   }
   KPROF_FLOAT_DISPATCH(x, "kprof bias_gelu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* bp = bias.const_data_ptr<scalar_t>();
     scalar_t* yp = y.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, rows, kprof::kGrain / std::max<int64_t>(cols, 1), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-          yp[r * cols + c] = static_cast<scalar_t>(
-              gelu::forward(static_cast<acc_t>(xp[r * cols + c]) + static_cast<acc_t>(bp[c]), tanh_approx));
-        }
+    at::parallel_for(0, rows, std::max<int64_t>(kprof::kGrain / std::max<int64_t>(cols, 1), 1), [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * cols; i < r1 * cols; ++i) {
+        const acc_t v = static_cast<acc_t>(xp[i]) + static_cast<acc_t>(bp[i % cols]);
+        yp[i] = static_cast<scalar_t>(gelu::forward(v, tanh_approx));
       }
     });
   });
-  return y;
 }
 
 #ifdef KPROF_WITH_CUDA
-std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
-                                                           const at::Tensor& bias, bool tanh_approx) {
-  const int64_t cols = bias.numel(), rows = x.numel() / cols;
-  at::Tensor dx = at::empty_like(x);
+// One kernel writes dx and per-block column sums of it; their sum over blocks is the bias gradient.
+at::Tensor bias_gelu_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& bias,
+                                   const at::Tensor& dx, int64_t rows, bool tanh_approx) {
+  const int64_t cols = bias.numel();
   int64_t partial_rows = 0;
   const auto call = [&](float* partial) {
     return kprof_bias_gelu_backward(kprof::dtype_code(x), dy.const_data_ptr(), x.const_data_ptr(),
@@ -111,49 +110,55 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& dy,
   kprof::check_cuda(call(nullptr), "kprof bias_gelu backward");
   at::Tensor partial = at::empty({partial_rows, cols}, x.options().dtype(at::kFloat));
   kprof::check_cuda(call(partial.mutable_data_ptr<float>()), "kprof bias_gelu backward");
-  return {dx, partial.sum(0).to(bias.scalar_type())};
+  return partial.sum(0).to(bias.scalar_type());
 }
 #endif
 
-// Returns (grad x, grad bias). On CUDA one kernel writes grad x and per-block column sums of it; their
-// sum over blocks is the bias gradient. On the CPU the bias gradient is a sum over rows in opmath.
-std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& dy, const at::Tensor& x,
-                                                      const at::Tensor& bias, bool tanh_approx) {
+// dx = dy * gelu'(x + bias); returns the bias gradient: dx summed over rows before rounding to x's dtype
+// (in float, or double for double), as the CUDA kernel does. The CPU splits the columns over threads.
+at::Tensor bias_gelu_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& bias, const at::Tensor& dx,
+                              bool tanh_approx) {
   const int64_t rows = check_bias(x, bias, "kprof bias_gelu backward");
-  kprof::check_input(dy, "kprof bias_gelu backward", "grad");
   kprof::check_same(x, dy, "kprof bias_gelu backward", "grad");
-  if (x.numel() == 0) return {at::empty_like(x), at::zeros_like(bias)};
-  if (x.is_cuda()) KPROF_ON_CUDA(x, "kprof bias_gelu backward", return bias_gelu_backward_cuda(dy, x, bias, tanh_approx));
+  kprof::check_same(x, dx, "kprof bias_gelu backward", "grad_x");
   const int64_t cols = bias.numel();
-  at::Tensor dx = at::empty_like(x);
+  if (x.numel() == 0) return at::zeros({cols}, bias.options());
+  if (x.is_cuda()) {
+    KPROF_ON_CUDA(x, "kprof bias_gelu backward", return bias_gelu_backward_cuda(dy, x, bias, dx, rows, tanh_approx));
+  }
+  at::Tensor grad_bias = at::empty({cols}, bias.options().dtype(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
   KPROF_FLOAT_DISPATCH(x, "kprof bias_gelu backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* bp = bias.const_data_ptr<scalar_t>();
     scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, rows, kprof::kGrain / std::max<int64_t>(cols, 1), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
+    acc_t* dbp = grad_bias.mutable_data_ptr<acc_t>();
+    at::parallel_for(0, cols, std::max<int64_t>(kprof::kGrain / rows, 1), [&](int64_t c0, int64_t c1) {
+      std::fill(dbp + c0, dbp + c1, acc_t(0));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = c0; c < c1; ++c) {
           const int64_t i = r * cols + c;
-          const acc_t v = static_cast<acc_t>(xp[i]) + static_cast<acc_t>(bp[c]);
-          dxp[i] = static_cast<scalar_t>(static_cast<acc_t>(gp[i]) * gelu::derivative(v, tanh_approx));
+          const acc_t g = static_cast<acc_t>(gp[i]) *
+                          gelu::derivative(static_cast<acc_t>(xp[i]) + static_cast<acc_t>(bp[c]), tanh_approx);
+          dxp[i] = static_cast<scalar_t>(g);
+          dbp[c] += g;
         }
       }
     });
   });
-  const auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  return {dx, dx.reshape({rows, cols}).sum(0, false, acc_type).to(bias.scalar_type())};
+  return grad_bias.to(bias.scalar_type());
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using pybind11::arg;
-  m.def("forward", &gelu_forward, "y = gelu(x)", arg("x"), arg("tanh_approx"));
-  m.def("backward", &gelu_backward, "grad x of gelu", arg("grad"), arg("x"), arg("tanh_approx"));
-  m.def("bias_forward", &bias_gelu_forward, "y = gelu(x + bias), bias over the last dim", arg("x"), arg("bias"),
+  m.def("forward", &gelu_forward, "y = gelu(x)", arg("x"), arg("y"), arg("tanh_approx"));
+  m.def("backward", &gelu_backward, "grad_x = grad * gelu'(x)", arg("grad"), arg("x"), arg("grad_x"),
         arg("tanh_approx"));
-  m.def("bias_backward", &bias_gelu_backward, "(grad x, grad bias) of gelu(x + bias)", arg("grad"), arg("x"),
-        arg("bias"), arg("tanh_approx"));
+  m.def("bias_forward", &bias_gelu_forward, "y = gelu(x + bias), bias over the last dim", arg("x"), arg("bias"),
+        arg("y"), arg("tanh_approx"));
+  m.def("bias_backward", &bias_gelu_backward, "grad_x of gelu(x + bias); returns grad bias", arg("grad"), arg("x"),
+        arg("bias"), arg("grad_x"), arg("tanh_approx"));
 }

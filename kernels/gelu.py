@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _build
-from ._layer import check_impl, check_like, check_tensor, label, resolve_impl
+from ._layer import KernelLayer, check_impl, check_like, check_tensor, label, resolve_impl
 
 APPROXIMATIONS = ("none", "tanh")
 
@@ -34,12 +34,16 @@ class GELUFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, tanh_approx: bool) -> torch.Tensor:
         ctx.tanh_approx = tanh_approx
         ctx.save_for_backward(x)
-        return _ext().forward(x, tanh_approx)
+        y = torch.empty_like(x)
+        _ext().forward(x, y, tanh_approx)
+        return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (x,) = ctx.saved_tensors
-        return _ext().backward(grad.contiguous(), x, ctx.tanh_approx), None
+        grad_x = torch.empty_like(x)
+        _ext().backward(grad.contiguous(), x, grad_x, ctx.tanh_approx)
+        return grad_x, None
 
 
 class BiasGELUFunction(torch.autograd.Function):
@@ -49,12 +53,15 @@ class BiasGELUFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, bias: torch.Tensor, tanh_approx: bool) -> torch.Tensor:
         ctx.tanh_approx = tanh_approx
         ctx.save_for_backward(x, bias)
-        return _ext().bias_forward(x, bias, tanh_approx)
+        y = torch.empty_like(x)
+        _ext().bias_forward(x, bias, y, tanh_approx)
+        return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         x, bias = ctx.saved_tensors
-        grad_x, grad_bias = _ext().bias_backward(grad.contiguous(), x, bias, ctx.tanh_approx)
+        grad_x = torch.empty_like(x)
+        grad_bias = _ext().bias_backward(grad.contiguous(), x, bias, grad_x, ctx.tanh_approx)
         return grad_x, grad_bias, None
 
 
@@ -82,14 +89,15 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", *,
         return BiasGELUFunction.apply(x, bias, tanh_approx)
 
 
-class GELU(nn.Module):
+class GELU(KernelLayer):
     """Drop-in for ``nn.GELU`` running kprof kernels (``impl`` as in ``gelu``)."""
 
+    _load = staticmethod(_ext)
+
     def __init__(self, approximate: str = "none", *, impl: str | None = None) -> None:
-        super().__init__()
+        super().__init__(impl)
         _check_approximate(approximate)
         self.approximate = approximate
-        self.impl = check_impl(impl)
 
     @classmethod
     def from_module(cls, module: nn.GELU, *, impl: str | None = None) -> GELU:
@@ -101,30 +109,33 @@ class GELU(nn.Module):
         return gelu(x, self.approximate, impl=self.impl)
 
     def extra_repr(self) -> str:
-        return f"approximate={self.approximate!r}, impl={self.impl or 'auto'}"
+        return f"approximate={self.approximate!r}, {self.impl_repr()}"
 
 
-class BiasGELU(nn.Module):
+class BiasGELU(KernelLayer):
     """gelu(x + bias) fused, the epilogue of a bias-free matmul; ``bias`` has ``features`` entries."""
+
+    _load = staticmethod(_ext)
 
     def __init__(self, features: int, approximate: str = "none", *, impl: str | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
-        super().__init__()
+        super().__init__(impl)
         _check_approximate(approximate)
         self.approximate = approximate
-        self.impl = check_impl(impl)
         self.bias = nn.Parameter(torch.zeros(features, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return bias_gelu(x, self.bias, self.approximate, impl=self.impl)
 
     def extra_repr(self) -> str:
-        return f"features={self.bias.numel()}, approximate={self.approximate!r}, impl={self.impl or 'auto'}"
+        return f"features={self.bias.numel()}, approximate={self.approximate!r}, {self.impl_repr()}"
 
 
-class LinearGELU(nn.Linear):
+class LinearGELU(nn.Linear, KernelLayer):
     """``nn.Linear`` followed by ``nn.GELU``: the matmul runs without its bias, then one fused
     bias + GELU kernel. Same parameters and state_dict keys (weight, bias) as the ``nn.Linear``."""
+
+    _load = staticmethod(_ext)
 
     def __init__(self, in_features: int, out_features: int, approximate: str = "none", *, impl: str | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
@@ -140,16 +151,13 @@ class LinearGELU(nn.Linear):
             raise TypeError("linear must be an nn.Linear with a bias")
         if not isinstance(gelu, nn.GELU):
             raise TypeError(f"gelu must be nn.GELU, got {type(gelu).__name__}")
-        fused = cls.__new__(cls)
-        nn.Module.__init__(fused)
-        fused.in_features, fused.out_features = linear.in_features, linear.out_features
+        fused = cls(linear.in_features, linear.out_features, gelu.approximate, impl=impl, device="meta")
         fused.weight, fused.bias = linear.weight, linear.bias
-        fused.approximate, fused.impl = gelu.approximate, check_impl(impl)
-        return fused
+        return fused.train(linear.training)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with label("linear_gelu"):
             return bias_gelu(F.linear(x, self.weight), self.bias, self.approximate, impl=self.impl)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, approximate={self.approximate!r}, impl={self.impl or 'auto'}"
+        return f"{super().extra_repr()}, approximate={self.approximate!r}, {self.impl_repr()}"

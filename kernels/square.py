@@ -12,10 +12,8 @@ import functools
 import types
 
 import torch
-from torch import nn
-
 from . import _build
-from ._layer import check_impl, check_tensor, label, resolve_impl
+from ._layer import KernelLayer, check_impl, check_tensor, label, resolve_impl
 
 VARIANTS = ("grid2d", "vectorized")
 GRID2D_BLOCK = 16
@@ -93,9 +91,9 @@ cudaError_t kprof_square_backward(int dtype, const void* dy, const void* x, void
 #endif
 
 // y = x * x; on CUDA, grid2d picks the seed's 2-D kernel over [numel / last dim, last dim].
-at::Tensor square_forward(const at::Tensor& x, bool grid2d) {
+void square_forward(const at::Tensor& x, const at::Tensor& y, bool grid2d) {
   kprof::check_input(x, "kprof square", "x");
-  at::Tensor y = at::empty_like(x);
+  kprof::check_same(x, y, "kprof square", "y");
   if (x.is_cuda() && grid2d) {
     const int64_t width = x.dim() == 0 ? 1 : x.size(-1);
     const int64_t height = width == 0 ? 0 : x.numel() / width;
@@ -105,36 +103,33 @@ at::Tensor square_forward(const at::Tensor& x, bool grid2d) {
       KPROF_CUDA_CALL(x, "kprof square", kprof_square_grid2d(kprof::dtype_code(x), x.const_data_ptr(),
                       y.mutable_data_ptr(), static_cast<int>(height), static_cast<int>(width), kprof::current_stream()));
     }
-    return y;
+    return;
   }
   if (x.is_cuda()) {
     KPROF_CUDA_CALL(x, "kprof square", kprof_square_forward(kprof::dtype_code(x), x.const_data_ptr(),
                     y.mutable_data_ptr(), x.numel(), kprof::current_stream()));
-    return y;
+    return;
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "kprof square", [&] {
     kprof::cpu_map(x.numel(), [](auto v) { return v * v; }, y.mutable_data_ptr<scalar_t>(),
                    x.const_data_ptr<scalar_t>());
   });
-  return y;
 }
 
-// grad x = 2 * x * grad.
-at::Tensor square_backward(const at::Tensor& dy, const at::Tensor& x) {
+// grad_x = 2 * x * grad.
+void square_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& dx) {
   kprof::check_input(x, "kprof square backward", "x");
-  kprof::check_input(dy, "kprof square backward", "grad");
   kprof::check_same(x, dy, "kprof square backward", "grad");
-  at::Tensor dx = at::empty_like(x);
+  kprof::check_same(x, dx, "kprof square backward", "grad_x");
   if (x.is_cuda()) {
     KPROF_CUDA_CALL(x, "kprof square backward", kprof_square_backward(kprof::dtype_code(x), dy.const_data_ptr(),
                     x.const_data_ptr(), dx.mutable_data_ptr(), x.numel(), kprof::current_stream()));
-    return dx;
+    return;
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "kprof square backward", [&] {
     kprof::cpu_map(x.numel(), [](auto g, auto v) { return decltype(v)(2) * v * g; }, dx.mutable_data_ptr<scalar_t>(),
                    dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>());
   });
-  return dx;
 }
 """
 
@@ -157,12 +152,16 @@ class SquareFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, grid2d: bool) -> torch.Tensor:
         ctx.save_for_backward(x)
-        return _ext().square_forward(x, grid2d)
+        y = torch.empty_like(x)
+        _ext().square_forward(x, y, grid2d)
+        return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (x,) = ctx.saved_tensors
-        return _ext().square_backward(grad.contiguous(), x), None
+        grad_x = torch.empty_like(x)
+        _ext().square_backward(grad.contiguous(), x, grad_x)
+        return grad_x, None
 
 
 def square(x: torch.Tensor, *, variant: str = "vectorized", impl: str | None = None) -> torch.Tensor:
@@ -176,17 +175,18 @@ def square(x: torch.Tensor, *, variant: str = "vectorized", impl: str | None = N
         return torch.square(x) if impl == "torch" else SquareFunction.apply(x, grid2d)
 
 
-class Square(nn.Module):
+class Square(KernelLayer):
     """``square`` as a module, so one model can run it with each variant and implementation."""
 
+    _load = staticmethod(_ext)
+
     def __init__(self, *, variant: str = "vectorized", impl: str | None = None) -> None:
-        super().__init__()
+        super().__init__(impl)
         _check_variant(variant)
         self.variant = variant
-        self.impl = check_impl(impl)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return square(x, variant=self.variant, impl=self.impl)
 
     def extra_repr(self) -> str:
-        return f"variant={self.variant!r}, impl={self.impl or 'auto'}"
+        return f"variant={self.variant!r}, {self.impl_repr()}"
