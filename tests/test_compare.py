@@ -1,0 +1,416 @@
+"""kprof.compare on real (tiny) models: timing verdicts, the numerical check, traces, bad input, failing variants."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from kprof_callbacks import stats
+from kprof_callbacks.cli import main
+from kprof_callbacks.compare import ComparisonError, compare
+from kprof_callbacks.kernels import KernelBuildError
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a loaded 2-core machine, OpenMP's spinning threads stretch a 3 ms step to 200 ms."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Sleepy(nn.Module):
+    """Wraps a model and sleeps in its forward: a variant whose step time we know."""
+
+    def __init__(self, inner: nn.Module, seconds: float) -> None:
+        super().__init__()
+        self.inner, self.seconds = inner, seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return self.inner(x)
+
+
+class Broken(nn.Sequential):
+    """The MLP's layers (same state_dict names) whose forward raises, as a kernel that fails at run time."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("kernel launch failed: invalid configuration")
+
+
+class _DoubleGrad(torch.autograd.Function):
+    """Identity forward, backward that doubles the gradient: right outputs, wrong gradients."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 2 * grad
+
+
+class MaybeWrongGrad(nn.Module):
+    """The MLP's layers, with the gradient into the last layer doubled when ``wrong``."""
+
+    def __init__(self, inner: nn.Sequential, wrong: bool) -> None:
+        super().__init__()
+        self.inner, self.wrong = inner, wrong
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.inner[1](self.inner[0](x))
+        return self.inner[2](_DoubleGrad.apply(hidden) if self.wrong else hidden)
+
+
+def mlp(seed: int = 0, act: nn.Module | None = None) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 64), act or nn.GELU(), nn.Linear(64, 4))
+
+
+BATCHES = [torch.randn(16, 32, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+
+
+def loss_fn(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).pow(2).mean()
+
+
+class CountingStep:
+    """A step_fn that records which model ran on which batch, in call order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []  # (id(model), index of the batch in BATCHES)
+
+    def __call__(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append((id(model), next(i for i, b in enumerate(BATCHES) if b is x)))
+        return loss_fn(model, x)
+
+
+# -- timing ------------------------------------------------------------------------------------------------------
+def test_identical_variants_show_no_significant_difference():
+    base = mlp()
+    variants = {"a": Sleepy(base, 0.002), "b": Sleepy(copy.deepcopy(base), 0.002)}
+    # 99%: a 95% interval excludes 1.0 for identical variants one time in twenty, by construction
+    result = compare(variants, loss_fn, BATCHES, steps=40, warmup=2, confidence=0.99)
+    b = result["b"]
+    assert result.baseline == "a" and result["a"].verdict == "baseline"
+    assert b.verdict == stats.SAME and b.ci[0] < b.speedup < b.ci[1]
+    assert 0.5 < b.speedup < 2.0  # wide: at load 12 on 2 cores, identical runs were seen between 0.6 and 1.8
+    assert len(b.timing.times_ms) == 40 and all(t > 1.5 for t in b.timing.times_ms)  # each step slept 2 ms
+
+
+def test_slowed_variant_is_detected_as_slower_with_about_the_right_ratio():
+    base = mlp()
+    variants = {"fast": Sleepy(base, 0.003), "slow": Sleepy(copy.deepcopy(base), 0.009)}
+    result = compare(variants, loss_fn, BATCHES, steps=30, warmup=2)
+    slow = result["slow"]
+    assert slow.verdict == stats.SLOWER
+    assert slow.ci[1] < 1.0
+    # sleep dominates both steps: about 3 ms / 9 ms; a loaded machine adds the same latency to both
+    assert 0.2 < slow.speedup < 0.6
+    assert slow.timing.median_ms > result["fast"].timing.median_ms
+
+
+def test_every_variant_sees_the_same_batches_and_variants_are_interleaved():
+    a, b = mlp(), mlp()
+    step = CountingStep()
+    compare({"a": a, "b": b}, step, iter(BATCHES), steps=12, warmup=2, block=3, check=False)
+    per_model = {id(a): [], id(b): []}
+    for model, batch in step.calls:
+        per_model[model].append(batch)
+    assert per_model[id(a)] == per_model[id(b)] == [i % 4 for i in range(14)]
+    timed = [model for model, _ in step.calls[4:]]  # after each variant's 2 warm-up steps
+    switches = sum(x != y for x, y in zip(timed, timed[1:]))
+    assert switches >= 3  # 4 rounds of blocks of 3, never all of one variant then all of the other
+
+
+def test_optimizer_factory_gives_each_variant_its_own_optimizer():
+    a, b = mlp(), mlp()
+    before = copy.deepcopy(a.state_dict())
+    made = []
+
+    def factory(params):
+        made.append(torch.optim.SGD(params, lr=0.1))
+        return made[-1]
+
+    compare({"a": a, "b": b}, loss_fn, BATCHES, steps=3, warmup=0, optimizer=factory)
+    assert len(made) == 2
+    assert not torch.equal(a.state_dict()["0.weight"], before["0.weight"])
+    assert torch.equal(a.state_dict()["0.weight"], b.state_dict()["0.weight"])  # same start, same batches
+
+
+def test_without_optimizer_weights_stay_put():
+    a = mlp()
+    before = copy.deepcopy(a.state_dict())
+    compare({"a": a}, loss_fn, BATCHES, steps=3, warmup=1)
+    assert all(torch.equal(before[k], v) for k, v in a.state_dict().items())
+
+
+# -- numerical check ---------------------------------------------------------------------------------------------
+def test_check_loads_the_first_variants_weights_into_the_others():
+    a, b = mlp(seed=0), mlp(seed=1)
+    result = compare({"a": a, "b": b}, loss_fn, BATCHES, steps=3, warmup=0)
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    assert result["b"].check_ok is True and result["b"].check_max_rel_err == 0.0
+    assert result["b"].check_against == "a" and result["a"].check_ok is None
+
+
+def test_wrong_forward_fails_the_check_before_any_timed_step():
+    step = CountingStep()
+    with pytest.raises(ComparisonError, match=r"relu.*output#0"):
+        compare({"gelu": mlp(), "relu": mlp(act=nn.ReLU())}, step, BATCHES, steps=5)
+    assert len(step.calls) == 2  # the one check step of each variant
+
+
+def test_wrong_gradient_fails_the_check_naming_the_parameter():
+    variants = {"good": MaybeWrongGrad(mlp(), wrong=False), "wrong": MaybeWrongGrad(mlp(), wrong=True)}
+    with pytest.raises(ComparisonError, match=r"wrong: .* grad of inner\.0\.weight"):
+        compare(variants, loss_fn, BATCHES, steps=5)
+
+
+def test_check_warn_reports_the_mismatch_and_still_times():
+    variants = {"gelu": mlp(), "relu": mlp(act=nn.ReLU())}
+    with pytest.warns(RuntimeWarning, match="disagree"):
+        result = compare(variants, loss_fn, BATCHES, steps=3, warmup=0, check="warn")
+    relu = result["relu"]
+    assert relu.check_ok is False and relu.check_worst == "output#0" and relu.check_max_rel_err > 1e-2
+    assert relu.timing is not None and "FAIL" in str(result)
+
+
+def test_tolerance_follows_dtype_and_can_be_overridden():
+    exact, approx = mlp(act=nn.GELU()), mlp(act=nn.GELU(approximate="tanh"))  # differ by ~1e-4 relative
+    with pytest.raises(ComparisonError):
+        compare({"exact": exact, "tanh": approx}, loss_fn, BATCHES, steps=3, tol=1e-6)
+    result = compare({"exact": exact, "tanh": approx}, loss_fn, BATCHES, steps=3, tol=1e-2)
+    assert 0 < result["tanh"].check_max_rel_err < 1e-2 and result["tanh"].check_ok
+    double = compare({"a": mlp().double(), "b": mlp().double()}, loss_fn, [b.double() for b in BATCHES], steps=3)
+    assert double["b"].check_tol == 1e-7
+
+
+def test_dropout_sees_the_same_random_numbers_in_every_variant():
+    a = nn.Sequential(nn.Linear(32, 64), nn.Dropout(0.5), nn.Linear(64, 4))
+    result = compare({"a": a, "b": copy.deepcopy(a)}, loss_fn, BATCHES, steps=3, warmup=0)
+    assert result["b"].check_max_rel_err == 0.0
+
+
+# -- failures are reported, the others finish ----------------------------------------------------------------------
+def test_a_variant_that_raises_is_reported_and_the_others_finish():
+    def build_fails():
+        raise KernelBuildError("nvcc failed: see build.log")
+
+    base = mlp()
+    variants = {
+        "torch": base,
+        "broken": Broken(*copy.deepcopy(base)),
+        "nobuild": build_fails,
+        "copy": lambda: copy.deepcopy(base),
+    }
+    result = compare(variants, loss_fn, BATCHES, steps=5, warmup=1)
+    assert result["broken"].status == "error" and "invalid configuration" in result["broken"].error
+    assert result["nobuild"].status == "error" and result["nobuild"].error.startswith("KernelBuildError")
+    assert result["broken"].timing is None
+    assert result["torch"].status == result["copy"].status == "ok"
+    assert len(result["copy"].timing.times_ms) == 5 and result["copy"].check_ok
+    text = str(result)
+    assert "broken: RuntimeError: kernel launch failed" in text and "nobuild: KernelBuildError" in text
+
+
+def test_when_the_first_variant_fails_the_next_one_is_the_baseline():
+    base = mlp()
+    result = compare({"broken": Broken(*base), "a": copy.deepcopy(base), "b": copy.deepcopy(base)}, loss_fn,
+                           BATCHES, steps=4, warmup=0)
+    assert result.baseline == "a" and result["a"].verdict == "baseline"
+    assert result["b"].check_against == "a" and result["b"].speedup is not None
+
+
+# -- logdir ----------------------------------------------------------------------------------------------------------
+def test_logdir_gets_one_trace_folder_per_variant_and_compare_json(tmp_path):
+    base = mlp()
+    result = compare({"torch": base, "copy": copy.deepcopy(base)}, loss_fn, BATCHES, steps=4, warmup=0,
+                           logdir=tmp_path, optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
+    for name in ("torch", "copy"):
+        traces = list((tmp_path / name).glob("*.pt.trace.json"))
+        assert len(traces) == 1
+        events = {e.get("name") for e in json.loads(traces[0].read_text())["traceEvents"]}
+        assert {"forward", "backward", "optimizer"} <= events
+        assert result[name].trace_dir == str(tmp_path / name)
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved == json.loads(json.dumps(result.to_dict()))
+    assert [v["name"] for v in saved["variants"]] == ["torch", "copy"]
+    assert len(saved["variants"][1]["times_ms"]) == 4
+    assert not list(tmp_path.glob("*.partial"))
+
+
+# -- result object ---------------------------------------------------------------------------------------------------
+def test_comparison_table_pandas_and_dict():
+    pytest.importorskip("pandas")
+    base = mlp()
+    result = compare({"a": base, "b": copy.deepcopy(base)}, loss_fn, BATCHES, steps=5, warmup=0)
+    lines = str(result).splitlines()
+    header = lines[1].split()
+    assert header[:4] == ["variant", "median", "ms", "p10"] and "verdict" in header
+    assert lines[3].startswith("a ") and "baseline" in lines[3] and "reference" in lines[3]
+    assert lines[4].startswith("b ") and "[" in lines[4]
+    assert "torch " + torch.__version__ in lines[-1]
+    df = result.to_pandas()
+    assert list(df.index) == ["a", "b"] and df.loc["b", "median_ms"] == result["b"].timing.median_ms
+    d = result.to_dict()
+    assert d["device"].startswith("cpu") and d["versions"]["torch"] == torch.__version__
+    assert d["settings"]["steps"] == 5 and d["variants"][1]["ci_low"] <= d["variants"][1]["ci_high"]
+
+
+# -- CLI -------------------------------------------------------------------------------------------------------------
+def test_cli_compares_the_builtin_model_with_its_swapped_copy(capsys):
+    code = main(["compare", "--steps", "3", "--warmup", "0", "--device", "cpu", "--width", "32", "--depth", "1",
+                 "--batch-size", "8"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("torch ", "kprof.swap "))}
+    assert "baseline" in rows["torch"] and "reference" in rows["torch"]
+    assert "e-" in rows["kprof.swap"].split()[-1]  # the check's max relative error, in tolerance (no FAIL)
+
+
+def test_cli_runs_a_user_setup_and_profiles_both_variants(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_setup.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def setup(device):
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 2)).to(device)
+            batches = [torch.randn(4, 8, device=device) for _ in range(2)]
+            return model, lambda m, x: m(x).square().mean(), batches
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    logdir = tmp_path / "log"
+    code = main(["compare", "--model", "my_setup:setup", "--steps", "3", "--warmup", "0", "--device", "cpu",
+                 "--logdir", str(logdir)])
+    assert code == 0, capsys.readouterr().out
+    assert list((logdir / "torch").glob("*.pt.trace.json")) and list((logdir / "kprof.swap").glob("*.pt.trace.json"))
+    assert [v["name"] for v in json.loads((logdir / "compare.json").read_text())["variants"]] == ["torch", "kprof.swap"]
+
+
+def test_cli_rejects_a_model_spec_without_attribute():
+    with pytest.raises(SystemExit, match="MODULE:ATTR"):
+        main(["compare", "--model", "my_setup", "--device", "cpu"])
+
+
+# -- bad input -------------------------------------------------------------------------------------------------------
+def _never_called(model, batch):
+    raise AssertionError("no step may run when the arguments are bad")
+
+
+@pytest.mark.parametrize(
+    "variants, kwargs, error, match",
+    [
+        ([mlp()], {}, TypeError, "variants must be a dict"),
+        ({}, {}, ValueError, "variants is empty"),
+        ({"a": 3}, {}, TypeError, r"variants\['a'\]"),
+        ({"a": lambda: 3}, {}, TypeError, r"variants\['a'\]\(\) must return an nn.Module"),
+        ({"a/b": mlp()}, {}, ValueError, "folder names"),
+        ({"a": mlp()}, {"steps": 2}, ValueError, "steps must be an int >= 3"),
+        ({"a": mlp()}, {"steps": True}, ValueError, "steps"),
+        ({"a": mlp()}, {"warmup": -1}, ValueError, "warmup"),
+        ({"a": mlp()}, {"block": 0}, ValueError, "block"),
+        ({"a": mlp()}, {"check": "yes"}, ValueError, "check must be"),
+        ({"a": mlp()}, {"tol": 0}, ValueError, "tol"),
+        ({"a": mlp()}, {"confidence": 1.0}, ValueError, "confidence"),
+        ({"a": mlp()}, {"noise_threshold": -0.1}, ValueError, "noise_threshold"),
+        ({"a": mlp()}, {"batches": []}, ValueError, "batches is empty"),
+        ({"a": mlp()}, {"batches": iter([])}, ValueError, "batches is empty"),
+        ({"a": mlp()}, {"batches": torch.randn(4, 16, 32)}, TypeError, "batches must be an iterable"),
+        ({"a": mlp()}, {"step_fn": "loss"}, TypeError, "step_fn must be callable"),
+        ({"a": mlp()}, {"optimizer": lambda p: None}, TypeError, "torch.optim.Optimizer"),
+        ({"a": mlp()}, {"profile": {"active": 2}}, ValueError, "need a logdir"),
+        ({"a": nn.Linear(32, 4), "b": nn.Linear(32, 5)}, {}, ValueError, r"'weight' has shape \(4, 32\) in 'a'"),
+        ({"a": nn.Linear(32, 4), "b": nn.Sequential(nn.Linear(32, 4))}, {}, ValueError, "'weight' is in 'a' but"),
+        ({"a": nn.Linear(32, 4), "b": nn.Linear(32, 4, device="meta")}, {}, ValueError, "one device"),
+    ],
+)
+def test_bad_input_is_rejected_before_any_step(variants, kwargs, error, match):
+    kwargs = {"step_fn": _never_called, "batches": BATCHES, **kwargs}
+    with pytest.raises(error, match=match):
+        compare(variants, **kwargs)
+
+
+def test_profile_options_cannot_redirect_the_run_folders(tmp_path):
+    with pytest.raises(ValueError, match="must not set"):
+        compare({"a": mlp()}, _never_called, BATCHES, logdir=tmp_path, profile={"run": "x"})
+    with pytest.raises(ValueError, match="finite schedule"):
+        compare({"a": mlp()}, _never_called, BATCHES, logdir=tmp_path, profile={"repeat": 0})
+
+
+@pytest.mark.parametrize(
+    "step_fn, error, match",
+    [
+        (lambda m, x: loss_fn(m, x).item(), TypeError, "torch.Tensor, got float"),
+        (lambda m, x: m(x).pow(2), ValueError, r"scalar loss, got a tensor of shape \(16, 4\)"),
+        (lambda m, x: loss_fn(m, x).detach(), ValueError, "does not require grad"),
+    ],
+)
+def test_step_fn_must_return_a_scalar_loss(step_fn, error, match):
+    with pytest.raises(error, match=match):
+        compare({"a": mlp()}, step_fn, BATCHES, steps=3)
+
+
+# -- statistics -----------------------------------------------------------------------------------------------------
+def test_speedup_interval_covers_the_true_ratio_and_is_seeded():
+    rng = np.random.default_rng(1)
+    base = rng.lognormal(np.log(10.0), 0.1, (20, 10))  # 20 rounds of 10 steps
+    half = rng.lognormal(np.log(5.0), 0.1, (20, 10))
+    speedup, low, high = stats.speedup_interval(base, half, seed=3)
+    assert 1.5 < low < 2.0 < high < 2.5
+    assert (speedup, low, high) == stats.speedup_interval(base, half, seed=3)
+    same, low, high = stats.speedup_interval(base, base)
+    assert same == 1.0 and low <= 1.0 <= high
+
+
+def test_drift_shared_by_a_round_cancels():
+    rng = np.random.default_rng(2)
+    drift = rng.uniform(1.0, 3.0, (10, 1))  # each round runs at its own speed, for both variants alike
+    base = drift * rng.lognormal(0.0, 0.01, (10, 5))
+    other = drift * rng.lognormal(np.log(0.8), 0.01, (10, 5))
+    speedup, low, high = stats.speedup_interval(base, other)
+    assert 1.2 < low < 1.25 < high < 1.3
+
+
+@pytest.mark.parametrize(
+    "speedup, low, high, expected",
+    [
+        (1.5, 1.2, 1.8, stats.FASTER),
+        (0.5, 0.4, 0.6, stats.SLOWER),
+        (1.5, 0.9, 2.0, stats.SAME),  # the interval includes 1.0
+        (1.01, 1.005, 1.02, stats.SAME),  # clear, but under the 2% noise threshold
+        (0.99, 0.98, 0.995, stats.SAME),
+    ],
+)
+def test_verdict(speedup, low, high, expected):
+    assert stats.verdict(speedup, low, high) == expected
+
+
+def test_speedup_interval_rejects_empty_rounds():
+    with pytest.raises(ValueError, match="same number"):
+        stats.speedup_interval([], [])
+    with pytest.raises(ValueError, match="at least one step time"):
+        stats.speedup_interval([[1.0], []], [[1.0], [2.0]])
+
+
+# -- GPU -------------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_cuda_timing_and_peak_memory():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    base = mlp().cuda()
+    batches = [b.cuda() for b in BATCHES]
+    result = compare({"a": base, "b": copy.deepcopy(base)}, loss_fn, batches, steps=10, warmup=2)
+    assert torch.cuda.get_device_name() in result.device
+    for v in result.variants.values():
+        assert v.peak_mem_mb > 0 and all(t > 0 and math.isfinite(t) for t in v.timing.times_ms)
