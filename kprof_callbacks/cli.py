@@ -10,6 +10,7 @@ import sys
 SUBCOMMANDS = (
     ("kprof_callbacks.demo", "add_parser"),
     ("kprof_callbacks.analysis.cli", "add_summary_parser"),
+    ("kprof_callbacks.tb", "add_parser"),
 )
 
 
