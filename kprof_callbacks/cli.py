@@ -11,6 +11,7 @@ SUBCOMMANDS = (
     ("kprof_callbacks.demo", "add_parser"),
     ("kprof_callbacks.analysis.cli", "add_summary_parser"),
     ("kprof_callbacks.tb", "add_parser"),
+    ("kprof_callbacks.compare", "add_parser"),
 )
 
 
