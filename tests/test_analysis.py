@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule,
 from kprof_callbacks.analysis import Summary, summarize
 from kprof_callbacks.analysis import intervals as iv
 from kprof_callbacks.analysis.cli import add_summary_parser
+from kprof_callbacks.analysis.tree import nest
 
 ACTIVE = 3
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -342,3 +343,42 @@ def test_recorded_gpu_trace(trace):
         assert st.gpu_idle_us == pytest.approx(st.wall_us - st.gpu_busy_us)
         assert max(st.kernel_us, st.memcpy_us, st.memset_us, st.comm_us) <= st.gpu_busy_us + 1e-6
     assert sum(op.self_cuda_us for op in s.ops) <= sum(k.total_us for k in s.kernels) + 1e-3
+
+
+def _torch_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> list[int]:
+    """torch's own stack pass (profiler_util.EventList._populate_cpu_children), written out literally."""
+    parent = [-1] * start.size
+    for t in set(thread.tolist()):
+        stack: list[int] = []
+        for i in sorted(np.flatnonzero(thread == t).tolist(), key=lambda k: (start[k], -end[k])):
+            while stack and (start[i] >= end[stack[-1]] or end[i] > end[stack[-1]]):
+                stack.pop()
+            if stack:
+                parent[i] = stack[-1]
+            stack.append(i)
+    return parent
+
+
+def test_call_tree_matches_torch_nesting_rules():
+    """Nested, partially overlapping and zero-length events on several threads."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        n = int(rng.integers(1, 80))
+        thread, start = rng.integers(0, 3, n), rng.integers(0, 40, n)
+        end = start + rng.integers(0, 12, n)
+        tree = nest(thread, start, end, np.arange(n))  # distinct names: nothing folded
+        assert tree.parent.tolist() == _torch_parents(thread, start, end)
+        for i, p in enumerate(tree.parent.tolist()):
+            assert tree.depth[i] == (tree.depth[p] + 1 if p >= 0 else 0)
+
+
+def test_call_tree_folds_single_same_name_children_like_torch():
+    """torch drops a child named like its parent when it is the parent's only child (_remove_dup_nodes)."""
+    #          A0 [0,10] > A1 [1,9] > A2 [1,8] > B3 [2,3], B4 [4,5];  C5 [20,30] > C6 [21,25], D7 [26,27]
+    start = np.array([0, 1, 1, 2, 4, 20, 21, 26])
+    end = np.array([10, 9, 8, 3, 5, 30, 25, 27])
+    name = np.array([0, 0, 0, 1, 1, 2, 2, 3])
+    tree = nest(np.zeros(8, np.int64), start, end, name)
+    assert tree.keep.tolist() == [True, False, False, True, True, True, True, True]
+    assert tree.parent[[3, 4, 6, 7]].tolist() == [0, 0, 5, 5]
+    assert (end - start - tree.children_sum((end - start).astype(float))).tolist()[0] == 10 - 2

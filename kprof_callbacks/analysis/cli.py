@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from .html import write_html
 from .summary import SORT_KEYS, Summary, summarize
 
 
@@ -58,8 +59,6 @@ def run_summary(args: argparse.Namespace) -> int:
     else:
         print("\n\n".join(s.render(top=args.top, sort=args.sort) for s in runs.values()))
     if args.html:
-        from .html import write_html
-
         write_html(runs, args.html, top=max(args.top, 20))
         print(f"HTML report: {args.html}", file=sys.stderr)
     if args.stacks:

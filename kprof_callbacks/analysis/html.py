@@ -11,20 +11,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import fmt
-from .report import MEMORY_VIEWER, op_sort, step_columns
+from .report import MEMORY_VIEWER, first_worker_steps, op_sort, rank_label, tables
 
 if TYPE_CHECKING:
     from .summary import Summary
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
-h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}h3{font-size:1em}
 table{border-collapse:collapse;font-size:13px}td,th{padding:2px 8px;text-align:right}
 td:first-child,th:first-child{text-align:left;max-width:480px;overflow-wrap:anywhere}
 tr:nth-child(even){background:#f6f6f6}th{border-bottom:1px solid #999}
 .warning{color:#a40}.info{color:#555}.legend span{display:inline-block;margin-right:1em}
 .sw{display:inline-block;width:10px;height:10px;margin-right:4px}
 """
+_NAME_WIDTH = 300  # the page wraps long kernel names; the terminal clips them
 _COLORS = ("#4e79a7", "#f28e2b", "#bab0ac", "#59a14f", "#e15759", "#76b7b2", "#edc948")
 
 
@@ -77,66 +78,45 @@ def _stacked(columns: Sequence[tuple[str, Sequence[float]]], labels: Sequence[st
     return "".join(out) + "</svg>"
 
 
-def _steps_section(s: Summary) -> str:
-    first = s.steps[0]
-    rows = [r for r in s.steps if (r.rank, r.worker) == (first.rank, first.worker)]
+def _steps_chart(s: Summary) -> str:
+    """Stacked bar per step (first rank) and the mean step's breakdown: disjoint parts of the wall time."""
+    rows = first_worker_steps(s)
     if s.has_gpu:
         columns = [("GPU busy", [r.gpu_busy_us for r in rows]), ("host only", [r.cpu_only_us for r in rows])]
     else:
         columns = [("host ops", [r.cpu_only_us for r in rows])]
     columns.append(("other", [max(r.wall_us - sum(c[i] for _, c in columns), 0.0) for i, r in enumerate(rows)]))
-    names = ["all" if r.step < 0 else str(r.step) for r in rows]
     mean_wall = sum(r.wall_us for r in rows) / len(rows)
-    breakdown = [(n, sum(c) / len(rows)) for n, c in columns]
-    cols = step_columns(s)
-    table = _table(["step"] + [c for c, _ in cols], [[n] + [f(r) for _, f in cols] for n, r in zip(names, rows)])
-    who = f" (rank {first.rank})" if len(s.ranks) > 1 and first.rank is not None else ""
-    return (f"<h2>Step time{who}</h2>{_legend([n for n, _ in columns])}{_stacked(columns, names)}"
-            f"<h2>Mean step: {escape(fmt.duration(mean_wall))}</h2>"
-            + _bars([(f"{n} ({fmt.share(v / mean_wall if mean_wall else 0)})", v) for n, v in breakdown], fmt.duration)
-            + f"<h2>Steps</h2>{table}")
+    breakdown = [(f"{n} ({fmt.share(sum(c) / len(rows) / mean_wall if mean_wall else 0)})", sum(c) / len(rows)) for n, c in columns]
+    return (_legend([n for n, _ in columns]) + _stacked(columns, ["all" if r.step < 0 else str(r.step) for r in rows])
+            + f"<h3>Mean step: {escape(fmt.duration(mean_wall))}</h3>" + _bars(breakdown, fmt.duration))
 
 
-def _ranks_section(s: Summary) -> str:
-    rows = [[str(r.rank) if r.rank is not None else r.worker, str(r.steps), fmt.duration(r.step_us), fmt.duration(r.compute_us),
-             fmt.duration(r.comm_us), fmt.share(r.overlap_share), fmt.duration(r.exposed_comm_us)] for r in s.ranks]
-    compute = [(f"rank {r.rank if r.rank is not None else r.worker} compute", r.compute_us) for r in s.ranks]
-    exposed = [(f"rank {r.rank if r.rank is not None else r.worker} exposed comm", r.exposed_comm_us) for r in s.ranks]
-    return ("<h2>Ranks (means per step)</h2>"
-            + _table(["rank", "steps", "step", "compute", "comm", "overlapped", "exposed comm"], rows)
-            + _bars(compute + exposed, fmt.duration))
+def _chart(s: Summary, key: str, top: int) -> str:
+    """The plot drawn above a table, if it has one."""
+    if key == "steps":
+        return _steps_chart(s)
+    if key == "ranks":
+        items = [(f"rank {rank_label(r.rank, r.worker)} compute", r.compute_us) for r in s.ranks]
+        items += [(f"rank {rank_label(r.rank, r.worker)} exposed comm", r.exposed_comm_us) for r in s.ranks]
+        return _bars(items, fmt.duration)
+    if key == "kernels":
+        return _bars([(k.name, k.total_us) for k in s.kernels[:top]], fmt.duration)
+    if key == "ops":
+        sort_key, title = op_sort(s, "cuda")
+        return _bars([(o.name, sort_key(o)) for o in sorted(s.ops, key=sort_key, reverse=True)[:top]],
+                     fmt.size if "memory" in title else fmt.duration)
+    return ""
 
 
 def _summary_html(s: Summary, top: int) -> str:
-    parts = [f"<h1>{escape(s.name)}</h1><p>{len(s.files)} trace file(s): "
-             + ", ".join(escape(p.name) for p in s.files[:8]) + (" ..." if len(s.files) > 8 else "") + "</p>"]
+    names = ", ".join(escape(p.name) for p in s.files[:8]) + (" ..." if len(s.files) > 8 else "")
+    parts = [f"<h1>{escape(s.name)}</h1><p>{len(s.files)} trace file(s): {names}</p>"]
     if s.diagnostics:
         parts.append("<h2>Diagnostics</h2><ul>" + "".join(
             f'<li class="{d.severity}">{escape(d.message)}</li>' for d in s.diagnostics) + "</ul>")
-    if len(s.ranks) > 1:
-        parts.append(_ranks_section(s))
-    if s.steps:
-        parts.append(_steps_section(s))
-    if s.kernels:
-        parts.append(f"<h2>Top {min(top, len(s.kernels))} GPU kernels</h2>"
-                     + _bars([(k.name, k.total_us) for k in s.kernels[:top]], fmt.duration)
-                     + _table(["name", "kind", "count", "total", "mean", "max"],
-                              [[k.name, k.kind, str(k.count), fmt.duration(k.total_us), fmt.duration(k.mean_us),
-                                fmt.duration(k.max_us)] for k in s.kernels[:top]]))
-    if s.ops:
-        key, title = op_sort(s, "cuda")
-        ops = sorted(s.ops, key=key, reverse=True)[:top]
-        parts.append(f"<h2>Top {len(ops)} operators by {title}</h2>"
-                     + _bars([(o.name, key(o)) for o in ops], fmt.size if "memory" in title else fmt.duration)
-                     + _table(["name", "calls", "self CPU", "CPU total", "self CUDA", "CUDA total", "self CPU mem", "self CUDA mem"],
-                              [[o.name, str(o.calls), fmt.duration(o.self_cpu_us), fmt.duration(o.cpu_total_us),
-                                fmt.duration(o.self_cuda_us), fmt.duration(o.cuda_total_us), fmt.size(o.self_cpu_memory),
-                                fmt.size(o.self_cuda_memory)] for o in ops]))
-    if s.labels:
-        parts.append("<h2>Labels</h2>" + _table(
-            ["label", "count", "total", "mean", "of steps", "GPU time"],
-            [[lb.name, str(lb.count), fmt.duration(lb.total_us), fmt.duration(lb.mean_us), fmt.share(lb.step_share),
-              fmt.duration(lb.cuda_total_us)] for lb in s.labels[:top]]))
+    for t in tables(s, top, "cuda", width=_NAME_WIDTH):
+        parts.append(f"<h2>{escape(t.title)}</h2>{_chart(s, t.key, top)}{_table(t.headers, t.rows)}")
     if s.memory_snapshots:
         parts.append("<h2>Memory snapshots</h2><ul>" + "".join(
             f"<li>{escape(str(p))}: open it at {escape(MEMORY_VIEWER)}</li>" for p in s.memory_snapshots) + "</ul>")

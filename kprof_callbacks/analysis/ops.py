@@ -13,12 +13,11 @@ from collections.abc import Iterable
 import numpy as np
 
 from .tables import KernelStats, LabelStats, OpStats
-from .timeline import ANNOTATION, CPU_MEMORY, CUDA_MEMORY, DEVICE_KINDS, OP, RUNTIME, Timeline, is_collective_name
+from .timeline import ANNOTATION, CPU_MEMORY, CUDA_MEMORY, DEVICE_KINDS, OP, RUNTIME, Timeline, is_collective_name, match
 from .tree import Tree
 
 Totals = dict[tuple[str, ...], np.ndarray]
 """Row key -> summed statistics vector; merged across files by adding vectors."""
-
 
 
 @dataclasses.dataclass
@@ -37,14 +36,9 @@ class HostCosts:
 
 def launcher_of_device_events(tl: Timeline) -> np.ndarray:
     """For each device event, the index of the host op or label that launched it (-1 if unknown)."""
-    host, dev = tl.host, tl.device
+    host = tl.host
     owners = np.flatnonzero((host.ext >= 0) & ((host.kind == OP) | (host.kind == ANNOTATION)))
-    owners = owners[np.argsort(host.ext[owners], kind="stable")]
-    keys = host.ext[owners]
-    if keys.size == 0 or dev.ext.size == 0:
-        return np.full(dev.ext.size, -1, np.int64)
-    pos = np.minimum(np.searchsorted(keys, dev.ext), keys.size - 1)
-    return np.where((keys[pos] == dev.ext) & (dev.ext >= 0), owners[pos], -1)
+    return match(owners, host.ext, tl.device.ext)
 
 
 def _memory_inside(tl: Timeline, devices: tuple[int, ...]) -> np.ndarray:
@@ -132,38 +126,43 @@ def kernel_totals(tl: Timeline) -> Totals:
             for k, c, t, m in zip(uniq.tolist(), count, total, longest)}
 
 
-def merge_totals(parts: Iterable[Totals], *, maxima: tuple[int, ...] = ()) -> Totals:
-    """Add statistics vectors of the same key across files (columns in `maxima` take the max)."""
+def _merge(parts: Iterable[Totals], max_column: int | None = None) -> Totals:
+    """Add statistics vectors of the same key across files (`max_column` takes the maximum instead)."""
     out: Totals = {}
     for part in parts:
         for key, vec in part.items():
-            if key in out:
-                merged = out[key] + vec
-                for col in maxima:
-                    merged[col] = max(out[key][col], vec[col])
-                out[key] = merged
-            else:
+            if key not in out:
                 out[key] = vec.copy()
+                continue
+            merged = out[key] + vec
+            if max_column is not None:
+                merged[max_column] = max(out[key][max_column], vec[max_column])
+            out[key] = merged
     return out
 
 
-def op_rows(totals: Totals) -> list[OpStats]:
+def op_rows(parts: Iterable[Totals]) -> list[OpStats]:
+    """Operator rows over all files, by self CPU time."""
     rows = []
-    for (name, shapes), v in totals.items():
+    for (name, shapes), v in _merge(parts).items():
         calls, cpu, self_cpu, cuda, self_cuda, *memory = v.tolist()
         rows.append(OpStats(name, shapes, int(calls), cpu, self_cpu, cuda, self_cuda, *(int(round(m)) for m in memory)))
     return sorted(rows, key=lambda r: -r.self_cpu_us)
 
 
-def label_rows(totals: Totals, step_total_us: float) -> list[LabelStats]:
+def label_rows(parts: Iterable[Totals], step_total_us: float) -> list[LabelStats]:
+    """Label rows over all files, by total time; `step_total_us` is the summed wall time of all steps."""
     rows = []
-    for (name,), v in totals.items():
+    for (name,), v in _merge(parts).items():
         count, total, cuda = v.tolist()
         rows.append(LabelStats(name, int(count), total, total / count, cuda, total / step_total_us if step_total_us else 0.0))
     return sorted(rows, key=lambda r: -r.total_us)
 
 
-def kernel_rows(totals: Totals) -> list[KernelStats]:
-    rows = [KernelStats(name, kind, int(c), t, t / c, m) for (name, kind), (c, t, m) in
-            ((k, v.tolist()) for k, v in totals.items())]
+def kernel_rows(parts: Iterable[Totals]) -> list[KernelStats]:
+    """GPU activity rows over all files, by total time."""
+    rows = []
+    for (name, kind), v in _merge(parts, max_column=2).items():
+        count, total, longest = v.tolist()
+        rows.append(KernelStats(name, kind, int(count), total, total / count, longest))
     return sorted(rows, key=lambda r: -r.total_us)

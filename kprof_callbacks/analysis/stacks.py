@@ -13,6 +13,7 @@ import dataclasses
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
@@ -74,7 +75,7 @@ def folded(sources: Iterable[StackSource], metric: str) -> dict[str, float]:
     return out
 
 
-def write_folded(stacks: dict[str, float], path) -> int:
+def write_folded(stacks: dict[str, float], path: str | Path) -> int:
     """Write `path;to;frame value` lines (integer microseconds, zeros dropped); returns the line count."""
     lines = [f"{stack} {int(round(v))}" for stack, v in sorted(stacks.items()) if round(v) > 0]
     with open(path, "w", encoding="utf-8") as f:

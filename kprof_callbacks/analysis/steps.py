@@ -16,7 +16,7 @@ import numpy as np
 from . import intervals as iv
 from .tables import StepStats
 from .timeline import (ANNOTATION, COMM, CPU_MEMORY, CUDA_MEMORY, KERNEL, MEMCPY, MEMSET, OP, RUNTIME, Timeline,
-                       is_collective_name)
+                       is_collective_name, match)
 
 WHOLE_TRACE = -1
 """Step number of the single pseudo-step of a trace without ProfilerStep ranges."""
@@ -56,13 +56,9 @@ class StepTimes:
 def _launch_times(tl: Timeline) -> np.ndarray:
     """When the host launched each device event (its runtime call's start; else its own start)."""
     host, dev = tl.host, tl.device
-    rt = np.flatnonzero((host.kind == RUNTIME) & (host.corr >= 0))
+    runtime = match(np.flatnonzero((host.kind == RUNTIME) & (host.corr >= 0)), host.corr, dev.corr)
     launch = dev.start.copy()
-    if rt.size and dev.corr.size:
-        rt = rt[np.argsort(host.corr[rt], kind="stable")]
-        pos = np.minimum(np.searchsorted(host.corr[rt], dev.corr), rt.size - 1)
-        hit = (host.corr[rt][pos] == dev.corr) & (dev.corr >= 0)
-        launch[hit] = host.start[rt][pos[hit]]
+    launch[runtime >= 0] = host.start[runtime[runtime >= 0]]
     return launch
 
 

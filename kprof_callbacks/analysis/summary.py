@@ -8,14 +8,13 @@ merged, with one entry per rank (or worker) for the multi-rank view.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
-from . import diagnostics, ops, ranks, stacks, steps
+from . import diagnostics, html, ops, ranks, report, stacks, steps
 from .reader import TraceError, TraceFile, find_runs, read_trace, run_contents
 from .tables import Diagnostic, KernelStats, LabelStats, OpStats, RankStats, StepSkew, StepStats
 from .timeline import PYTHON, build
@@ -49,22 +48,21 @@ class Summary:
 
     @property
     def has_gpu(self) -> bool:
+        """Whether the traces recorded any GPU activity."""
         return bool(self.kernels)
 
     def render(self, top: int = 10, sort: str = "cuda") -> str:
         """The report as text: `top` rows per table, operators sorted by self `cuda`, `cpu` or `memory`."""
-        from .report import render
-
         if sort not in SORT_KEYS:
             raise ValueError(f"sort must be one of {SORT_KEYS}, got {sort!r}")
         if top < 1:
             raise ValueError(f"top must be >= 1, got {top}")
-        return render(self, top=top, sort=sort)
+        return report.render(self, top=top, sort=sort)
 
     def __str__(self) -> str:
         return self.render()
 
-    def print(self, top: int = 10, sort: str = "cuda", file=None) -> None:
+    def print(self, top: int = 10, sort: str = "cuda", file: TextIO | None = None) -> None:
         """Print the text report (to stdout unless `file` is given)."""
         print(self.render(top=top, sort=sort), file=file or sys.stdout)
 
@@ -89,9 +87,6 @@ class Summary:
             "memory_snapshots": [str(p) for p in self.memory_snapshots],
         }
 
-    def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), **kwargs)
-
     def to_pandas(self) -> dict[str, pandas.DataFrame]:
         """One DataFrame per table (steps, ops, ops_by_shape, kernels, labels, ranks, step_skew, diagnostics)."""
         import pandas as pd
@@ -104,9 +99,7 @@ class Summary:
 
     def to_html(self, path: str | Path, top: int = 20) -> Path:
         """Write a self-contained HTML report (inline SVG plots, no scripts, no network)."""
-        from .html import write_html
-
-        return write_html({self.name: self}, Path(path), top=top)
+        return html.write_html({self.name: self}, Path(path), top=top)
 
     def export_stacks(self, path: str | Path, metric: str = "self_cpu") -> Path:
         """Write flamegraph folded stacks (`self_cpu` or `self_cuda` microseconds) to `path`."""
@@ -197,17 +190,17 @@ def _summarize_run(name: str, traces: list[Path], partial: list[Path], snapshots
     evidence = diagnostics.Evidence()
     for r in results:
         evidence.add(r.evidence)
-    kernels = ops.kernel_rows(ops.merge_totals((r.kernels for r in results), maxima=(2,)))
+    kernels = ops.kernel_rows(r.kernels for r in results)
     rank_rows = ranks.rank_stats(ordered)
     skew = ranks.step_skew(ordered)
     return Summary(
         name=name,
         files=files,
         steps=step_rows,
-        ops=ops.op_rows(ops.merge_totals(r.ops for r in results)),
-        ops_by_shape=ops.op_rows(ops.merge_totals(r.ops_by_shape for r in results)),
+        ops=ops.op_rows(r.ops for r in results),
+        ops_by_shape=ops.op_rows(r.ops_by_shape for r in results),
         kernels=kernels,
-        labels=ops.label_rows(ops.merge_totals(r.labels for r in results), sum(s.wall_us for s in step_rows)),
+        labels=ops.label_rows((r.labels for r in results), sum(s.wall_us for s in step_rows)),
         ranks=rank_rows,
         step_skew=skew,
         diagnostics=diagnostics.diagnose(step_rows, kernels, rank_rows, skew, evidence),
@@ -231,12 +224,13 @@ def summarize(path: str | Path, *, progress: bool = False) -> Summary | dict[str
     if root.is_file():
         snapshots = sorted(root.parent.glob("*.pickle"))
         return _summarize_run(root.name, [root], [], snapshots, progress)
-    traces, partial, snapshots = run_contents(root, any_json=True)
-    if traces or partial:
-        return _summarize_run(root.name or str(root), traces, partial, snapshots, progress)
-    runs = find_runs(root)
-    if not runs:
-        raise ValueError(f"no trace files (*.pt.trace.json, *.pt.trace.json.gz) in {root}")
+    traces, partial, snapshots = run_contents(root, any_json=False)
+    runs = {} if traces or partial else find_runs(root)
+    if not runs:  # a run folder; without *.pt.trace.json files, any *.json[.gz] (export_chrome_trace names)
+        traces, partial, snapshots = run_contents(root, any_json=True)
+        if not (traces or partial):
+            raise ValueError(f"no trace files (*.pt.trace.json, *.pt.trace.json.gz) in {root}")
+        return _summarize_run(root.resolve().name, traces, partial, snapshots, progress)
     out, failures = {}, []
     for name, folder in runs.items():
         traces, partial, snapshots = run_contents(folder, any_json=False)

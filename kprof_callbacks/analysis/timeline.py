@@ -52,6 +52,16 @@ def is_nccl_kernel(name: str) -> bool:
     return name.startswith("nccl")
 
 
+def match(candidates: np.ndarray, keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """For each query id, the candidate index whose key equals it (-1 if none; ids < 0 never match)."""
+    if candidates.size == 0 or queries.size == 0:
+        return np.full(queries.size, -1, np.int64)
+    candidates = candidates[np.argsort(keys[candidates], kind="stable")]
+    sorted_keys = keys[candidates]
+    pos = np.minimum(np.searchsorted(sorted_keys, queries), candidates.size - 1)
+    return np.where((sorted_keys[pos] == queries) & (queries >= 0), candidates[pos], -1)
+
+
 class _Interner(dict):
     """Value -> dense int id, in order of first appearance."""
 
@@ -83,13 +93,16 @@ def _times(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
 def _ids(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
     """External ids (new or old spelling) and correlation ids, -1 where absent."""
     ext = _column(events, _EXT, np.int64)
-    return np.where(ext >= 0, ext, _column(events, _EXT_OLD, np.int64)), _column(events, _CORR, np.int64)
+    if not (ext >= 0).any():  # torch < 1.9 spelled it "external id"
+        ext = _column(events, _EXT_OLD, np.int64)
+    return ext, _column(events, _CORR, np.int64)
 
 
 def _lanes(events: list[Event]) -> np.ndarray:
     """Dense ids of (pid, tid): host threads or device streams."""
     lanes = _Interner()
-    return np.fromiter(map(lanes.__getitem__, zip(map(_PID, events), map(_TID, events))), np.int32, len(events))
+    keys = map(_TID, events) if len(set(map(_PID, events))) <= 1 else zip(map(_PID, events), map(_TID, events))
+    return np.fromiter(map(lanes.__getitem__, keys), np.int32, len(events))
 
 
 @dataclasses.dataclass

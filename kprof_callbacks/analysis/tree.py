@@ -35,29 +35,50 @@ class Tree:
         return out
 
 
+def _nearest_previous_at_least(values: np.ndarray, threshold: np.ndarray, segment_start: np.ndarray) -> np.ndarray:
+    """For each k: the largest j < k with j >= segment_start[k] and values[j] >= threshold[k], else -1.
+
+    Binary lifting over a sparse table of running maxima: O(n log n) numpy work, no Python loop per element.
+    """
+    n = values.size
+    maxima = [values]  # maxima[l][k] = max(values[k - 2**l + 1 .. k])
+    while 2 ** len(maxima) <= n:
+        w, prev = 2 ** (len(maxima) - 1), maxima[-1]
+        maxima.append(np.concatenate([prev[:w], np.maximum(prev[w:], prev[:-w])]))
+    pos = np.arange(n) - 1
+    for level in range(len(maxima) - 1, -1, -1):
+        w = 2**level
+        skip = (pos - w + 1 >= segment_start) & (maxima[level][np.maximum(pos, 0)] < threshold)
+        pos = np.where(skip, pos - w, pos)
+    found = (pos >= segment_start) & (values[np.maximum(pos, 0)] >= threshold)
+    return np.where(found, pos, -1)
+
+
 def nest(thread: np.ndarray, start: np.ndarray, end: np.ndarray, name: np.ndarray) -> Tree:
-    """Build the per-thread nesting of host events (O(n log n) sort, one stack pass)."""
+    """Build the per-thread nesting of host events exactly as torch's stack pass does, vectorized.
+
+    torch sorts a thread's events by (start, -end) and, for each event i, pops the stack while
+    `start_i >= end_top or end_i > end_top`, i.e. while `end_top < max(end_i, start_i + 1)` in integer
+    ns; the parent is the top left. A popped event is never needed later (a later event starts no
+    earlier, and i itself ends no earlier and is nearer), so the parent of i is simply the nearest
+    earlier event of its thread ending at or after max(end_i, start_i + 1).
+    """
     n = start.size
     order = np.lexsort((-end, start, thread))
+    th, s, e = thread[order], start[order], end[order]
+    first = np.ones(n, bool)
+    first[1:] = th[1:] != th[:-1]
+    segment_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    up = _nearest_previous_at_least(e, np.maximum(e, s + 1), segment_start)
     parent = np.full(n, -1, np.int64)
+    parent[order] = np.where(up >= 0, order[np.maximum(up, 0)], -1)
     depth = np.zeros(n, np.int64)
-    parents, depths = [-1] * n, [0] * n
-    stack_end: list[int] = []
-    stack_idx: list[int] = []
-    current = None
-    for k, t, s, e, i in zip(range(n), thread[order].tolist(), start[order].tolist(), end[order].tolist(), order.tolist()):
-        if t != current:
-            current, stack_end, stack_idx = t, [], []
-        while stack_end and (e > stack_end[-1] or s >= stack_end[-1]):
-            stack_end.pop()
-            stack_idx.pop()
-        if stack_idx:
-            parents[k] = stack_idx[-1]
-            depths[k] = len(stack_idx)
-        stack_end.append(e)
-        stack_idx.append(i)
-    parent[order] = parents
-    depth[order] = depths
+    ancestor = parent.copy()
+    active = np.flatnonzero(ancestor >= 0)
+    while active.size:
+        depth[active] += 1
+        ancestor[active] = parent[ancestor[active]]
+        active = active[ancestor[active] >= 0]
     tree = Tree(parent, depth, np.ones(n, bool))
     _fold_duplicates(tree, name)
     return tree
