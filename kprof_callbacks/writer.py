@@ -8,11 +8,13 @@ drop that capture with one warning; they never reach the training loop.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import logging
 import os
 import queue
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -83,8 +85,8 @@ def _export(results, dest: Path, compress: bool) -> None:
     json_path.unlink()
 
 
-def _export_in_child(results, dest: Path, compress: bool, timeout: float) -> None:
-    """``_export`` in a forked child process.
+def _export_in_child(results, dest: Path, compress: bool, timeout: float, running: set[int]) -> None:
+    """``_export`` in a forked child process, whose pid is in ``running`` while it runs.
 
     torch's exporter is C++ that holds the GIL for the whole write (~0.3 s for 20 MB), which would freeze the
     training thread even from a background thread. The forked child owns a copy-on-write snapshot of the
@@ -105,6 +107,7 @@ def _export_in_child(results, dest: Path, compress: bool, timeout: float) -> Non
         finally:
             os._exit(code)
     os.close(write_end)
+    running.add(pid)
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -118,6 +121,7 @@ def _export_in_child(results, dest: Path, compress: bool, timeout: float) -> Non
             time.sleep(0.005)
         message = os.read(read_end, 4096).decode(errors="replace")
     finally:
+        running.discard(pid)
         os.close(read_end)
     if os.waitstatus_to_exitcode(status) != 0:
         raise OSError(message or f"trace export process exited with status {status}")
@@ -149,6 +153,8 @@ class TraceWriter:
         self.files: list[Path] = []
         self.errors: list[str] = []
         self._warned: set[str] = set()
+        self._exports: set[int] = set()  # pids of export processes running now
+        self._abandoned = False
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._slots = threading.BoundedSemaphore(max_pending)  # captures held in memory, waiting to be written
         self._thread = threading.Thread(target=self._loop, name="kprof-trace-writer", daemon=True)
@@ -183,23 +189,33 @@ class TraceWriter:
         return done.wait(timeout)
 
     def close(self, timeout: float) -> bool:
-        """Finish queued writes within ``timeout`` seconds; returns False (and warns) if some were left."""
+        """Finish queued writes within ``timeout`` seconds; returns False (and warns) if some were left.
+
+        What is left is dropped and a hung export process is killed: an orphan would keep writing after the
+        program ends, holding its stdout/stderr pipes open.
+        """
         self._jobs.put(None)
         self._thread.join(timeout)
-        if self._thread.is_alive():
-            warnings.warn(
-                f"kprof: trace writing did not finish within {timeout:.0f} s; unfinished files are left as "
-                f"'*{PARTIAL}' in {self.run_dir} and are ignored by readers",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return False
-        return True
+        if not self._thread.is_alive():
+            return True
+        self._abandoned = True
+        self._warned.add("write")  # the killed export's failure is this warning, not a second one
+        for pid in list(self._exports):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._thread.join(1.0)  # time to remove the killed export's temp files
+        warnings.warn(
+            f"kprof: trace writing did not finish within {timeout:.0f} s; unwritten captures were dropped "
+            f"(a '*{PARTIAL}' file left in {self.run_dir} is ignored by readers)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
 
     def _loop(self) -> None:
         while True:
             job = self._jobs.get()
-            if job is None:
+            if job is None or self._abandoned:
                 return
             work, capture = job
             if capture is None:
@@ -215,7 +231,7 @@ class TraceWriter:
         partial = final.with_name(final.name + PARTIAL)
         try:
             if self.fork and hasattr(os, "fork"):
-                _export_in_child(results, partial, self.compress, self.child_timeout)
+                _export_in_child(results, partial, self.compress, self.child_timeout, self._exports)
             else:
                 _export(results, partial, self.compress)
             os.replace(partial, final)
