@@ -12,7 +12,9 @@ import contextlib
 import importlib
 import logging
 import os
+import signal
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
 
 _SCALAR_EVERY = 50  # steps between hand-offs of step times to the scalar writer
+_INTERRUPTED_WRITE_TIMEOUT = 10.0  # at most this long to finish trace writes after Ctrl-C or SIGTERM
 
 
 class _Plan:
@@ -258,6 +261,9 @@ class Session:
         if self._trigger is not None:
             self._trigger.start()
         Session._active = self
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        if on_main_thread and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
         self._prof.__enter__()
         return self
 
@@ -273,6 +279,8 @@ class Session:
             self._prof.__exit__(exc_type, exc, tb)  # saves a window cut short by an exception too
         finally:
             Session._active = None
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
             if self._trigger is not None:
                 self._trigger.stop()
             if self.config.memory_snapshot and torch.cuda.is_available():
@@ -282,11 +290,23 @@ class Session:
                 self._send_scalars()
                 self._writer.submit_call(self._scalar_sink.close)
             interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
-            timeout = min(self.config.write_timeout, 10.0) if interrupted else self.config.write_timeout
+            timeout = self.config.write_timeout
+            if interrupted:
+                timeout = min(timeout, _INTERRUPTED_WRITE_TIMEOUT)
             self._writer.close(timeout)
         return False
 
     # -- internals ---------------------------------------------------------------------------------------------
+    def _on_sigterm(self, signum: int, frame) -> None:
+        """SIGTERM where the program had no handler: finish the trace writes already queued (bounded), then die
+        of SIGTERM as it would have. The window being recorded is lost. A handler chaining ours decides itself."""
+        if signal.getsignal(signum) != self._on_sigterm:
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        if self._state == "running":
+            self._writer.close(min(self.config.write_timeout, _INTERRUPTED_WRITE_TIMEOUT))
+        os.kill(os.getpid(), signum)
+
     def _may_capture(self) -> bool:
         return not (self._writer is not None and self._writer.over_budget)
 
