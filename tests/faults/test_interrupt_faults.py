@@ -1,0 +1,74 @@
+"""Fault 4: Ctrl-C (KeyboardInterrupt) and SIGTERM arrive while a window is being recorded, in a real process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+from conftest import leftovers
+
+# A big trace (100 layers, shapes and stacks: ~0.3 s to write) and windows back to back, so a signal lands
+# while one window is recorded and the previous one is still being written.
+BUSY = [
+    "--steps", "400", "--layers", "100", "--step-sleep", "0.05",
+    *("--option", "wait=0", "--option", "warmup=1", "--option", "active=2", "--option", "repeat=0"),
+    *("--option", "record_shapes=True", "--option", "with_stack=True", "--option", "scalars=False"),
+]
+
+
+def _recording_while_writing(p: dict[str, int]) -> bool:
+    return p["recording"] == 1 and p["traces"] >= 1 and p["captures"] > p["traces"]
+
+
+def test_sigterm_mid_window_finishes_queued_writes_and_dies_of_sigterm(tmp_path, spawn, check_traces):
+    """SIGTERM while recording, with a finished window still being written: that write completes, exit status stays -15 (143 in a shell), no temp file."""
+    child = spawn(tmp_path, *BUSY)
+    queued = child.wait_until(_recording_while_writing)["captures"]
+    os.kill(child.pid, signal.SIGTERM)
+    assert child.finish() == -signal.SIGTERM
+    assert len(check_traces(tmp_path)) >= queued
+    assert leftovers(tmp_path) == []
+    assert "Traceback" not in child.stderr()
+
+
+def test_ctrl_c_mid_window_saves_the_cut_short_window_and_exits_as_python_does(tmp_path, spawn, check_traces):
+    """SIGINT while recording: one KeyboardInterrupt traceback, exit status -2 (130 in a shell) as without kprof, the cut-short window is written too."""
+    child = spawn(tmp_path, *BUSY)
+    written = child.wait_until(lambda p: p["recording"] == 1 and p["traces"] >= 1 and p["captures"] == p["traces"])
+    os.kill(child.pid, signal.SIGINT)
+    assert child.finish() == -signal.SIGINT
+    stderr = child.stderr()
+    assert stderr.count("Traceback (most recent call last)") == 1 and stderr.rstrip().endswith("KeyboardInterrupt")
+    assert len(check_traces(tmp_path)) >= written["traces"] + 1, stderr
+    assert leftovers(tmp_path) == []
+
+
+def _freeze_an_export(child) -> psutil.Process:
+    """SIGSTOP the forked process exporting a trace, once one is caught mid-write (the test's "hung disk")."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for export in psutil.Process(child.pid).children():
+            export.suspend()
+            time.sleep(0.05)
+            if export.status() == psutil.STATUS_STOPPED and leftovers(child.logdir):
+                return export
+            export.resume()
+        time.sleep(0.002)
+    raise AssertionError(f"never caught an export mid-write; stderr:\n{child.stderr()}")
+
+
+def test_ctrl_c_with_a_hung_write_exits_within_the_bound_and_leaves_no_process(tmp_path, spawn, check_traces):
+    """Ctrl-C while the trace export hangs: exit within write_timeout plus start-up slack, one warning saying so, the hung export killed, no final-named file partial."""
+    child = spawn(tmp_path, *BUSY, "--option", "write_timeout=2.0")
+    child.wait_until(lambda p: p["traces"] >= 1)
+    export = _freeze_an_export(child)
+    started = time.monotonic()
+    os.kill(child.pid, signal.SIGINT)
+    assert child.finish() == -signal.SIGINT
+    assert time.monotonic() - started < 2.0 + 8.0
+    warnings = [line for line in child.stderr().splitlines() if "kprof:" in line]
+    assert len(warnings) == 1 and "did not finish within 2 s" in warnings[0], warnings
+    assert not export.is_running() or export.status() == psutil.STATUS_ZOMBIE
+    check_traces(tmp_path)

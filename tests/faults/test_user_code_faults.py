@@ -1,0 +1,52 @@
+"""Fault 3: the user's code fails inside kprof's reach (on_trace callback, summary of a damaged run)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import kprof_callbacks as kprof
+from kprof_callbacks.config import ProfileConfig
+from kprof_callbacks.session import Session
+
+
+def _config(tmp_path, **options) -> ProfileConfig:
+    return ProfileConfig(logdir=tmp_path, run="r", wait=0, warmup=0, active=1, **options)
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
+def test_on_trace_raising_base_exception_keeps_writer_alive(tmp_path, train, told, check_traces, exc):
+    """An on_trace that calls sys.exit() (or raises KeyboardInterrupt) on the writer thread: every later trace is still written, one warning."""
+    seen = []
+
+    def on_trace(path):
+        seen.append(path)
+        raise exc
+
+    with told() as messages:
+        with Session(_config(tmp_path, repeat=4), on_trace=on_trace) as s:
+            train(s, 4)
+            started = time.monotonic()
+            s.flush(timeout=30)
+            flushed_in = time.monotonic() - started
+            train(s, 4)
+    assert flushed_in < 30, "flush() waited for a writer thread that had died"
+    assert len(s.trace_files) == 4 and seen == s.trace_files
+    assert check_traces(tmp_path) == sorted(s.trace_files)
+    assert len(messages) == 1 and f"on_trace callback {on_trace.__qualname__} raised {type(exc).__name__}" in messages[0]
+
+
+def test_hanging_on_trace_delays_exit_by_at_most_write_timeout(tmp_path, train, told, check_traces):
+    """An on_trace that never returns: the session still exits after write_timeout, says so once, and written traces are intact."""
+    release = threading.Event()
+    started = time.monotonic()
+    with told() as messages:
+        with Session(_config(tmp_path, repeat=2, write_timeout=1.0), on_trace=lambda path: release.wait()) as s:
+            train(s, 3)
+    elapsed = time.monotonic() - started
+    release.set()
+    assert elapsed < 10
+    assert len(messages) == 1 and "did not finish within 1 s" in messages[0]
+    assert len(check_traces(tmp_path)) >= 1
