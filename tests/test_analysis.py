@@ -199,6 +199,7 @@ def test_bad_files_each_get_one_line(tmp_path, run, summary, caplog):
     for name, data in bad.items():
         (run_dir / name).write_bytes(data)
     (run_dir / "host_1.6.pt.trace.json.partial").write_bytes(good[:100])
+    (run_dir / "host_1.6.pt.trace.json.partial.raw").write_bytes(good[:100])  # the writer's other temp file
     with caplog.at_level(logging.WARNING):
         mixed = summarize(run_dir)
     assert len(mixed.problems) == len(bad) + 1
@@ -382,3 +383,44 @@ def test_call_tree_folds_single_same_name_children_like_torch():
     assert tree.keep.tolist() == [True, False, False, True, True, True, True, True]
     assert tree.parent[[3, 4, 6, 7]].tolist() == [0, 0, 5, 5]
     assert (end - start - tree.children_sum((end - start).astype(float))).tolist()[0] == 10 - 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_gpu_profile_matches_key_averages(tmp_path):
+    """On a GPU: kernel and per-op CUDA times against key_averages(); copies and syncs are diagnosed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    write = tensorboard_trace_handler(str(tmp_path / "gpu"), worker_name="host_1")
+    seen = {}
+
+    def on_ready(prof) -> None:
+        seen["ops"] = prof.key_averages()
+        write(prof)
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True,
+                 schedule=schedule(wait=1, warmup=1, active=ACTIVE, repeat=1), on_trace_ready=on_ready) as prof:
+        for _ in range(2 + ACTIVE):
+            x = torch.randn(64, 256).to("cuda")  # pageable host memory
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()  # a synchronization every step
+            prof.step()
+    s = summarize(tmp_path / "gpu")
+    ref = {e.key: e for e in seen["ops"]}
+    assert s.kernels and s.has_gpu
+    for k in s.kernels:
+        assert k.count == ref[k.name].count, k.name
+        assert k.total_us == pytest.approx(ref[k.name].self_device_time_total, rel=1e-3, abs=0.01), k.name
+    for op in s.ops:
+        assert op.calls == ref[op.name].count, op.name
+        assert op.self_cuda_us == pytest.approx(ref[op.name].self_device_time_total, rel=1e-3, abs=0.01), op.name
+        assert op.cuda_total_us == pytest.approx(ref[op.name].device_time_total, rel=1e-3, abs=0.01), op.name
+        assert op.cuda_memory == ref[op.name].device_memory_usage, op.name
+    for st in s.steps:
+        assert 0 < st.kernel_us <= st.gpu_busy_us <= st.wall_us
+        assert st.memcpy_us > 0 and st.peak_memory > 0
+    assert {"pageable_memcpy", "sync"} <= {d.kind for d in s.diagnostics}

@@ -18,7 +18,7 @@ import msgspec
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 JSON_SUFFIXES = (".json", ".json.gz")
-PARTIAL_SUFFIX = ".partial"
+_PARTIAL = re.compile(r"^(?P<final>.+\.pt\.trace\.json(?:\.gz)?)\.partial(?:\..*)?$")  # the writer's temp files
 SNAPSHOT_SUFFIX = ".pickle"
 _WORKER = re.compile(r"^(?P<worker>.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
 _RANK = re.compile(r"(?:^|[_.-])rank(\d+)(?:[_.-]|$)")
@@ -134,16 +134,19 @@ def _has_suffix(path: Path, suffixes: tuple[str, ...]) -> bool:
 
 
 def run_contents(folder: Path, *, any_json: bool) -> tuple[list[Path], list[Path], list[Path]]:
-    """(trace files, files still being written, memory snapshots) directly inside `folder`.
+    """(trace files, traces still being written, memory snapshots) directly inside `folder`.
 
     Trace files are the `.pt.trace.json[.gz]` files; with `any_json`, a folder without them
     falls back to every `.json[.gz]` (traces saved with `export_chrome_trace("x.json")`).
+    A trace being written shows as `<final name>.partial` (plus the writer's `.partial.*` temps):
+    one entry per trace.
     """
     entries = sorted(folder.iterdir())
     traces = [p for p in entries if _has_suffix(p, TRACE_SUFFIXES)]
     if not traces and any_json:
         traces = [p for p in entries if _has_suffix(p, JSON_SUFFIXES)]
-    partial = [p for p in entries if p.is_file() and p.name.endswith(PARTIAL_SUFFIX)]
+    in_flight = {m["final"] for p in entries if (m := _PARTIAL.match(p.name))}
+    partial = [folder / f"{final}.partial" for final in sorted(in_flight)]
     snapshots = [p for p in entries if _has_suffix(p, (SNAPSHOT_SUFFIX,))]
     return traces, partial, snapshots
 
