@@ -97,8 +97,8 @@ def _chart(s: Summary, key: str, top: int) -> str:
     if key == "steps":
         return _steps_chart(s)
     if key == "ranks":
-        items = [(f"rank {rank_label(r.rank, r.worker)} compute", r.compute_us) for r in s.ranks]
-        items += [(f"rank {rank_label(r.rank, r.worker)} exposed comm", r.exposed_comm_us) for r in s.ranks]
+        items = [(f"{rank_label(r.rank, r.worker)} compute", r.compute_us) for r in s.ranks]
+        items += [(f"{rank_label(r.rank, r.worker)} exposed comm", r.exposed_comm_us) for r in s.ranks]
         return _bars(items, fmt.duration)
     if key == "kernels":
         return _bars([(k.name, k.total_us) for k in s.kernels[:top]], fmt.duration)

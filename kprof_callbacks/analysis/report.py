@@ -43,7 +43,8 @@ def first_worker_steps(s: Summary) -> list[StepStats]:
 
 
 def rank_label(rank: int | None, worker: str) -> str:
-    return str(rank) if rank is not None else worker
+    """`rank 3`, or the worker name of a process that is not a distributed rank."""
+    return f"rank {rank}" if rank is not None else worker
 
 
 def _step_columns(s: Summary) -> list[tuple[str, Callable[[StepStats], str]]]:
@@ -74,7 +75,7 @@ def _mean_step(rows: list[StepStats]) -> StepStats:
 def steps_table(s: Summary, top: int) -> Table:
     """Per-step breakdown of the first rank; at most 2 x `top` steps, then a mean row."""
     rows = first_worker_steps(s)
-    who = "" if len(s.ranks) < 2 else f" (rank {rank_label(rows[0].rank, rows[0].worker)})"
+    who = "" if len(s.ranks) < 2 else f" ({rank_label(rows[0].rank, rows[0].worker)})"
     cols = _step_columns(s)
     shown = rows if len(rows) <= 2 * top else rows[:top]
     body = [["all" if r.step < 0 else str(r.step)] + [f(r) for _, f in cols] for r in shown]
@@ -87,7 +88,7 @@ def steps_table(s: Summary, top: int) -> Table:
 def ranks_table(s: Summary) -> Table:
     return Table("ranks", "Ranks (means per step)",
                  ["rank", "steps", "step", "compute", "comm", "comm %", "overlapped", "exposed comm"],
-                 [[rank_label(r.rank, r.worker), str(r.steps), fmt.duration(r.step_us), fmt.duration(r.compute_us),
+                 [[str(r.rank) if r.rank is not None else r.worker, str(r.steps), fmt.duration(r.step_us), fmt.duration(r.compute_us),
                    fmt.duration(r.comm_us), fmt.share(r.comm_share), fmt.share(r.overlap_share), fmt.duration(r.exposed_comm_us)]
                   for r in s.ranks])
 
@@ -180,7 +181,8 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def render(s: Summary, *, top: int, sort: str) -> str:
     """The whole text report."""
     head = f"kprof summary: {s.name}: {len(s.files)} trace file{'s' * (len(s.files) != 1)}"
-    head += f", {len(s.ranks)} ranks" if len(s.ranks) > 1 else ""
+    if len(s.ranks) > 1:
+        head += f", {len(s.ranks)} {'ranks' if all(r.rank is not None for r in s.ranks) else 'processes'}"
     parts = [f"{head}\n{'=' * len(head)}"]
     parts += [f"{t.title}\n{text_table(t.headers, t.rows)}" for t in tables(s, top, sort)]
     if s.diagnostics:
