@@ -235,12 +235,13 @@ class TraceWriter:
             else:
                 _export(results, partial, self.compress)
             os.replace(partial, final)
+            capture.bytes = final.stat().st_size  # fails too if the folder was removed a moment ago
         except Exception as exc:  # disk full, logdir removed, read-only: drop this capture, keep training
             for leftover in _temp_files(partial):
-                leftover.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # a read-only file system refuses even to unlink a missing file
+                    leftover.unlink(missing_ok=True)
             self._fail(capture, "write", f"writing {final.name} failed: {exc}")
             return
-        capture.bytes = final.stat().st_size
         self.written_bytes += capture.bytes
         self.files.append(final)
         if self.on_trace is not None:
