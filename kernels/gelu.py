@@ -125,7 +125,8 @@ class BiasGELU(KernelLayer):
         self.bias = nn.Parameter(torch.zeros(features, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return bias_gelu(x, self.bias, self.approximate, impl=self.impl)
+        # under autocast x may be bf16/fp16 while the parameter stays float32; the cast is differentiable
+        return bias_gelu(x, self.bias.to(x.dtype), self.approximate, impl=self.impl)
 
     def extra_repr(self) -> str:
         return f"features={self.bias.numel()}, approximate={self.approximate!r}, {self.impl_repr()}"
@@ -157,7 +158,9 @@ class LinearGELU(nn.Linear, KernelLayer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with label("linear_gelu"):
-            return bias_gelu(F.linear(x, self.weight), self.bias, self.approximate, impl=self.impl)
+            h = F.linear(x, self.weight)
+            # under autocast h is bf16/fp16 while the bias stays float32; the cast is differentiable
+            return bias_gelu(h, self.bias.to(h.dtype), self.approximate, impl=self.impl)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, approximate={self.approximate!r}, {self.impl_repr()}"

@@ -84,8 +84,8 @@ def swap(
             parent = next((t for t in factories if isinstance(module, t)), None)
             if parent is not None and id(module) not in replaced:
                 replaced[id(module)] = None
-                report.skipped.append(SwapEntry(name, source.__name__, None,
-                                                f"subclass of {parent.__name__} (its forward may differ)"))
+                report.skipped.append(SwapEntry(name, _type_name(source), None,
+                                                f"subclass of {_type_name(parent)} (its forward may differ)"))
             continue
         if id(module) not in replaced:
             replaced[id(module)] = _replacement(name, module, factories[source], report, fallback, KernelBuildError)
@@ -105,10 +105,18 @@ def swap(
     return root
 
 
+def _type_name(cls: type) -> str:
+    """``nn.GELU`` / ``kernels.GELU`` for the two libraries' layers, the qualified name otherwise."""
+    for prefix, short in (("torch.nn.", "nn"), ("kprof_callbacks.kernels", "kernels")):
+        if cls.__module__.startswith(prefix):
+            return f"{short}.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _replacement(name: str, module: nn.Module, factory: Factory, report: SwapReport, fallback: bool,
                  build_error: type[Exception]) -> nn.Module | None:
     """The kernel layer for ``module`` with its extension built, or None (recorded in ``report``)."""
-    source = type(module).__name__
+    source = _type_name(type(module))
     try:
         new = factory(module)
         build = getattr(new, "build", None)
@@ -120,11 +128,11 @@ def _replacement(name: str, module: nn.Module, factory: Factory, report: SwapRep
     except build_error as exc:
         if not fallback:
             raise
-        warnings.warn(f"kprof.swap: keeping torch's {source} at {name or '<root>'}: kernel build failed: {exc}",
+        warnings.warn(f"kprof.swap: keeping {source} at {name or '<root>'}: kernel build failed: {exc}",
                       stacklevel=3)
         report.skipped.append(SwapEntry(name, source, None, f"kernel build failed (fallback): {exc}"))
         return None
-    report.swapped.append(SwapEntry(name, source, type(new).__name__))
+    report.swapped.append(SwapEntry(name, source, _type_name(type(new))))
     return new
 
 

@@ -233,6 +233,19 @@ def test_modules_from_torch_keep_parameters_and_state_dict() -> None:
     assert list(bias_gelu.state_dict()) == ["bias"] and "features=24" in repr(bias_gelu)
 
 
+def test_fused_layers_follow_autocast_dtypes() -> None:
+    """Under autocast the matmul output is bfloat16 while the bias parameter stays float32."""
+    fused = kernels.LinearGELU(8, 16)
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fused(x)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert fused.bias.grad is not None and fused.bias.grad.dtype == torch.float32
+    torch.testing.assert_close(out.float(), F.gelu(fused.weight @ x.T + fused.bias[:, None]).T,
+                               rtol=2e-2, atol=2e-2)
+
+
 def test_profiler_sees_the_layer_labels() -> None:
     x = torch.randn(4, 8)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

@@ -84,11 +84,11 @@ def test_report_lists_swaps_and_reasons_for_skips(caplog: pytest.LogCaptureFixtu
     with caplog.at_level(logging.INFO, logger="kprof_callbacks.swap"):
         fast = swap(model, {nn.GELU: kernels.GELU, nn.LayerNorm: "LayerNorm", nn.ReLU: "NoSuchLayer"})
     report = fast.kprof_swap_report
-    assert [(e.name, e.target) for e in report.swapped] == [("2", "GELU")]
+    assert [(e.name, e.source, e.target) for e in report.swapped] == [("2", "nn.GELU", "kernels.GELU")]
     assert fast[2] is fast[4]  # a module used twice stays one module
     reasons = {e.name: e.reason for e in report.skipped}
     assert "elementwise_affine=False" in reasons["0"]
-    assert "subclass of GELU" in reasons["1"]
+    assert "subclass of nn.GELU" in reasons["1"]
     assert "NoSuchLayer is not available" in reasons["5"]
     assert "elementwise_affine=False" in caplog.text and "skipped" in str(report)
 
@@ -134,7 +134,7 @@ def test_build_failure_surfaces_at_swap_time(broken_toolchain) -> None:
 
 def test_fallback_keeps_torch_layers_with_a_warning(broken_toolchain) -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.GELU())
-    with pytest.warns(UserWarning, match="keeping torch's GELU"):
+    with pytest.warns(UserWarning, match="keeping nn.GELU at 1"):
         fast = swap(model, {nn.GELU: kernels.GELU}, fallback=True)
     assert type(fast[1]) is nn.GELU
     (entry,) = fast.kprof_swap_report.skipped
