@@ -5,8 +5,11 @@ from __future__ import annotations
 import copy
 import json
 import math
+import subprocess
+import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -301,6 +304,31 @@ def test_cli_runs_a_user_setup_and_profiles_both_variants(tmp_path, monkeypatch,
 def test_cli_rejects_a_model_spec_without_attribute():
     with pytest.raises(SystemExit, match="MODULE:ATTR"):
         main(["compare", "--model", "my_setup", "--device", "cpu"])
+
+
+# -- examples --------------------------------------------------------------------------------------------------------
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _run_example(name: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(EXAMPLES / name), *args, "--device", "cpu"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_square_example_reads_pow_and_mul_from_the_profiler():
+    out = _run_example("square_compare.py", "--size", "64", "--iters", "2", "--warmup", "1")
+    assert "aten::pow: torch.square(a), a ** 2" in out
+    assert "aten::mul: a * a" in out
+    assert "torch.square(a) runs aten::square -> aten::pow, a * a runs aten::mul" in out
+
+
+def test_compare_layers_example_swaps_and_compares():
+    out = _run_example("compare_layers.py", "--width", "16", "--depth", "1", "--seq", "4", "--batch", "2",
+                       "--vocab", "50", "--steps", "3")
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("torch ", "kernels "))}
+    assert "reference" in rows["torch"] and "e-" in rows["kernels"].split()[-1]  # checked, in tolerance
 
 
 # -- bad input -------------------------------------------------------------------------------------------------------
