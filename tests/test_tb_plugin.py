@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import shutil
-import signal
 import struct
-import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,7 +19,6 @@ from kprof_callbacks.tb import TensorBoardServer
 from kprof_callbacks.tensorboard import logdir as scan
 
 PLUGIN = "data/plugin/kprof/"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 BAD_TRACE = "otherhost_1.1795000000000000000.pt.trace.json"
 
 
@@ -188,32 +183,6 @@ def test_missing_run_parameter_is_400(tb):
 
 
 # -- the page ------------------------------------------------------------------------------------------------
-@pytest.fixture
-def chromium(tmp_path: Path, group_leftovers):
-    """`chromium(url, *args)`: headless Chromium on `url` in a process group of its own, killed after; its stdout."""
-    if CHROMIUM is None:
-        pytest.skip("headless Chromium is not installed (apt-get install chromium)")
-
-    def run(url: str, *args: str) -> str:
-        cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-               f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=15000", *args, url]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, text=True)
-        try:
-            out, _ = proc.communicate(timeout=120)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-        assert not group_leftovers(proc.pid), "Chromium left processes behind"
-        assert proc.returncode == 0, f"chromium exited with {proc.returncode}"
-        return out
-
-    return run
-
-
 def _png_size(path: Path) -> tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"

@@ -38,19 +38,29 @@ export function median(values) {
   return s.length % 2 ? s[mid] : (s[mid - 1] + s[mid]) / 2;
 }
 
+/** The value below which a share `q` (0..1) of `values` lies (nearest rank). */
+export function quantile(values, q) {
+  const s = [...values].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor(q * s.length))];
+}
+
 /**
- * Step time over a run: `points` is [[step, ms], ...] in step order. The y axis starts at 0 so a
- * slow step looks as slow as it is; a dashed line marks the median.
+ * Step time over a run: `points` is [[step, ms], ...] in step order. The y axis starts at 0; a dashed
+ * line marks the median. Steps slower than 4x the 90th percentile (the first step, a checkpoint) would
+ * flatten everything else, so the axis stops there and each of them is drawn at the top, labelled with
+ * its real time.
  */
 export function lineChart(points, unit = 'ms') {
-  const width = pageWidth(), height = 170, left = 76, right = 12, top = 12, bottom = 24;
+  const width = pageWidth(), height = 170, left = 76, right = 12, top = 16, bottom = 24;
   const chart = frame(width, height, `step time over ${points.length} steps`);
   const steps = points.map((p) => p[0]);
   const values = points.map((p) => p[1]);
   const x0 = Math.min(...steps), x1 = Math.max(...steps);
-  const yMax = Math.max(...values) * 1.05 || 1;
+  const cap = 4 * quantile(values, 0.9);
+  const max = Math.max(...values);
+  const yMax = (max > cap ? cap : max * 1.05) || 1;
   const x = (s) => left + (x1 === x0 ? 0.5 : (s - x0) / (x1 - x0)) * (width - left - right);
-  const y = (v) => top + (1 - v / yMax) * (height - top - bottom);
+  const y = (v) => top + (1 - Math.min(v, yMax) / yMax) * (height - top - bottom);
   const mid = median(values);
   for (const v of [0, yMax / 2, yMax]) {
     chart.append(svg('line', {x1: left, x2: width - right, y1: y(v), y2: y(v), class: 'grid'}));
@@ -66,6 +76,10 @@ export function lineChart(points, unit = 'ms') {
     chart.append(svg('circle', {cx: x(steps[0]), cy: y(values[0]), r: 3, class: 'dot'}));
   } else {
     chart.append(svg('polyline', {points: points.map(([s, v]) => `${x(s)},${y(v)}`).join(' '), class: 'line'}));
+  }
+  for (const [s, v] of points.filter((p) => p[1] > yMax)) {
+    chart.append(svg('circle', {cx: x(s), cy: y(v), r: 3, class: 'dot'}, svg('title', {}, `step ${s}: ${num(v)} ${unit}`)));
+    chart.append(svg('text', {x: x(s) + 5, y: top - 4 + 8, class: 'tick'}, `${num(v)} ${unit} (step ${s})`));
   }
   return chart;
 }

@@ -259,7 +259,7 @@ function opsSection(ops, gpu) {
 function kernelsSection(kernels) {
   const columns = [
     {label: 'kernel', get: (r) => shorten(r.name), title: (r) => r.name, keep: true},
-    {label: 'kind', get: (r) => r.kind, cls: 'name', keep: true},
+    {label: 'kind', get: (r) => r.kind, cls: 'tag', keep: true},
     {label: 'count', get: (r) => r.count, fmt: String, keep: true},
     {label: 'total', get: (r) => r.total_us, fmt: ms, keep: true},
     {label: 'mean', get: (r) => r.mean_us, fmt: ms, keep: true},
