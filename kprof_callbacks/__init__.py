@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import importlib
 
+from .compare import Comparison, ComparisonError, compare
 from .config import ProfileConfig
 from .session import Session, session
+from .swap import swap
 from .timing import time_cuda
 
 __version__ = "0.1.0"
 
+# Names whose module is heavy (Lightning) or builds on demand; none shares its name with a submodule, since
+# ``import kprof_callbacks.<name>`` would then replace the function with the module.
 _LAZY = {
     "ProfilerCallback": ".callback",
     "summarize": ".analysis",
     "Summary": ".analysis",
-    "swap": ".swap",
-    "compare": ".compare",
-    "Comparison": ".compare",
     "kernels": ".kernels",
 }
 
-__all__ = ["ProfileConfig", "Session", "session", "time_cuda", *_LAZY]
+__all__ = [
+    "Comparison", "ComparisonError", "ProfileConfig", "Session", "compare", "session", "swap", "time_cuda", *_LAZY
+]
 
 
 def __getattr__(name: str):
