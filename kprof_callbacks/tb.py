@@ -7,6 +7,7 @@ so stopping it ends every process it started, also when the code using it fails 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -26,7 +27,8 @@ from typing import Any, TypeVar
 HOST = "127.0.0.1"
 PROFILER_TAB = "#pytorch_profiler"
 _BIND_ERROR = "could not bind to port"  # TensorBoard's message when the port is taken
-_PORT_ATTEMPTS = 3  # a free port can be taken between choosing it and TensorBoard binding it
+_PORT_RETRIES = 2  # a free port can be taken between choosing it and TensorBoard binding it
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1 never goes through a proxy
 
 T = TypeVar("T")
 
@@ -71,7 +73,7 @@ class TensorBoardServer:
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> TensorBoardServer:
         """Start TensorBoard and wait until it answers; on any failure nothing is left running."""
-        retries = _PORT_ATTEMPTS - 1 if self.requested_port == 0 else 0
+        retries = _PORT_RETRIES if self.requested_port == 0 else 0
         while True:
             self.port = self.requested_port or free_port()
             self._spawn()
@@ -91,10 +93,8 @@ class TensorBoardServer:
         if proc is None:
             return
         _signal_group(proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
         _signal_group(proc.pid, signal.SIGKILL)  # loader processes TensorBoard left behind, or TensorBoard itself
         proc.wait()
         if self._log is not None:
@@ -117,7 +117,7 @@ class TensorBoardServer:
     def get_json(self, route: str, **params: str) -> Any:
         """GET ``route`` (e.g. ``data/plugin/pytorch_profiler/runs``) with query ``params``; the decoded JSON."""
         url = self.url + route.lstrip("/") + ("?" + urllib.parse.urlencode(params) if params else "")
-        with urllib.request.urlopen(url, timeout=30) as response:
+        with _DIRECT.open(url, timeout=30) as response:
             body = response.read()
             if response.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)
@@ -136,7 +136,7 @@ class TensorBoardServer:
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 last_error = f" (last error: {exc})"
             if time.monotonic() > deadline:
-                raise TensorBoardError(f"TensorBoard at {self.url}: {what} not within {timeout:.0f} s{last_error}")
+                raise TensorBoardError(f"TensorBoard at {self.url}: {what} not within {timeout:g} s{last_error}")
             time.sleep(0.25)
 
     def wait_for_profiler_runs(self, runs: Iterable[str], timeout: float = 60.0) -> list[str]:
@@ -193,10 +193,8 @@ class TensorBoardServer:
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -156,9 +156,7 @@ def chromium(tmp_path, group_leftovers):
         runs += 1
         profile = tmp_path / f"chromium-profile-{runs}"
         cmd = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url]
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

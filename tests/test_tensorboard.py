@@ -97,10 +97,10 @@ def test_readme_demo_trace_loads_in_torch_tb_profiler(tensorboard, profiled_logd
 
 def test_server_leaves_no_process_when_the_block_fails(tmp_path, group_leftovers):
     server = TensorBoardServer(tmp_path)
-    with pytest.raises(ZeroDivisionError), server:
+    with pytest.raises(RuntimeError, match="the test body failed"), server:
         assert server.get_json("data/logdir")["logdir"] == str(tmp_path)
         assert group_leftovers(server.pid)
-        1 / 0
+        raise RuntimeError("the test body failed")
     assert not group_leftovers(server.pid)
 
 
