@@ -16,7 +16,7 @@ from torch import nn
 
 import kprof_callbacks as kprof
 from kprof_callbacks.tb import TensorBoardServer
-from kprof_callbacks.tensorboard import logdir as scan
+from kprof_callbacks.tensorboard.logdir import has_data, scan
 
 PLUGIN = "data/plugin/kprof/"
 BAD_TRACE = "otherhost_1.1795000000000000000.pt.trace.json"
@@ -250,7 +250,8 @@ def test_listing_stats_files_without_reading_them(tmp_path):
         run = tmp_path / f"run{i:03d}"
         run.mkdir()
         (run / f"host_{i}.{i}.pt.trace.json").write_bytes(b"\0not json")
-    runs = scan.list_runs(tmp_path)
+    runs, comparisons = scan(tmp_path)
     assert [r.name for r in runs] == [f"run{i:03d}" for i in range(100)]
     assert all(r.traces[0].bytes == 9 for r in runs)
-    assert scan.has_data(tmp_path)
+    assert comparisons == []
+    assert has_data(tmp_path)

@@ -73,27 +73,27 @@ def run_name(logdir: Path, folder: Path) -> str:
 
 
 def run_files(logdir: Path, folder: Path) -> RunFiles | None:
-    """The run in `folder` (below `logdir`), or None when it holds no finished trace file."""
-    traces, partial, snapshots = run_contents(folder, any_json=False)
+    """The run in `folder` (below `logdir`), or None when it holds no finished trace file (or is gone)."""
+    try:
+        traces, partial, snapshots = run_contents(folder, any_json=False)
+    except (FileNotFoundError, NotADirectoryError):  # removed since it was listed, or a variant that never ran
+        return None
     stats = _stat(traces)
     if not stats:
         return None
     return RunFiles(run_name(logdir, folder), folder, stats, _stat(partial), _stat(snapshots))
 
 
-def list_runs(logdir: Path) -> list[RunFiles]:
-    """Every run below `logdir`, sorted by name."""
-    runs = []
-    for folder, _ in _folders(logdir):
+def scan(logdir: Path) -> tuple[list[RunFiles], list[Path]]:
+    """Every run below `logdir` and every `compare.json`, in one walk (parents first, siblings by name)."""
+    runs, comparisons = [], []
+    for folder, files in _folders(logdir):
         run = run_files(logdir, folder)
         if run is not None:
             runs.append(run)
-    return runs
-
-
-def list_comparisons(logdir: Path) -> list[Path]:
-    """Every `compare.json` below `logdir`."""
-    return [folder / COMPARE_FILE for folder, files in _folders(logdir) if COMPARE_FILE in files]
+        if COMPARE_FILE in files:
+            comparisons.append(folder / COMPARE_FILE)
+    return runs, comparisons
 
 
 def has_data(logdir: Path) -> bool:

@@ -21,7 +21,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from werkzeug import wrappers
 
 from ..analysis import summarize
-from . import logdir as scan
+from . import logdir
 from .cache import SummaryCache
 
 PLUGIN_NAME = "kprof"
@@ -32,7 +32,7 @@ _MAX_POINTS = 10_000  # step-time points per run: TensorBoard keeps fewer by def
 _JSON = "application/json"
 
 
-def summarize_run(run: scan.RunFiles) -> dict[str, Any]:
+def summarize_run(run: logdir.RunFiles) -> dict[str, Any]:
     """`summarize(run).to_dict()`, plus its problems as (file, reason) pairs for the page."""
     try:
         summary = summarize(run.folder)
@@ -42,7 +42,7 @@ def summarize_run(run: scan.RunFiles) -> dict[str, Any]:
     return {"summary": data, "error": None, "problems": [_by_file(run, line) for line in data["problems"]]}
 
 
-def _by_file(run: scan.RunFiles, problem: str) -> dict[str, str]:
+def _by_file(run: logdir.RunFiles, problem: str) -> dict[str, str]:
     """Split a `Summary.problems` line (`<path>: <reason>`) into the file's name and the reason."""
     for f in run.traces + run.partial:
         prefix = f"{run.folder / f.name}: "
@@ -63,7 +63,7 @@ class KprofPlugin(base_plugin.TBPlugin):
         self._cache = SummaryCache(summarize_run)
 
     def is_active(self) -> bool:
-        return self._logdir is not None and scan.has_data(self._logdir)
+        return self._logdir is not None and logdir.has_data(self._logdir)
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:
         # The page has its own Reload button: TensorBoard's reload does not reach an iframed plugin.
@@ -89,12 +89,11 @@ class KprofPlugin(base_plugin.TBPlugin):
     @wrappers.Request.application
     def _runs_route(self, request: werkzeug.Request) -> werkzeug.Response:
         """Runs and comparisons below the logdir, from folder listings and file stats only."""
-        runs = scan.list_runs(self._logdir) if self._logdir else []
-        comparisons = scan.list_comparisons(self._logdir) if self._logdir else []
+        runs, comparisons = logdir.scan(self._logdir) if self._logdir else ([], [])
         return http_util.Respond(request, {
             "logdir": str(self._logdir or ""),
             "runs": [r.to_dict() for r in runs],
-            "comparisons": [{"dir": scan.run_name(self._logdir, c.parent), "modified": c.stat().st_mtime}
+            "comparisons": [{"dir": logdir.run_name(self._logdir, c.parent), "modified": c.stat().st_mtime}
                             for c in comparisons],
         }, _JSON)
 
@@ -126,9 +125,9 @@ class KprofPlugin(base_plugin.TBPlugin):
         """A `compare.json` (folder `dir`, relative to the logdir), with each variant's run name where it has traces."""
         name = request.args.get("dir", ".")
         folder = self._folder(name)
-        path = folder / scan.COMPARE_FILE
+        path = folder / logdir.COMPARE_FILE
         if not path.is_file():
-            raise errors.NotFoundError(f"no {scan.COMPARE_FILE} in {name!r}")
+            raise errors.NotFoundError(f"no {logdir.COMPARE_FILE} in {name!r}")
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
@@ -136,7 +135,7 @@ class KprofPlugin(base_plugin.TBPlugin):
         runs = {}
         for variant in data.get("variants", []):
             trace_dir = variant.get("trace_dir")
-            run = scan.run_files(self._logdir, folder / Path(trace_dir).name) if trace_dir else None
+            run = logdir.run_files(self._logdir, folder / Path(trace_dir).name) if trace_dir else None
             runs[variant["name"]] = run.name if run else None
         return http_util.Respond(request, {"dir": name, "data": data, "runs": runs, "error": None}, _JSON)
 
@@ -156,16 +155,16 @@ class KprofPlugin(base_plugin.TBPlugin):
 
     # -- request helpers ---------------------------------------------------------------------------------------
     def _folder(self, name: str) -> Path:
-        folder = scan.inside(self._logdir, name) if self._logdir else None
+        folder = logdir.inside(self._logdir, name) if self._logdir else None
         if folder is None:
             raise errors.NotFoundError(f"no folder {name!r} in the logdir")
         return folder
 
-    def _run(self, request: werkzeug.Request) -> scan.RunFiles:
+    def _run(self, request: werkzeug.Request) -> logdir.RunFiles:
         name = request.args.get("run")
         if not name:
             raise errors.InvalidArgumentError("missing ?run=")
-        run = scan.run_files(self._logdir, self._folder(name))
+        run = logdir.run_files(self._logdir, self._folder(name))
         if run is None:
             raise errors.NotFoundError(f"no trace files in run {name!r}")
         return run
