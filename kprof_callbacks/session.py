@@ -333,7 +333,8 @@ class Session:
         start, end = self._scalars_sent, len(times)
         if end <= start:
             return
-        batch = [(i + 1, times[i], self._samples[i] if i < len(self._samples) else None) for i in range(start, end)]
+        # scalar step i is ProfilerStep#i: both count the session's steps from 0
+        batch = [(i, times[i], self._samples[i] if i < len(self._samples) else None) for i in range(start, end)]
         self._scalars_sent = end
         self._writer.submit_call(self._scalar_sink.bind(batch))
 

@@ -73,7 +73,7 @@ def test_scalars_tab_has_step_time_for_every_step(tensorboard, profiled_logdir):
         return values if len(values) == profiled_logdir.steps else None
 
     step_ms = tensorboard.wait_for(lambda: points("kprof/step_time_ms"), "step-time scalars", timeout=30)
-    assert [step for _, step, _ in step_ms] == list(range(1, profiled_logdir.steps + 1))  # the whole run
+    assert [step for _, step, _ in step_ms] == list(range(profiled_logdir.steps))  # the whole run, 0-based like ProfilerStep#N
     expected_ms = [t * 1e3 for t in profiled_logdir.step_times]
     assert [value for _, _, value in step_ms] == pytest.approx(expected_ms, rel=1e-5)
 
