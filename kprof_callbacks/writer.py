@@ -184,6 +184,8 @@ class TraceWriter:
 
     def flush(self, timeout: float) -> bool:
         """Wait (at most ``timeout`` seconds) until everything queued so far is written."""
+        if not self._thread.is_alive():  # closed: close() already waited for what was queued
+            return True
         done = threading.Event()
         self._jobs.put((done.set, None))
         return done.wait(timeout)
