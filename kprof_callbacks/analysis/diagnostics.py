@@ -14,7 +14,7 @@ import numpy as np
 
 from . import fmt
 from .steps import WHOLE_TRACE, Windows
-from .tables import Diagnostic, KernelStats, RankStats, StepSkew, StepStats
+from .tables import Diagnostic, RankStats, StepSkew, StepStats
 from .timeline import KERNEL, MEMCPY, OP, RUNTIME, Timeline
 
 IDLE_SHARE = 0.30
@@ -33,7 +33,6 @@ SCALAR_READ = "aten::_local_scalar_dense"  # .item(), bool(), int() of a tensor
 class Evidence:
     """Counts gathered inside the step windows of every trace (added up across files)."""
 
-    steps: int = 0
     has_gpu: bool = False
     syncs: Counter = dataclasses.field(default_factory=Counter)
     sync_us: float = 0.0
@@ -58,7 +57,7 @@ def gather(tl: Timeline, win: Windows) -> Evidence:
     """Evidence from one trace's events that fall inside its steps."""
     host, dev = tl.host, tl.device
     names = tl.names
-    ev = Evidence(steps=int(win.number.size), has_gpu=bool(dev.start.size))
+    ev = Evidence(has_gpu=bool(dev.start.size))
     if win.number.size == 1 and win.number[0] == WHOLE_TRACE:
         ev.files_without_steps.append(tl.source.path.name)
     host_in = win.index_of(host.start) >= 0
@@ -79,8 +78,7 @@ def gather(tl: Timeline, win: Windows) -> Evidence:
     return ev
 
 
-def diagnose(steps: list[StepStats], kernels: list[KernelStats], ranks: list[RankStats], skew: list[StepSkew],
-             ev: Evidence) -> list[Diagnostic]:
+def diagnose(steps: list[StepStats], ranks: list[RankStats], skew: list[StepSkew], ev: Evidence) -> list[Diagnostic]:
     """All findings for one run, warnings first."""
     found = []
     wall = sum(s.wall_us for s in steps)

@@ -190,7 +190,6 @@ def _summarize_run(name: str, traces: list[Path], partial: list[Path], snapshots
     evidence = diagnostics.Evidence()
     for r in results:
         evidence.add(r.evidence)
-    kernels = ops.kernel_rows(r.kernels for r in results)
     rank_rows = ranks.rank_stats(ordered)
     skew = ranks.step_skew(ordered)
     return Summary(
@@ -199,11 +198,11 @@ def _summarize_run(name: str, traces: list[Path], partial: list[Path], snapshots
         steps=step_rows,
         ops=ops.op_rows(r.ops for r in results),
         ops_by_shape=ops.op_rows(r.ops_by_shape for r in results),
-        kernels=kernels,
+        kernels=ops.kernel_rows(r.kernels for r in results),
         labels=ops.label_rows((r.labels for r in results), sum(s.wall_us for s in step_rows)),
         ranks=rank_rows,
         step_skew=skew,
-        diagnostics=diagnostics.diagnose(step_rows, kernels, rank_rows, skew, evidence),
+        diagnostics=diagnostics.diagnose(step_rows, rank_rows, skew, evidence),
         problems=problems,
         memory_snapshots=snapshots,
         _stacks=[r.stack for r in results],
