@@ -1,0 +1,113 @@
+"""What the row-norm layers (LayerNorm, RMSNorm) share: argument checks, the parameter dtype rule, and the
+module base that owns weight (and bias) and builds its extension when constructed."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ._layer import KernelLayer, check_impl, check_tensor, resolve_impl
+
+# Longest row the CUDA kernels take: kMaxCols in _reduce.cuh (each thread holds 16 elements, 512 threads).
+CUDA_MAX_COLS = 8192
+_REDUCED = (torch.float16, torch.bfloat16)
+
+
+def as_shape(normalized_shape: int | Sequence[int], op: str) -> tuple[int, ...]:
+    """``normalized_shape`` as a tuple of positive ints (an int means one trailing dimension)."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else tuple(normalized_shape)
+    if not shape or not all(isinstance(d, numbers.Integral) and d >= 1 for d in shape):
+        raise ValueError(f"{op}: normalized_shape must be a positive int or a non-empty sequence of them, "
+                         f"got {normalized_shape!r}")
+    return tuple(int(d) for d in shape)
+
+
+def stats_dtype(x: torch.Tensor) -> torch.dtype:
+    """Per-row statistics (and CPU accumulation) are float64 for float64 inputs, float32 otherwise."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def check_args(
+    op: str, x: object, shape: tuple[int, ...], params: dict[str, object], eps: object, impl: str | None
+) -> tuple[torch.Tensor, str]:
+    """Checks a norm call and returns (x made contiguous, the implementation that runs).
+
+    Parameters (None allowed only for "bias") have ``shape``, live on x's device, and share one dtype:
+    x's, or float32 for float16/bfloat16 x.
+    """
+    x = check_tensor(x, "x", op)
+    impl = resolve_impl(check_impl(impl), x, op)
+    if tuple(x.shape[x.dim() - len(shape):]) != shape:
+        raise ValueError(f"{op}: x of shape {tuple(x.shape)} does not end in normalized_shape {shape}")
+    dtypes = set()
+    for name, p in params.items():
+        if p is None and name == "bias":
+            continue
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(p).__name__}")
+        if tuple(p.shape) != shape or p.device != x.device:
+            raise ValueError(f"{op}: {name} is {tuple(p.shape)} on {p.device}, expected {shape} on {x.device}")
+        if p.dtype != x.dtype and not (p.dtype == torch.float32 and x.dtype in _REDUCED):
+            raise TypeError(f"{op}: {name} dtype {p.dtype} does not go with x dtype {x.dtype} "
+                            "(use x's dtype, or float32 for float16/bfloat16 x)")
+        dtypes.add(p.dtype)
+    if len(dtypes) > 1:
+        raise TypeError(f"{op}: weight and bias dtypes differ: {sorted(map(str, dtypes))}")
+    if not isinstance(eps, numbers.Real) or not eps >= 0:
+        raise ValueError(f"{op}: eps must be a number >= 0, got {eps!r}")
+    if impl == "cuda" and math.prod(shape) > CUDA_MAX_COLS:
+        raise ValueError(f"{op}: the CUDA kernels take rows of at most {CUDA_MAX_COLS} elements, normalized_shape "
+                         f"{shape} has {math.prod(shape)}; use impl='torch' for this layer")
+    return x, impl
+
+
+class RowNorm(KernelLayer):
+    """Base of the norm modules: ``weight`` (and ``bias``) over ``normalized_shape``, initialised as torch's
+    (ones and zeros), and ``impl``: None picks "cuda" or "cpp" by the input's device; "torch" runs the
+    PyTorch reference, so one module can be compared against itself. The constructor builds (or loads)
+    the extension, so a compiler problem shows up there rather than at the first forward."""
+
+    def __init__(self, normalized_shape: int | Sequence[int], eps: float | None, *, bias: bool, impl: str | None,
+                 device: torch.device | str | None, dtype: torch.dtype | None) -> None:
+        super().__init__(impl)
+        name = type(self).__name__
+        self.normalized_shape = as_shape(normalized_shape, name)
+        if eps is not None and (not isinstance(eps, numbers.Real) or not eps >= 0):
+            raise ValueError(f"{name}: eps must be a number >= 0 or None, got {eps!r}")
+        self.eps = eps
+        self.elementwise_affine = True
+        self.weight = nn.Parameter(torch.ones(self.normalized_shape, device=device, dtype=dtype))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        self.build()
+
+    @classmethod
+    def _check_source(cls, module: nn.Module, source: type[nn.Module]) -> None:
+        """from_module's checks: the right type, with a weight, on a device and dtype the kernels take."""
+        name = f"{cls.__name__}.from_module"
+        if not isinstance(module, source):
+            raise TypeError(f"{name}: expected torch.nn.{source.__name__}, got {type(module).__name__}")
+        if not module.elementwise_affine:
+            raise ValueError(f"{name}: elementwise_affine=False is not supported (the kernels always apply a weight)")
+        check_tensor(module.weight, "weight", name)
+        if module.weight.is_cuda and math.prod(module.normalized_shape) > CUDA_MAX_COLS:
+            raise ValueError(f"{name}: normalized_shape {tuple(module.normalized_shape)} is longer than the "
+                             f"{CUDA_MAX_COLS} elements the CUDA kernels take")
+
+    def _adopt(self, module: nn.Module) -> None:
+        """Take `module`'s parameters (shared, not copied) and training mode."""
+        self.weight = module.weight
+        self.bias = getattr(module, "bias", None)
+        self.train(module.training)
+
+    def impl_repr(self) -> str:
+        """``impl=<choice>``; when automatic, the one the parameters' device picks."""
+        if self.impl is not None:
+            return f"impl={self.impl}"
+        return f"impl={'cuda' if self.weight.is_cuda else 'cpp'} (auto)"

@@ -1,0 +1,332 @@
+"""LayerNorm, RMSNorm and SwiGLU kernels against float64 PyTorch references, on the CPU (C++ kernels) and,
+where a GPU is present, on CUDA. Kernel outputs are caller-allocated buffers poisoned with NaN first, so
+an element the kernels fail to write shows up; inputs are fresh random draws every time."""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kprof_callbacks import kernels
+from kprof_callbacks.kernels import layernorm, rmsnorm
+from kprof_callbacks.kernels._norm import stats_dtype
+
+swiglu_ops = importlib.import_module("kprof_callbacks.kernels.swiglu")  # `kernels.swiglu` is the function
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")])]
+# Relative error ||out - ref|| / ||ref|| allowed per output dtype (bf16/fp16 outputs are rounded once).
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+# (rows..., hidden): hidden 1, odd sizes off every pack and block width, 3-D, many rows, the CUDA maximum.
+SHAPES = [(3, 1), (7, 1000), (5, 1030), (4, 4097), (2, 3, 64), (4099, 8), (2, 8192)]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor, terms: torch.Tensor | None = None) -> float:
+    """||out - ref|| / (||ref|| + ||terms||). ``terms`` are what a result is a difference or sum of (a norm's dx:
+    rstd * weight * dy; its dweight: dy), so results that cancel to ~0 (hidden size 1) are judged against the
+    size of those terms rather than against rounding noise."""
+    assert torch.isfinite(out).all(), "non-finite values in the output (an unwritten or poisoned element)"
+    scale = ref.norm() + (terms.double().norm() if terms is not None else 0.0)
+    return ((out.double() - ref).norm() / scale.clamp_min(1e-300)).item()
+
+
+def poisoned(shape, dtype: torch.dtype, device: str) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def cases(device: str) -> list[tuple[torch.dtype, torch.dtype]]:
+    """(x dtype, parameter dtype) pairs the kernels support on `device`."""
+    pairs = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+             (torch.float16, torch.float16), (torch.float16, torch.float32)]
+    return pairs + [(torch.float64, torch.float64)] if device == "cpu" else pairs
+
+
+def reference_grads(fn, inputs: list[torch.Tensor], dy: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """fn's output and input gradients for `dy`, all computed in float64."""
+    leaves = [t.detach().double().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    out.backward(dy.double())
+    return out.detach(), [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_layernorm_kernels_match_float64(device: str, shape: tuple[int, ...], bias: bool) -> None:
+    ext = layernorm._ext()
+    n = shape[-1]
+    for dtype, wdtype in cases(device):
+        x = torch.randn(shape, device=device).mul_(3).add_(1).to(dtype)
+        w = torch.randn(n, device=device).to(wdtype)
+        b = torch.randn(n, device=device).to(wdtype) if bias else None
+        dy = torch.randn(shape, device=device).to(dtype)
+        rows = x.reshape(-1, n)
+        y = poisoned(rows.shape, dtype, device)
+        mean, rstd = poisoned(rows.shape[:1], stats_dtype(x), device), poisoned(rows.shape[:1], stats_dtype(x), device)
+        ext.forward(rows, w, b, 1e-5, y, mean, rstd)
+        dx, dw = poisoned(rows.shape, dtype, device), poisoned((n,), wdtype, device)
+        db = poisoned((n,), wdtype, device) if bias else None
+        ext.backward(dy.reshape(-1, n), rows, w, mean, rstd, dx, dw, db)
+
+        inputs = [x, w] + ([b] if bias else [])
+        ref, grads = reference_grads(lambda x, w, b=None: F.layer_norm(x, (n,), w, b, 1e-5), inputs, dy)
+        tol = TOL[dtype]
+        assert rel_err(y.view(shape), ref) < tol, (dtype, wdtype)
+        assert rel_err(mean, x.double().reshape(-1, n).mean(-1)) < 1e-5
+        dx_terms = rstd[:, None] * w * dy.reshape(-1, n)
+        assert rel_err(dx, grads[0].reshape(-1, n), dx_terms) < tol, (dtype, wdtype)
+        assert rel_err(dw, grads[1], dy) < max(tol, TOL[wdtype]), (dtype, wdtype)
+        if bias:
+            assert rel_err(db, grads[2]) < max(tol, TOL[wdtype]), (dtype, wdtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_rmsnorm_kernels_match_float64(device: str, shape: tuple[int, ...]) -> None:
+    ext = rmsnorm._ext()
+    n = shape[-1]
+    eps = 1e-6
+    for dtype, wdtype in cases(device):
+        x = torch.randn(shape, device=device).mul_(3).add_(1).to(dtype)
+        w = torch.randn(n, device=device).to(wdtype)
+        dy = torch.randn(shape, device=device).to(dtype)
+        rows = x.reshape(-1, n)
+        y, rstd = poisoned(rows.shape, dtype, device), poisoned(rows.shape[:1], stats_dtype(x), device)
+        ext.forward(rows, w, eps, y, rstd)
+        dx, dw = poisoned(rows.shape, dtype, device), poisoned((n,), wdtype, device)
+        ext.backward(dy.reshape(-1, n), rows, w, rstd, dx, dw)
+
+        ref, (gx, gw) = reference_grads(lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w,
+                                        [x, w], dy)
+        tol = TOL[dtype]
+        assert rel_err(y.view(shape), ref) < tol, (dtype, wdtype)
+        assert rel_err(dx, gx.reshape(-1, n), rstd[:, None] * w * dy.reshape(-1, n)) < tol, (dtype, wdtype)
+        assert rel_err(dw, gw, dy) < max(tol, TOL[wdtype]), (dtype, wdtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(1,), (7, 1000), (3, 4097), (2, 3, 129), (1 << 17) + 3], ids=str)
+def test_swiglu_kernels_match_float64(device: str, shape) -> None:
+    ext = swiglu_ops._ext()
+    for dtype, _ in cases(device):
+        gate, up, dy = (torch.randn(shape, device=device).mul_(3).to(dtype) for _ in range(3))
+        y = poisoned(gate.shape, dtype, device)
+        ext.forward(gate, up, y)
+        dgate, dup = poisoned(gate.shape, dtype, device), poisoned(gate.shape, dtype, device)
+        ext.backward(dy, gate, up, dgate, dup)
+
+        ref, (gg, gu) = reference_grads(lambda g, u: F.silu(g) * u, [gate, up], dy)
+        tol = TOL[dtype]
+        assert rel_err(y, ref) < tol, dtype
+        assert rel_err(dgate, gg) < tol, dtype
+        assert rel_err(dup, gu) < tol, dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swiglu_packed_and_unaligned_views_agree(device: str) -> None:
+    """An input starting one element into its storage takes the one-element path; same numbers."""
+    base = torch.randn(2, 4097, device=device)
+    gate, up = base[0, 1:], base[1, 1:]
+    assert gate.data_ptr() % 16 != 0
+    assert rel_err(kernels.swiglu(gate, up), kernels.swiglu(gate.clone(), up.clone()).double()) < 1e-6
+
+
+def test_gradcheck_float64_cpu() -> None:
+    def leaf(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+
+    x, w, b = leaf(2, 3, 2, 5), leaf(2, 5), leaf(2, 5)
+    assert torch.autograd.gradcheck(lambda x, w, b: kernels.layer_norm(x, (2, 5), w, b, impl="cpp"), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x, w: kernels.layer_norm(x, (2, 5), w, impl="cpp"), (x, w))
+    x, w = leaf(6, 7), leaf(7)
+    assert torch.autograd.gradcheck(lambda x, w: kernels.rms_norm(x, 7, w, impl="cpp"), (x, w))
+    g, u = leaf(3, 11), leaf(3, 11)
+    assert torch.autograd.gradcheck(lambda g, u: kernels.swiglu(g, u, impl="cpp"), (g, u))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_modules_match_torch_modules_forward_and_backward(device: str) -> None:
+    x = torch.randn(4, 9, 33, device=device)
+    torch_mods = [nn.LayerNorm(33, device=device), nn.RMSNorm(33, device=device)]
+    for ref_mod in torch_mods:
+        with torch.no_grad():
+            ref_mod.weight.normal_()
+            if getattr(ref_mod, "bias", None) is not None:
+                ref_mod.bias.normal_()
+        mod = {nn.LayerNorm: kernels.LayerNorm, nn.RMSNorm: kernels.RMSNorm}[type(ref_mod)].from_module(ref_mod)
+        assert mod.weight is ref_mod.weight
+        assert mod.state_dict().keys() == ref_mod.state_dict().keys()
+        xs = [x.clone().requires_grad_() for _ in range(2)]
+        out, ref = mod(xs[0]), ref_mod(xs[1])
+        assert rel_err(out, ref.double()) < 1e-5
+        dy = torch.randn_like(out)
+        grads = torch.autograd.grad(out, [xs[0], *mod.parameters()], dy)
+        ref_grads = torch.autograd.grad(ref, [xs[1], *ref_mod.parameters()], dy)
+        for got, want in zip(grads, ref_grads, strict=True):
+            assert rel_err(got, want.double()) < 1e-5
+
+
+def test_rmsnorm_default_eps_is_torchs() -> None:
+    """eps=None follows torch: float32's epsilon for bfloat16 input (bfloat16's would change this result)."""
+    x = torch.randn(4, 16).mul_(1e-4).to(torch.bfloat16)
+    ref_mod = nn.RMSNorm(16, dtype=torch.bfloat16)
+    mod = kernels.RMSNorm.from_module(ref_mod)
+    assert rel_err(mod(x), ref_mod(x).double()) < TOL[torch.bfloat16]
+    assert mod(x).float().abs().mean() > 0.1  # ~0.22; with bfloat16's epsilon (0.0078) it would be ~0.001
+
+
+def test_impl_choice_and_repr() -> None:
+    ln = kernels.LayerNorm((3, 4), eps=1e-3, bias=False)
+    assert "impl=cpp (auto)" in repr(ln) and "bias=False" in repr(ln)
+    x = torch.randn(5, 3, 4)
+    auto = ln(x)
+    ln.impl = "torch"
+    assert "impl=torch" in repr(ln)
+    assert rel_err(auto, ln(x).double()) < 1e-5
+    assert ln.build() is ln
+    mlp = kernels.SwiGLUMLP(8, 16, impl="cpp")
+    assert "impl=cpp" in repr(mlp)
+    mlp.impl = "torch"
+    assert mlp.act.impl == "torch"
+
+
+def test_non_contiguous_inputs() -> None:
+    x = torch.randn(10, 6, 40).transpose(0, 2)[:, ::2]  # (40, 3, 10), strided
+    w, b = torch.randn(10), torch.randn(10)
+    assert not x.is_contiguous()
+    assert rel_err(kernels.layer_norm(x, 10, w, b), F.layer_norm(x.double(), (10,), w.double(), b.double())) < 1e-5
+    ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    assert rel_err(kernels.rms_norm(x, 10, w, 1e-6), ref) < 1e-5
+    gate, up = x, x.flip(0)
+    assert rel_err(kernels.swiglu(gate, up), (F.silu(gate.double()) * up.double())) < 1e-5
+
+
+def test_backward_with_expanded_grad() -> None:
+    """loss = out.sum() hands backward a stride-0 gradient; it is made contiguous first."""
+    x = torch.randn(3, 17, requires_grad=True)
+    w = torch.randn(17, requires_grad=True)
+    kernels.layer_norm(x, 17, w).sum().backward()
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    F.layer_norm(xr, (17,), wr).sum().backward()
+    assert rel_err(x.grad, xr.grad) < 1e-4 and rel_err(w.grad, wr.grad) < 1e-5
+
+
+def test_profiler_labels() -> None:
+    ln, mlp = kernels.LayerNorm(8), kernels.SwiGLUMLP(8, 12)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        mlp(ln(torch.randn(2, 8)))
+        kernels.rms_norm(torch.randn(2, 8), 8, torch.randn(8))
+    names = {e.name for e in prof.events()}
+    assert {"kprof::layer_norm", "kprof::rms_norm", "kprof::swiglu", "kprof::SwiGLUMLP"} <= names
+
+
+def test_from_module_keeps_parameters_and_state_dict() -> None:
+    src = nn.LayerNorm((4, 6), eps=1e-3, bias=False)
+    mod = kernels.LayerNorm.from_module(src, impl="cpp")
+    assert mod.eps == 1e-3 and mod.bias is None and mod.normalized_shape == (4, 6)
+    assert all(torch.equal(a, b) for a, b in zip(mod.state_dict().values(), src.state_dict().values(), strict=True))
+    assert list(mod.state_dict()) == list(src.state_dict()) == ["weight"]
+    src.eval()
+    assert not kernels.RMSNorm.from_module(nn.RMSNorm(5).eval()).training
+
+
+class _LlamaMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w_gate, self.w_up, self.w_down = nn.Linear(12, 20), nn.Linear(12, 20), nn.Linear(20, 12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+def test_swiglu_mlp_from_module() -> None:
+    src = _LlamaMLP()
+    mlp = kernels.SwiGLUMLP.from_module(src)
+    assert list(mlp.state_dict()) == list(src.state_dict())
+    assert mlp.w_gate is src.w_gate
+    x = torch.randn(3, 5, 12, requires_grad=True)
+    out, ref = mlp(x), src(x)
+    assert rel_err(out, ref.double()) < 1e-5
+    dy = torch.randn_like(out)
+    for got, want in zip(torch.autograd.grad(out, [x, *mlp.parameters()], dy),
+                         torch.autograd.grad(ref, [x, *src.parameters()], dy), strict=True):
+        assert rel_err(got, want.double()) < 1e-4
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    x, w = torch.randn(4, 8), torch.randn(8)
+    cases = [
+        (TypeError, "x must be a torch.Tensor", lambda: kernels.layer_norm([1.0], 8, w)),
+        (TypeError, "x is torch.int64", lambda: kernels.rms_norm(torch.ones(2, 8, dtype=torch.long), 8, w)),
+        (ValueError, "does not end in normalized_shape", lambda: kernels.layer_norm(x, 7, w)),
+        (ValueError, "weight is (7,)", lambda: kernels.layer_norm(x, 8, torch.randn(7))),
+        (TypeError, "does not go with x dtype", lambda: kernels.layer_norm(x.double(), 8, w)),
+        (TypeError, "weight and bias dtypes differ",
+         lambda: kernels.layer_norm(x.bfloat16(), 8, w.bfloat16(), torch.randn(8))),
+        (ValueError, "eps must be", lambda: kernels.rms_norm(x, 8, w, eps=-1.0)),
+        (ValueError, "impl must be", lambda: kernels.layer_norm(x, 8, w, impl="triton")),
+        (ValueError, "impl='cuda' needs CUDA tensors", lambda: kernels.rms_norm(x, 8, w, impl="cuda")),
+        (ValueError, "normalized_shape must be", lambda: kernels.LayerNorm(0)),
+        (ValueError, "elementwise_affine=False", lambda: kernels.LayerNorm(8, elementwise_affine=False)),
+        (ValueError, "elementwise_affine=False",
+         lambda: kernels.RMSNorm.from_module(nn.RMSNorm(8, elementwise_affine=False))),
+        (TypeError, "expected torch.nn.LayerNorm", lambda: kernels.LayerNorm.from_module(nn.RMSNorm(8))),
+        (ValueError, "up has shape", lambda: kernels.swiglu(x, x[:, :4])),
+        (TypeError, "up is torch.float64", lambda: kernels.swiglu(x, x.double())),
+        (TypeError, "no nn.Linear attribute(s) ['w_gate', 'w_up', 'w_down']",
+         lambda: kernels.SwiGLUMLP.from_module(nn.Module())),
+        (ValueError, "shapes do not chain", lambda: kernels.SwiGLUMLP.from_module(_bad_mlp())),
+        # The raw ops check caller-allocated outputs too.
+        (ValueError, "y must be contiguous with shape",
+         lambda: layernorm._ext().forward(x, w, None, 1e-5, torch.empty(4, 7), torch.empty(4), torch.empty(4))),
+        (TypeError, "rstd has dtype",
+         lambda: rmsnorm._ext().forward(x, w, 1e-5, torch.empty(4, 8), torch.empty(4, dtype=torch.float64))),
+    ]
+    for exc, message, call in cases:
+        with pytest.raises(exc, match=re.escape(message)):
+            call()
+
+
+def _bad_mlp() -> nn.Module:
+    mlp = _LlamaMLP()
+    mlp.w_down = nn.Linear(20, 11)
+    return mlp
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")
+def test_cuda_limits_and_errors() -> None:
+    w = torch.randn(8193, device="cuda")
+    with pytest.raises(ValueError, match="at most 8192 elements"):
+        kernels.layer_norm(torch.randn(2, 8193, device="cuda"), 8193, w)
+    with pytest.raises(TypeError, match="float64 on cuda"):
+        kernels.rms_norm(torch.randn(2, 8, device="cuda", dtype=torch.float64), 8,
+                         torch.randn(8, device="cuda", dtype=torch.float64))
+    with pytest.raises(ValueError, match="weight is"):
+        kernels.layer_norm(torch.randn(2, 8, device="cuda"), 8, torch.randn(8))
+    with pytest.raises(ValueError, match="longer than"):
+        kernels.LayerNorm.from_module(nn.LayerNorm(8193, device="cuda"))
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")
+def test_cuda_many_rows_and_reproducible_grads() -> None:
+    """More rows than resident blocks (the persistent backward loops); no atomics, so bitwise repeatable."""
+    ln = kernels.LayerNorm(520, device="cuda")
+    with torch.no_grad():
+        ln.weight.normal_()
+        ln.bias.normal_()
+    x = torch.randn(70001, 520, device="cuda", requires_grad=True)
+    dy = torch.randn(70001, 520, device="cuda")
+    first = torch.autograd.grad(ln(x), [x, ln.weight, ln.bias], dy)
+    second = torch.autograd.grad(ln(x), [x, ln.weight, ln.bias], dy)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    ref, grads = reference_grads(lambda x, w, b: F.layer_norm(x, (520,), w, b), [x, ln.weight, ln.bias], dy)
+    for got, want in zip(first, grads, strict=True):
+        assert rel_err(got, want) < 1e-5
