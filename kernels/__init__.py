@@ -17,6 +17,7 @@ from ._build import KernelBuildError, load, load_inline
 from .add import Add, add
 from .gelu import GELU, BiasGELU, LinearGELU, bias_gelu, gelu
 from .square import Square, square
+from .swiglu import SwiGLU, SwiGLUMLP, swiglu
 
 # Layers from modules that import on first use (name -> module in this package).
 _LAZY = {
@@ -25,7 +26,7 @@ _LAZY = {
 }
 
 __all__ = ["KernelBuildError", "load", "load_inline", "Add", "add", "GELU", "BiasGELU", "LinearGELU", "bias_gelu",
-           "gelu", "Square", "square", *_LAZY]
+           "gelu", "Square", "square", "SwiGLU", "SwiGLUMLP", "swiglu", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
