@@ -7,6 +7,7 @@ when the object is built, so a typo or a bad number fails before the first train
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import warnings
@@ -56,6 +57,10 @@ class ProfileConfig:
 
     def __post_init__(self) -> None:
         _check_types(self)
+        for name in ("slow_factor", "max_trace_mb", "write_timeout"):  # nan passes every comparison below
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
         for name in SCHEDULE_FIELDS:
             value = getattr(self, name)
             low = 1 if name == "active" else 0
@@ -81,7 +86,9 @@ class ProfileConfig:
                 signal.Signals(self.signal)
             except ValueError:
                 raise ValueError(f"signal must be a valid signal number, got {self.signal}") from None
-        if self.run is not None and (not self.run or Path(self.run).name != self.run):
+            if self.signal in (signal.SIGKILL, signal.SIGSTOP):
+                raise ValueError(f"signal must be one a program can catch, got {signal.Signals(self.signal).name}")
+        if self.run is not None and (self.run in ("", ".", "..") or Path(self.run).name != self.run):
             raise ValueError(f"run must be a plain folder name (no '/' or '..'), got {self.run!r}")
         if self.activities is not None:
             object.__setattr__(self, "activities", _check_activities(self.activities))
