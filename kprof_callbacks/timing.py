@@ -114,7 +114,13 @@ def time_cuda(
     for name, value, low in (("warmup", warmup, 0), ("iters", iters, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if not isinstance(flush_l2, bool):
+        raise TypeError(f"flush_l2 must be a bool, got {flush_l2!r}")
+    if device is not None and (not isinstance(device, str) or device.split(":")[0] not in ("cpu", "cuda")):
+        raise ValueError(f"device must be None, 'cpu' or 'cuda[:N]', got {device!r}")
     cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}, but no CUDA device is usable here (device=None times on the CPU)")
     for _ in range(warmup):
         fn(*args, **kwargs)
     if not cuda:
