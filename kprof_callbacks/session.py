@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import numbers
 import os
 import signal
 import tempfile
@@ -99,6 +100,10 @@ class Session:
     _active: Session | None = None  # torch.profiler allows one profiler per process
 
     def __init__(self, config: ProfileConfig, *, on_trace: Callable[[Path], None] | None = None) -> None:
+        if not isinstance(config, ProfileConfig):
+            raise TypeError(f"config must be a ProfileConfig (or use kprof.session(...)), got {type(config).__name__}")
+        if on_trace is not None and not callable(on_trace):
+            raise TypeError(f"on_trace must be a callable taking the trace path, got {type(on_trace).__name__}")
         self.config = config
         self.on_trace = on_trace
         self.steps = 0
@@ -150,6 +155,10 @@ class Session:
         """Mark the end of one training step; ``samples`` (the batch size) turns step times into throughput."""
         if self._state != "running":
             raise RuntimeError(f"Session.step() called on a session that is {self._state}; use it inside `with`")
+        if samples is not None and (
+            not isinstance(samples, numbers.Integral) or isinstance(samples, bool) or samples < 0
+        ):
+            raise ValueError(f"samples must be the batch size (an int >= 0) or None, got {samples!r}")
         self.steps += 1
         self._timer.mark()
         self._samples.append(samples)
