@@ -57,6 +57,11 @@ def _with_bias(shape, dtype, device):
     return [torch.randn(shape, dtype=dtype, device=device), torch.randn(shape[-1], dtype=dtype, device=device)]
 
 
+def _weight_bias(shape, dtype, device):
+    return [torch.randn(shape, dtype=dtype, device=device), *(torch.randn(shape[-1], dtype=dtype, device=device)
+                                                             for _ in range(2))]
+
+
 def _linear(shape, dtype, device):
     rows, k, n = shape
     return [torch.randn(rows, k, dtype=dtype, device=device), torch.randn(n, k, dtype=dtype, device=device) / k**0.5,
@@ -74,6 +79,11 @@ OPS = [
        lambda x, b: F.gelu(x + b, approximate="tanh"), _with_bias),
     Op("linear_gelu", lambda x, w, b: kernels.bias_gelu(F.linear(x, w), b), lambda x, w, b: F.gelu(F.linear(x, w, b)),
        _linear, memory_bound=False),
+    Op("layer_norm", lambda x, w, b: kernels.layer_norm(x, x.shape[-1], w, b),
+       lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), _weight_bias),
+    Op("rms_norm", lambda x, w: kernels.rms_norm(x, x.shape[-1], w), lambda x, w: F.rms_norm(x, x.shape[-1:], w),
+       _with_bias),
+    Op("swiglu", kernels.swiglu, lambda g, u: F.silu(g) * u, _two),
 ]
 
 # (dtype, shape) per op family; [rows, cols] for the elementwise ops (grid2d's 2-D view), all > L2.
@@ -81,18 +91,24 @@ FULL_SIZES = {
     "elementwise": [(torch.float32, (4096, 4096)), (torch.float32, (16384, 16384)), (torch.bfloat16, (16384, 16384))],
     "bias": [(torch.float32, (8192, 4096)), (torch.float32, (32768, 8192)), (torch.bfloat16, (32768, 8192))],
     "linear": [(torch.bfloat16, (16384, 4096, 4096))],
+    "norm": [(torch.float32, (16384, 1024)), (torch.float32, (16384, 4096)), (torch.bfloat16, (16384, 1024)),
+             (torch.bfloat16, (16384, 4096))],
 }
 QUICK_SIZES = {
     "elementwise": [(torch.float32, (256, 1000))],
     "bias": [(torch.float32, (256, 1000))],
     "linear": [(torch.float32, (256, 128, 256))],
+    "norm": [(torch.float32, (256, 1000))],
 }
-CHECK_SHAPES = {"elementwise": [(3, 1001), (1,)], "bias": [(3, 1001), (5, 64)], "linear": [(7, 24, 40)]}
+CHECK_SHAPES = {"elementwise": [(3, 1001), (1,)], "bias": [(3, 1001), (5, 64)], "linear": [(7, 24, 40)],
+                "norm": [(3, 1001), (37, 520), (5, 64), (2, 8192)]}
 CHECK_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 CHECK_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
 
 
 def family(op: Op) -> str:
+    if op.name.endswith("_norm"):
+        return "norm"
     return "linear" if op.name.startswith("linear") else "bias" if op.name.startswith("bias") else "elementwise"
 
 
