@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 HELPERS = Path(__file__).parent / "helpers"
 sys.path.insert(0, str(HELPERS))
@@ -22,6 +23,15 @@ sys.path.insert(0, str(HELPERS))
 import loop  # noqa: E402  (tests/faults/helpers/loop.py: the training loop the subprocesses run too)
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models on a busy 2-core CI machine: torch's spinning worker threads only slow every step down."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -90,6 +100,35 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     yield mount
     for where in reversed(mounted):
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture
+def read_only() -> Iterator[Callable[[Path], None]]:
+    """``read_only(folder)`` makes writes in ``folder`` fail from now on.
+
+    chmod is no barrier to root (CAP_DAC_OVERRIDE), so as root the folder becomes a read-only bind mount of
+    itself (writes fail with EROFS); otherwise its mode becomes r-x. Undone after the test.
+    """
+    undo: list[list[str] | tuple[Path, int]] = []
+
+    def protect(folder: Path) -> None:
+        if os.geteuid() != 0:
+            undo.append((folder, folder.stat().st_mode))
+            folder.chmod(0o555)
+            return
+        for command in (["mount", "--bind", str(folder), str(folder)], ["mount", "-o", "remount,bind,ro", str(folder)]):
+            done = subprocess.run(command, capture_output=True)
+            if done.returncode != 0:
+                pytest.skip(f"root, but cannot make a read-only bind mount: {done.stderr.decode().strip()}")
+            if command[1] == "--bind":
+                undo.append(["umount", "-l", str(folder)])
+
+    yield protect
+    for step in reversed(undo):
+        if isinstance(step, list):
+            subprocess.run(step, check=False)
+        else:
+            step[0].chmod(step[1])
 
 
 def fill_disk(folder: Path, leave: int) -> Path:

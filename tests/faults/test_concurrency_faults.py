@@ -15,7 +15,8 @@ from kprof_callbacks.session import Session
 
 def test_two_processes_writing_one_run_do_not_clobber(tmp_path, spawn, check_traces):
     """Two training processes share logdir and run: each writes its own files under its own worker name, all valid."""
-    options = ["--steps", "12", "--option", "wait=1", "--option", "warmup=0", "--option", "active=2", "--option", "repeat=4"]
+    options = ["--steps", "12", "--step-sleep", "0.1", *("--option", "wait=1", "--option", "warmup=1"),
+               *("--option", "active=1", "--option", "repeat=4")]
     children = [spawn(tmp_path / "log", *options) for _ in range(2)]
     assert [child.finish() for child in children] == [0, 0], [child.stderr() for child in children]
     traces = check_traces(tmp_path / "log")

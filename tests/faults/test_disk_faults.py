@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 
 import pytest
 from conftest import fill_disk, leftovers
@@ -31,3 +30,33 @@ def test_full_disk_drops_captures_with_one_warning_and_recovers(tmpfs, train, to
     assert check_traces(disk) == sorted(s.trace_files)
     assert leftovers(disk) == []
     assert len(messages) == 1 and "No space left on device" in messages[0], messages
+
+
+def test_run_folder_removed_mid_run_drops_captures_with_one_warning(tmp_path, train, told, check_traces):
+    """The run folder is deleted (rm -rf) mid-run: later captures are dropped with one warning saying so, training finishes."""
+    with told() as messages:
+        with kprof.session(tmp_path, run="r", wait=1, warmup=1, active=2, repeat=0) as s:
+            train(s, 8)
+            s.flush()
+            shutil.rmtree(s.run_dir)
+            train(s, 52)
+    assert s.steps == 60
+    assert [c.error is None for c in s.captures] == [True] * 2 + [False] * 13
+    assert check_traces(tmp_path) == [] and not s.run_dir.exists()
+    assert len(messages) == 1 and f"{s.run_dir} no longer exists" in messages[0], messages
+
+
+def test_run_folder_turned_read_only_mid_run_keeps_earlier_traces(tmp_path, train, told, check_traces, read_only):
+    """The run folder turns read-only mid-run: one warning naming the cause, training finishes, the traces written before stay intact."""
+    with told() as messages:
+        with kprof.session(tmp_path, run="r", wait=1, warmup=1, active=2, repeat=0) as s:
+            train(s, 8)
+            s.flush()
+            written = list(s.trace_files)
+            read_only(s.run_dir)
+            train(s, 52)
+    assert s.steps == 60 and len(s.captures) == 15
+    assert s.trace_files == written and check_traces(tmp_path) == sorted(written)
+    assert leftovers(tmp_path) == []
+    cause = "read-only file system" if os.geteuid() == 0 else "no permission to write"
+    assert len(messages) == 1 and cause in messages[0], messages

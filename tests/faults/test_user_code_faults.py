@@ -27,12 +27,12 @@ def test_on_trace_raising_base_exception_keeps_writer_alive(tmp_path, train, tol
 
     with told() as messages:
         with Session(_config(tmp_path, repeat=4), on_trace=on_trace) as s:
-            train(s, 4)
-            started = time.monotonic()
-            s.flush(timeout=30)
-            flushed_in = time.monotonic() - started
-            train(s, 4)
-    assert flushed_in < 30, "flush() waited for a writer thread that had died"
+            for _ in range(4):  # one window per step, each written before the next
+                train(s, 1)
+                started = time.monotonic()
+                s.flush(timeout=30)
+                flushed_in = time.monotonic() - started
+                assert flushed_in < 30, "flush() waited for a writer thread that had died"
     assert len(s.trace_files) == 4 and seen == s.trace_files
     assert check_traces(tmp_path) == sorted(s.trace_files)
     assert len(messages) == 1 and f"on_trace callback {on_trace.__qualname__} raised {type(exc).__name__}" in messages[0]
@@ -50,3 +50,25 @@ def test_hanging_on_trace_delays_exit_by_at_most_write_timeout(tmp_path, train, 
     assert elapsed < 10
     assert len(messages) == 1 and "did not finish within 1 s" in messages[0]
     assert len(check_traces(tmp_path)) >= 1
+
+
+def test_summary_of_a_run_with_a_corrupted_trace_reports_it_and_summarizes_the_rest(tmp_path, train):
+    """A trace truncated on disk after the run: Session.summary() names the damaged file and still summarizes the intact one."""
+    with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=2, repeat=2) as s:
+        train(s, 6)
+    damaged, intact = s.trace_files
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    summary = s.summary()
+    assert [line for line in summary.problems if damaged.name in line and "truncated or corrupt JSON" in line]
+    assert not [line for line in summary.problems if intact.name in line]
+    assert summary.to_dict()
+
+
+def test_summary_of_a_run_whose_only_trace_is_corrupted_fails_clearly(tmp_path, train):
+    """Every trace of the run unreadable: Session.summary() raises one ValueError naming the file and the reason."""
+    with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=2) as s:
+        train(s, 3)
+    (path,) = s.trace_files
+    path.write_bytes(b'{"traceEvents": [{"ph": "X", "na')
+    with pytest.raises(ValueError, match=rf"nothing readable.*{path.name}.*truncated or corrupt JSON"):
+        s.summary()

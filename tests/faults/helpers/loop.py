@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--option", type=_option, action="append", default=[])
     args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # a tiny model: extra threads only contend for the CI machine's cores
     with kprof.session(args.logdir, run=args.run, **dict(args.option)) as s:
         train(s, args.steps, model=make_model(args.layers), step_sleep=args.step_sleep, after_step=_progress)
     print(f"done {len(s.trace_files)}", flush=True)

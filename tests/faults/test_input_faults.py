@@ -1,0 +1,193 @@
+"""Fault 8: wrong types and values at every public entry point fail at once, naming the argument.
+
+The session's cases are generated from ``ProfileConfig``'s fields and their declared types, so a new option
+is fuzzed as soon as it exists. Every case also checks that nothing ran or was written before the error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+
+import pytest
+import torch
+from torch import nn
+
+import kprof_callbacks as kprof
+from kprof_callbacks.config import ProfileConfig
+from kprof_callbacks.session import Session
+
+NAN, INF = math.nan, math.inf
+WRONG = {  # wrong values for each declared field type (None is added for fields that are not optional)
+    "int": ["3", 2.5, True, [1], NAN],
+    "float": ["1.5", True, [1.0], NAN, INF, -INF],
+    "bool": [1, "yes", 0.0],
+    "str": [5, b"r", ["r"]],
+}
+EXTRA = [  # right type, wrong value
+    ("signal", signal.SIGKILL),
+    ("signal", signal.SIGSTOP),
+    ("signal", 0),
+    ("run", ".."),
+    ("run", "."),
+    ("run", "a/b"),
+    ("logdir", 5),
+    ("logdir", None),
+    ("activities", "cpu"),
+    ("activities", []),
+    ("activities", [torch.profiler.ProfilerActivity.CPU, "cuda"]),
+    ("poll_every", 0),
+    ("cooldown", -1),
+    ("max_captures", 0),
+    ("write_timeout", 0.0),
+]
+
+
+def _session_cases() -> list[tuple[str, object]]:
+    cases = []
+    for field in dataclasses.fields(ProfileConfig):
+        kind, optional = field.type.removesuffix(" | None"), field.type.endswith(" | None")
+        for value in WRONG.get(kind, []) + ([] if optional or kind not in WRONG else [None]):
+            cases.append((field.name, value))
+    return cases + EXTRA
+
+
+@pytest.mark.parametrize("name, value", _session_cases(), ids=lambda v: repr(v)[:30])
+def test_bad_session_option_fails_before_anything_runs(tmp_path, name, value):
+    """Every wrong type/value of every kprof.session option: TypeError/ValueError naming it, no folder created."""
+    options = {"logdir": tmp_path / "log", name: value}
+    with pytest.raises((TypeError, ValueError), match=rf"\b{name}\b"):
+        kprof.session(**options)
+    assert not (tmp_path / "log").exists()
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, name",
+    [
+        ((5,), {}, "config"),
+        ((ProfileConfig(enabled=False),), {"on_trace": "print"}, "on_trace"),
+    ],
+)
+def test_bad_session_object_arguments(args, kwargs, name):
+    """Session(config, on_trace=...) with a wrong config or a non-callable on_trace fails at construction."""
+    with pytest.raises(TypeError, match=name):
+        Session(*args, **kwargs)
+
+
+@pytest.mark.parametrize("samples", ["8", -1, 2.5, True, torch.tensor(8.0)])
+def test_bad_samples_at_step_fails_naming_it_and_counts_no_step(tmp_path, samples):
+    """s.step(samples=...) with a non-count: ValueError naming samples, raised in the training thread, step not counted."""
+    with kprof.session(tmp_path, run="r", wait=5, scalars=False) as s:
+        s.step(samples=8)
+        with pytest.raises(ValueError, match="samples"):
+            s.step(samples=samples)
+        s.step(samples=8)
+    assert s.steps == 2 and len(s.step_times) == 2
+
+
+_CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA device")
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"fn": 5}, "fn"),
+        ({"warmup": -1}, "warmup"),
+        ({"warmup": "5"}, "warmup"),
+        ({"iters": 0}, "iters"),
+        ({"iters": 2.0}, "iters"),
+        ({"flush_l2": "yes"}, "flush_l2"),
+        ({"device": 5}, "device"),
+        ({"device": "tpu"}, "device"),
+        pytest.param({"device": "cuda"}, "device", marks=_CPU_ONLY),
+    ],
+)
+def test_bad_time_cuda_arguments_fail_before_calling_fn(kwargs, name):
+    """time_cuda with a wrong argument: TypeError/ValueError naming it, fn never called (no crash inside torch.cuda)."""
+    calls = []
+    kwargs = {"fn": lambda: calls.append(1), **kwargs}
+    with pytest.raises((TypeError, ValueError), match=name):
+        kprof.time_cuda(kwargs.pop("fn"), **kwargs)
+    assert calls == []
+
+
+def _tiny() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 4), nn.GELU())
+
+
+_REPORTED = "accepted today: reported to the owner of the module"
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"variants": 5}, "variants"),
+        ({"variants": {}}, "variants"),
+        ({"variants": {"a/b": _tiny()}}, "variant"),
+        ({"variants": {"a": 5}}, "variants"),
+        ({"step_fn": 5}, "step_fn"),
+        ({"batches": 5}, "batches"),
+        ({"batches": []}, "batches"),
+        ({"steps": 0}, "steps"),
+        ({"steps": "3"}, "steps"),
+        ({"warmup": -1}, "warmup"),
+        ({"block": 0}, "block"),
+        ({"seed": -1}, "seed"),
+        ({"check": "yes"}, "check"),
+        ({"tol": -1.0}, "tol"),
+        ({"tol": NAN}, "tol"),
+        ({"confidence": 1.5}, "confidence"),
+        ({"noise_threshold": -1}, "noise_threshold"),
+        pytest.param({"noise_threshold": NAN}, "noise_threshold", marks=pytest.mark.xfail(strict=True, reason=_REPORTED)),
+        ({"optimizer": 5}, "optimizer"),
+        ({"logdir": 5}, "logdir"),
+    ],
+    ids=lambda v: repr(v)[:40],
+)
+def test_bad_compare_arguments_fail_before_any_step(kwargs, name):
+    """kprof.compare with a wrong argument: TypeError/ValueError naming it, step_fn never called."""
+    calls = []
+
+    def step_fn(model, batch):
+        calls.append(1)
+        return model(batch).sum()
+
+    arguments = {"variants": {"a": _tiny()}, "step_fn": step_fn, "batches": [torch.randn(2, 4)], "steps": 3, **kwargs}
+    with pytest.raises((TypeError, ValueError), match=name):
+        kprof.compare(**arguments)
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"model": 5}, "model"),
+        ({"mapping": 5}, "mapping"),
+        ({"mapping": {5: "GELU"}}, "mapping"),
+        ({"mapping": {nn.GELU: 5}}, "mapping"),
+        pytest.param({"inplace": "yes"}, "inplace", marks=pytest.mark.xfail(strict=True, reason=_REPORTED)),
+        pytest.param({"fallback": "yes"}, "fallback", marks=pytest.mark.xfail(strict=True, reason=_REPORTED)),
+    ],
+    ids=lambda v: repr(v)[:40],
+)
+def test_bad_swap_arguments_fail_before_building(kwargs, name):
+    """kprof.swap with a wrong argument: TypeError/ValueError naming it, before any kernel is built."""
+    with pytest.raises((TypeError, ValueError), match=name):
+        kprof.swap(**{"model": _tiny(), **kwargs})
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(5, marks=pytest.mark.xfail(strict=True, reason=_REPORTED)), pytest.param(None, marks=pytest.mark.xfail(strict=True, reason=_REPORTED))],
+)
+def test_bad_summarize_path_names_the_argument(path):
+    """kprof.summarize(path) with a non-path: TypeError naming path."""
+    with pytest.raises(TypeError, match="path"):
+        kprof.summarize(path)
+
+
+def test_summarize_missing_path_is_a_clear_file_not_found(tmp_path):
+    """kprof.summarize on a path that does not exist: FileNotFoundError naming it (not an empty Summary)."""
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "nope")):
+        kprof.summarize(tmp_path / "nope")

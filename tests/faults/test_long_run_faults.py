@@ -1,0 +1,37 @@
+"""Fault 7: a long run that profiles forever (repeat=0) under a disk budget: memory and disk stay bounded."""
+
+from __future__ import annotations
+
+import gc
+
+import psutil
+
+import kprof_callbacks as kprof
+from kprof_callbacks.writer import TraceWriter
+
+MAX_PENDING = TraceWriter.__init__.__kwdefaults__["max_pending"]
+
+
+def test_endless_profiling_keeps_memory_flat_and_disk_within_budget(tmp_path, train, check_traces):
+    """1,200 steps, a window every 33 steps forever, max_trace_mb=2: RSS grows < 4 MB after warm-up, disk stays under budget + the captures in flight when it was crossed."""
+    budget = 2 * 2**20
+    rss: dict[int, int] = {}
+
+    def sample(s: kprof.Session) -> None:
+        if s.steps in (200, 1200):
+            gc.collect()
+            rss[s.steps] = psutil.Process().memory_info().rss
+
+    # 2 ms per step lets each ~80 kB write finish before the next window ends (none dropped as "busy")
+    with kprof.session(tmp_path, run="r", wait=30, warmup=1, active=2, repeat=0, max_trace_mb=budget / 2**20) as s:
+        train(s, 1200, step_sleep=0.002, after_step=sample)
+    files = check_traces(tmp_path)
+    sizes = [p.stat().st_size for p in files]
+    windows = 1200 // 33
+    assert len(s.step_times) == 1200
+    # keeping each capture's profiler results alive would add ~0.3 MB per window here (measured: ~8 MB)
+    assert rss[1200] - rss[200] < 4 * 2**20
+    assert 1 < len(files) < windows  # captures happened, then the budget stopped them
+    # A window starts only while the bytes written are under budget; when they cross it, at most the capture being
+    # recorded and those waiting for the writer (MAX_PENDING, one of them the crossing write) are still to land.
+    assert sum(sizes) < budget + (MAX_PENDING + 1) * max(sizes)
