@@ -19,6 +19,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -33,7 +34,7 @@ KERNELS_DIR = Path(__file__).resolve().parent
 _MARKER = "kprof_build.json"
 _FLOCK = "kprof_build.lock"
 _TORCH_BATON = "lock"  # torch.utils.file_baton.FileBaton's file in the build folder
-_HEADER_SUFFIXES = (".h", ".cuh")
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 _loaded: dict[Path, types.ModuleType] = {}
 
 
@@ -91,9 +92,8 @@ def load(name: str, sources: list[str], *, verbose: bool | None = None) -> types
     if missing:
         raise ValueError(f"sources: no such file(s): {missing}")
     used = [p for p in paths if p.suffix != ".cu" or with_cuda]
-    headers = sorted({h for p in used for h in p.parent.iterdir() if h.suffix in _HEADER_SUFFIXES})
     flags = _flags(with_cuda)
-    key = _key(name, [p.read_bytes() for p in (*used, *headers)], flags)
+    key = _key(name, [p.read_bytes() for p in (*used, *_local_headers(used))], flags)
 
     def build(ext_name: str, build_dir: Path, verbose: bool) -> types.ModuleType:
         from torch.utils import cpp_extension
@@ -111,20 +111,23 @@ def load_inline(
 ) -> types.ModuleType:
     """Build (or load from cache) an extension from source strings, binding ``functions`` with pybind11.
 
-    No header is added implicitly: ``cpp_source`` includes what it uses (ATen, ``torch/csrc/utils/pybind.h``,
-    ``torch/csrc/Exceptions.h``). ``cuda_source`` is compiled only when CUDA is usable.
+    No header is added implicitly: ``cpp_source`` includes what it uses (ATen, ``torch/csrc/utils/pybind.h``).
+    The functions are bound as plain pybind11 functions, as the file-based extensions bind theirs, so c10
+    errors reach Python through torch's exception translators (TORCH_CHECK_VALUE -> ValueError, ...).
+    ``cuda_source`` is compiled only when CUDA is usable.
     """
     with_cuda = cuda_enabled() and cuda_source is not None
     flags = _flags(with_cuda)
-    texts = [cpp_source.encode(), *([cuda_source.encode()] if with_cuda else []), ",".join(functions).encode()]
-    key = _key(name, texts, flags)
+    sources = [cpp_source, *([cuda_source] if with_cuda else [])]
+    headers = [h.read_bytes() for h in _local_headers(sources, KERNELS_DIR)]
+    key = _key(name, [*(s.encode() for s in sources), *headers, ",".join(functions).encode()], flags)
 
     def build(ext_name: str, build_dir: Path, verbose: bool) -> types.ModuleType:
         from torch.utils import cpp_extension
 
         return cpp_extension.load_inline(
             ext_name, [cpp_source], [cuda_source] if with_cuda else None, functions=list(functions),
-            build_directory=str(build_dir), verbose=verbose, with_cuda=with_cuda,
+            build_directory=str(build_dir), verbose=verbose, with_cuda=with_cuda, with_pytorch_error_handling=False,
             extra_include_paths=[str(KERNELS_DIR)], no_implicit_headers=True, **flags,
         )
 
@@ -134,6 +137,22 @@ def load_inline(
 def build_directory(name: str, key: str) -> Path:
     """The cache folder of one build of ``name`` (``key`` is the hex digest from the build inputs)."""
     return cache_root() / f"{name}-{key[:16]}"
+
+
+def _local_headers(sources: list[Path] | list[str], folder: Path | None = None) -> list[Path]:
+    """The ``#include "..."`` files the sources pull in from their folder (or ``folder`` for source text), transitively,
+    so that editing a header rebuilds exactly the extensions that use it."""
+    found: dict[Path, None] = {}
+    pending = [(s.read_text() if isinstance(s, Path) else s, s.parent if isinstance(s, Path) else folder)
+               for s in sources]
+    while pending:
+        text, base = pending.pop()
+        for include in _INCLUDE.findall(text):
+            header = (base / include).resolve()
+            if header.is_file() and header not in found:
+                found[header] = None
+                pending.append((header.read_text(), header.parent))
+    return sorted(found)
 
 
 def _key(name: str, texts: list[bytes], flags: dict[str, list[str]]) -> str:

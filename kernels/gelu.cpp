@@ -114,8 +114,8 @@ at::Tensor bias_gelu_backward_cuda(const at::Tensor& dy, const at::Tensor& x, co
 }
 #endif
 
-// dx = dy * gelu'(x + bias); returns the bias gradient: dx summed over rows before rounding to x's dtype
-// (in float, or double for double), as the CUDA kernel does. The CPU splits the columns over threads.
+// dx = dy * gelu'(x + bias); returns the bias gradient: dx summed over rows before rounding to x's dtype, in
+// double (the CPU can afford it; the CUDA kernel sums in float). The CPU splits the columns over threads.
 at::Tensor bias_gelu_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& bias, const at::Tensor& dx,
                               bool tanh_approx) {
   const int64_t rows = check_bias(x, bias, "kprof bias_gelu backward");
@@ -126,23 +126,23 @@ at::Tensor bias_gelu_backward(const at::Tensor& dy, const at::Tensor& x, const a
   if (x.is_cuda()) {
     KPROF_ON_CUDA(x, "kprof bias_gelu backward", return bias_gelu_backward_cuda(dy, x, bias, dx, rows, tanh_approx));
   }
-  at::Tensor grad_bias = at::empty({cols}, bias.options().dtype(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
+  at::Tensor grad_bias = at::empty({cols}, bias.options().dtype(at::kDouble));
+  double* dbp = grad_bias.mutable_data_ptr<double>();
   KPROF_FLOAT_DISPATCH(x, "kprof bias_gelu backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* bp = bias.const_data_ptr<scalar_t>();
     scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
-    acc_t* dbp = grad_bias.mutable_data_ptr<acc_t>();
     at::parallel_for(0, cols, std::max<int64_t>(kprof::kGrain / rows, 1), [&](int64_t c0, int64_t c1) {
-      std::fill(dbp + c0, dbp + c1, acc_t(0));
+      std::fill(dbp + c0, dbp + c1, 0.0);
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = c0; c < c1; ++c) {
           const int64_t i = r * cols + c;
           const acc_t g = static_cast<acc_t>(gp[i]) *
                           gelu::derivative(static_cast<acc_t>(xp[i]) + static_cast<acc_t>(bp[c]), tanh_approx);
           dxp[i] = static_cast<scalar_t>(g);
-          dbp[c] += g;
+          dbp[c] += static_cast<double>(g);
         }
       }
     });

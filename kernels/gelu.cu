@@ -20,10 +20,21 @@ struct GeluBackward {
 };
 
 // The bias kernels walk a [rows, cols] matrix with 32 x kRows blocks: threadIdx.x takes a pack of columns
-// (a warp reads 32 consecutive packs of a row), threadIdx.y and the grid's y stride over rows, two rows
-// in flight per thread. Each thread keeps its bias pack in registers for all of its rows.
+// (a warp reads 32 consecutive packs of a row), threadIdx.y and the grid's y stride over rows, with
+// row_unroll<VEC> rows in flight per thread. Each thread keeps its bias pack in registers for all its rows.
 constexpr int kRows = 8;
-constexpr int kRowUnroll = 2;
+
+// Rows a thread loads before computing: two for 4-element packs; one for 8-element (2-byte) packs, whose
+// float math already holds enough registers to limit how many threads stay resident.
+template <int VEC>
+constexpr int row_unroll() { return VEC >= 8 ? 1 : 2; }
+
+// A pack of VEC elements at `p`, kept in its storage type until used (half the registers of floats for
+// 2-byte types, so more threads stay resident).
+template <typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> load_raw(const T* p) {
+  return *reinterpret_cast<const Pack<T, VEC>*>(p);
+}
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(32 * kRows)
@@ -33,19 +44,21 @@ __global__ void __launch_bounds__(32 * kRows)
   if (col >= cols) return;  // no barriers below
   float b[VEC];
   load_pack<T, VEC>(bias + col, b);
+  constexpr int kRowUnroll = row_unroll<VEC>();
   const int64_t stride = static_cast<int64_t>(gridDim.y) * kRows;
   for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r0 < rows; r0 += stride * kRowUnroll) {
-    float v[kRowUnroll][VEC];
+    Pack<T, VEC> v[kRowUnroll];
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u) {
-      if (r0 + u * stride < rows) load_pack<T, VEC>(x + (r0 + u * stride) * cols + col, v[u]);
+      if (r0 + u * stride < rows) v[u] = load_raw<T, VEC>(x + (r0 + u * stride) * cols + col);
     }
 #pragma unroll
     for (int u = 0; u < kRowUnroll; ++u) {
       if (r0 + u * stride >= rows) continue;
+      float out[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) v[u][j] = gelu::forward(v[u][j] + b[j], tanh_approx);
-      store_pack<T, VEC>(y + (r0 + u * stride) * cols + col, v[u]);
+      for (int j = 0; j < VEC; ++j) out[j] = gelu::forward(to_float(v[u].v[j]) + b[j], tanh_approx);
+      store_pack<T, VEC>(y + (r0 + u * stride) * cols + col, out);
     }
   }
 }
@@ -63,27 +76,29 @@ __global__ void __launch_bounds__(32 * kRows)
   if (live) {
     float b[VEC];
     load_pack<T, VEC>(bias + col, b);
+    constexpr int kRowUnroll = row_unroll<VEC>();
     const int64_t stride = static_cast<int64_t>(gridDim.y) * kRows;
     for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r0 < rows;
          r0 += stride * kRowUnroll) {
-      float g[kRowUnroll][VEC], v[kRowUnroll][VEC];
+      Pack<T, VEC> g[kRowUnroll], v[kRowUnroll];
 #pragma unroll
       for (int u = 0; u < kRowUnroll; ++u) {
         const int64_t at = (r0 + u * stride) * cols + col;
         if (r0 + u * stride < rows) {
-          load_pack<T, VEC>(dy + at, g[u]);
-          load_pack<T, VEC>(x + at, v[u]);
+          g[u] = load_raw<T, VEC>(dy + at);
+          v[u] = load_raw<T, VEC>(x + at);
         }
       }
 #pragma unroll
       for (int u = 0; u < kRowUnroll; ++u) {
         if (r0 + u * stride >= rows) continue;
+        float out[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          g[u][j] *= gelu::derivative(v[u][j] + b[j], tanh_approx);
-          acc[j] += g[u][j];
+          out[j] = to_float(g[u].v[j]) * gelu::derivative(to_float(v[u].v[j]) + b[j], tanh_approx);
+          acc[j] += out[j];
         }
-        store_pack<T, VEC>(dx + (r0 + u * stride) * cols + col, g[u]);
+        store_pack<T, VEC>(dx + (r0 + u * stride) * cols + col, out);
       }
     }
   }
@@ -107,7 +122,7 @@ cudaError_t bias_grid(Kernel kernel, int64_t rows, int64_t cols, int vec, dim3* 
   const cudaError_t err = resident_blocks(kernel, 32 * kRows, &resident);
   if (err != cudaSuccess) return err;
   const int64_t wanted = resident / col_blocks > 0 ? resident / col_blocks : 1;
-  const int64_t needed = (rows + kRows * kRowUnroll - 1) / (kRows * kRowUnroll);
+  const int64_t needed = (rows + 2 * kRows - 1) / (2 * kRows);  // at least two rows per thread
   int64_t row_blocks = needed < wanted ? needed : wanted;
   row_blocks = row_blocks < 65535 ? (row_blocks > 0 ? row_blocks : 1) : 65535;
   *grid = dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks));

@@ -77,8 +77,6 @@ extern "C" cudaError_t kprof_square_backward(int dtype, const void* dy, const vo
 """
 
 CPP_SOURCE = r"""
-#include <torch/csrc/Exceptions.h>
-
 #include "_binding.h"
 
 #ifdef KPROF_WITH_CUDA
