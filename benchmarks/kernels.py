@@ -141,7 +141,10 @@ def copy_ms(nbytes: int, device: str, timer: Callable) -> float:
     return timer(dst.copy_, src)
 
 
-def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, warmup: int, iters: int) -> list[dict]:
+def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, warmup: int, iters: int,
+                   on_row: Callable[[list[dict]], None]) -> list[dict]:
+    """Time every op at every size; ``on_row(rows so far)`` runs after each row (so a cut-short run keeps its rows)."""
+
     def timer(fn, *args, **kwargs) -> float:
         return kprof.time_cuda(fn, *args, warmup=warmup, iters=iters, device=device, **kwargs).median_ms
 
@@ -169,6 +172,7 @@ def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, w
                 }
                 rows.append(row)
                 print(format_row(row), flush=True)
+                on_row(rows)
             torch._dynamo.reset()
     return rows
 
@@ -243,12 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(device)
     print(f"# kprof kernels on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
     print(TABLE_HEADER, flush=True)
-    rows = run_benchmarks(ops, QUICK_SIZES if args.quick else FULL_SIZES, device,
-                          compile_ref=not (args.quick or args.no_compile),
-                          warmup=2 if args.quick else 10, iters=5 if args.quick else 50)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({**env, "rows": rows}, indent=1))
+    def save(rows: list[dict]) -> None:
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({**env, "rows": rows}, indent=1))
+
+    run_benchmarks(ops, QUICK_SIZES if args.quick else FULL_SIZES, device, compile_ref=not (args.quick or args.no_compile),
+                   warmup=2 if args.quick else 10, iters=5 if args.quick else 50, on_row=save)
     return 0
 
 
