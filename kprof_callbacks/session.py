@@ -331,7 +331,10 @@ class Session:
 
     def _trace_ready(self, prof) -> None:
         last = prof.step_num - 1 if self._state == "running" else prof.step_num
-        first = max(self._plan.window_start or 0, last - self.config.active + 1)
+        first = last - self.config.active + 1
+        start = self._plan.window_start  # already the next window's start when one follows with no wait
+        if start is not None and start <= last:
+            first = max(start, first)
         capture = Capture(first_step=first, last_step=last, reason=self._plan.reason)
         self.captures.append(capture)
         self._writer.submit(prof, capture)
