@@ -11,6 +11,11 @@ from conftest import fill_disk, leftovers
 import kprof_callbacks as kprof
 
 
+def _drain(s: kprof.Session) -> None:
+    """Wait for the writer after every step, so writes fail only for the disk's reason (never dropped as busy)."""
+    s.flush()
+
+
 @pytest.mark.parametrize(
     "gzip, free", [(False, 0), (False, 24 * 1024), (True, 24 * 1024)], ids=["json-full", "json-fills", "gzip-fills"]
 )
@@ -20,11 +25,11 @@ def test_full_disk_drops_captures_with_one_warning_and_recovers(tmpfs, train, to
     with told() as messages:
         with kprof.session(disk, run="r", wait=10, warmup=1, active=2, repeat=0, gzip=gzip) as s:
             filler = fill_disk(disk, leave=free)
-            train(s, 52)  # 4 windows on a full disk; step-time scalars are written at step 50
+            train(s, 52, after_step=_drain)  # 4 windows on a full disk; step-time scalars are written at step 50
             s.flush()
             failed = [c for c in s.captures if c.error]
             filler.unlink()
-            train(s, 13)  # 1 more window, with space again
+            train(s, 13, after_step=_drain)  # 1 more window, with space again
     assert s.steps == 65
     assert len(failed) == 4 and len(s.trace_files) == 1
     assert check_traces(disk) == sorted(s.trace_files)
@@ -36,10 +41,10 @@ def test_run_folder_removed_mid_run_drops_captures_with_one_warning(tmp_path, tr
     """The run folder is deleted (rm -rf) mid-run: later captures are dropped with one warning saying so, training finishes."""
     with told() as messages:
         with kprof.session(tmp_path, run="r", wait=1, warmup=1, active=2, repeat=0) as s:
-            train(s, 8)
+            train(s, 8, after_step=_drain)
             s.flush()
             shutil.rmtree(s.run_dir)
-            train(s, 52)
+            train(s, 52, after_step=_drain)
     assert s.steps == 60
     assert [c.error is None for c in s.captures] == [True] * 2 + [False] * 13
     assert check_traces(tmp_path) == [] and not s.run_dir.exists()
@@ -50,11 +55,11 @@ def test_run_folder_turned_read_only_mid_run_keeps_earlier_traces(tmp_path, trai
     """The run folder turns read-only mid-run: one warning naming the cause, training finishes, the traces written before stay intact."""
     with told() as messages:
         with kprof.session(tmp_path, run="r", wait=1, warmup=1, active=2, repeat=0) as s:
-            train(s, 8)
+            train(s, 8, after_step=_drain)
             s.flush()
             written = list(s.trace_files)
             read_only(s.run_dir)
-            train(s, 52)
+            train(s, 52, after_step=_drain)
     assert s.steps == 60 and len(s.captures) == 15
     assert s.trace_files == written and check_traces(tmp_path) == sorted(written)
     assert leftovers(tmp_path) == []

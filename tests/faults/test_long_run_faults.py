@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 
 import psutil
 
@@ -35,3 +36,16 @@ def test_endless_profiling_keeps_memory_flat_and_disk_within_budget(tmp_path, tr
     # A window starts only while the bytes written are under budget; when they cross it, at most the capture being
     # recorded and those waiting for the writer (MAX_PENDING, one of them the crossing write) are still to land.
     assert sum(sizes) < budget + (MAX_PENDING + 1) * max(sizes)
+
+
+def test_back_to_back_windows_report_the_steps_they_recorded(tmp_path, train, check_traces):
+    """Endless windows with no wait between them: each capture's first/last step matches the ProfilerStep#N in its trace."""
+    with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=2, repeat=0, scalars=False) as s:
+        train(s, 12, after_step=lambda s: s.flush())
+    check_traces(tmp_path)
+    assert len(s.captures) == 4
+    for capture in s.captures:
+        events = json.loads(capture.path.read_text())["traceEvents"]
+        steps = [e["name"].removeprefix("ProfilerStep#") for e in events if e["name"].startswith("ProfilerStep#")]
+        recorded = sorted(int(step) for step in steps)
+        assert recorded == list(range(capture.first_step, capture.last_step + 1)), capture
