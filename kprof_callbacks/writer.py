@@ -100,6 +100,7 @@ def _export_in_child(results, dest: Path, compress: bool, timeout: float, runnin
         code = 0
         try:
             os.close(read_end)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # torch logs each failed write there; ours is one warning
             _export(results, dest, compress)
         except BaseException as exc:
             os.write(write_end, f"{type(exc).__name__}: {exc}".encode()[:4000])
