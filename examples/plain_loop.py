@@ -22,8 +22,10 @@ class TinyLM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, WIDTH)
         self.pos = nn.Parameter(torch.zeros(CONTEXT, WIDTH))
-        layer = nn.TransformerEncoderLayer(WIDTH, nhead=4, dim_feedforward=4 * WIDTH, batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(layer, num_layers=2)
+        layer = nn.TransformerEncoderLayer(
+            WIDTH, nhead=4, dim_feedforward=4 * WIDTH, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.blocks = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
         self.head = nn.Linear(WIDTH, VOCAB)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,37 @@
+"""The examples users copy from run as documented (CPU), and say what they promise."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 300) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_plain_loop_trains_and_summarizes(tmp_path):
+    out = _run([sys.executable, str(EXAMPLES / "plain_loop.py")], tmp_path)
+    losses = [float(line.split("loss")[1]) for line in out.splitlines() if line.startswith("step") and "loss" in line]
+    assert losses[-1] < losses[0]
+    assert len(list((tmp_path / "log" / "plain-loop").glob("*.pt.trace.json"))) == 2
+    assert "Diagnostics" in out and "tensorboard --logdir log" in out
+
+
+@pytest.mark.slow
+def test_torchrun_ddp_loop_writes_one_trace_per_rank_and_a_ranks_table(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    out = _run([str(torchrun), "--nproc_per_node=2", str(EXAMPLES / "ddp_loop.py")], tmp_path)
+    traces = sorted(p.name for p in (tmp_path / "log" / "ddp-loop").glob("*.pt.trace.json"))
+    assert [t.split("_")[0] for t in traces] == ["rank0", "rank1"]
+    assert out.count("Steps (rank 0)") == 1  # only rank 0 prints
+    assert "straggler" in out and "Communication" in out
