@@ -40,6 +40,32 @@ def train() -> Callable[..., None]:
     return loop.train
 
 
+@pytest.fixture
+def fit(tmp_path: Path) -> Callable[..., object]:
+    """``fit(callbacks, steps, at_start=None)``: a tiny Lightning fit (helpers/lightning_loop.py's model) that
+    calls ``at_start()`` when training starts (to inject a fault); returns the trainer."""
+    import lightning as L
+    from lightning_loop import Regression, regression_data
+
+    class AtStart(L.Callback):
+        def __init__(self, action: Callable[[], object]) -> None:
+            self.action = action
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.action()
+
+    def run(callbacks: list, steps: int, at_start: Callable[[], object] | None = None) -> L.Trainer:
+        extra = [AtStart(at_start)] if at_start is not None else []
+        trainer = L.Trainer(
+            max_steps=steps, callbacks=[*callbacks, *extra], logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path / "lightning",
+        )
+        trainer.fit(Regression(0.0), regression_data())
+        return trainer
+
+    return run
+
+
 def final_traces(root: Path) -> list[Path]:
     """Every file under ``root`` with a final trace name (the names TensorBoard and ``kprof summary`` read)."""
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
@@ -147,18 +173,18 @@ def progress(line: str) -> dict[str, int]:
 
 
 class Child:
-    """A subprocess running helpers/loop.py in its own process group; stdout is read line by line."""
+    """A subprocess running a helper script (loop.py by default) in its own process group; stdout read by line."""
 
-    def __init__(self, logdir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, logdir: Path, *args: str, env: dict[str, str] | None = None, script: str = "loop.py") -> None:
         self.stderr_path = logdir.parent / f"stderr-{time.monotonic_ns()}.txt"
         self._stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, str(HELPERS / "loop.py"), str(logdir), *args],
+            [sys.executable, str(HELPERS / script), str(logdir), *args],
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(HELPERS), **(env or {})},
         )
         self.logdir = logdir
         self.lines: list[str] = []
@@ -203,11 +229,11 @@ class Child:
 
 @pytest.fixture
 def spawn() -> Iterator[Callable[..., Child]]:
-    """``spawn(logdir, *loop_args)`` starts helpers/loop.py; whatever is left of its process group dies after."""
+    """``spawn(logdir, *args, script="loop.py")`` starts a helper; whatever is left of its process group dies after."""
     children: list[Child] = []
 
-    def start(logdir: Path, *args: str, env: dict[str, str] | None = None) -> Child:
-        children.append(Child(logdir, *args, env=env))
+    def start(logdir: Path, *args: str, env: dict[str, str] | None = None, script: str = "loop.py") -> Child:
+        children.append(Child(logdir, *args, env=env, script=script))
         return children[-1]
 
     yield start

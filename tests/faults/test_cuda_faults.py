@@ -31,3 +31,15 @@ def test_cuda_activity_without_cuda_falls_back_to_cpu_with_one_warning(tmp_path,
     for path in traces:
         events = json.loads(path.read_text())["traceEvents"]
         assert any(e.get("name") == "aten::addmm" and e.get("cat") == "cpu_op" for e in events)
+
+
+def test_cuda_activity_through_the_lightning_callback_falls_back_with_one_warning(tmp_path, fit, told, check_traces):
+    """ProfilerCallback(activities=[CUDA]) on a CPU-only machine: one warning, fit profiled on the CPU."""
+    callback = kprof.ProfilerCallback(
+        logdir=tmp_path, run="r", wait=1, warmup=1, active=2, repeat=2, activities=[ProfilerActivity.CUDA], summary=False
+    )
+    with told() as messages:
+        trainer = fit([callback], steps=8)
+    assert trainer.global_step == 8
+    assert messages == [FALLBACK]
+    assert len(check_traces(tmp_path)) == 2

@@ -63,6 +63,16 @@ def test_bad_session_option_fails_before_anything_runs(tmp_path, name, value):
 
 
 @pytest.mark.parametrize(
+    "name, value", [(n, v) for n, v in _session_cases() if (n, v) != ("logdir", None)], ids=lambda v: repr(v)[:30]
+)
+def test_bad_callback_option_fails_at_construction(tmp_path, name, value):
+    """The same fuzz through kprof.ProfilerCallback(**options): TypeError/ValueError naming the option, before any fit."""
+    with pytest.raises((TypeError, ValueError), match=rf"\b{name}\b"):
+        kprof.ProfilerCallback(**{"logdir": tmp_path / "log", name: value})
+    assert not (tmp_path / "log").exists()
+
+
+@pytest.mark.parametrize(
     "args, kwargs, name",
     [
         ((5,), {}, "config"),

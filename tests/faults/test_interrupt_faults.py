@@ -72,3 +72,19 @@ def test_ctrl_c_with_a_hung_write_exits_within_the_bound_and_leaves_no_process(t
     assert len(warnings) == 1 and "did not finish within 2 s" in warnings[0], warnings
     assert not export.is_running() or export.status() == psutil.STATUS_ZOMBIE
     check_traces(tmp_path)
+
+
+def test_sigterm_under_lightning_keeps_lightnings_exit_and_saves_the_cut_short_window(tmp_path, spawn, check_traces):
+    """SIGTERM during a recorded batch of Trainer.fit: Lightning's graceful stop and exit status are those of a fit without kprof; every trace complete, the cut-short one too."""
+    options = ("--option", "wait=2", "--option", "warmup=1", "--option", "active=3", "--option", "repeat=0")
+    with_kprof = spawn(tmp_path / "kprof", *options, script="lightning_loop.py")
+    control = spawn(tmp_path / "control", "--no-kprof", script="lightning_loop.py")
+    written = with_kprof.wait_until(lambda p: p["recording"] == 1 and p["traces"] >= 1)["traces"]
+    control.wait_until(lambda p: p["step"] >= 8)
+    for child in (with_kprof, control):
+        os.kill(child.pid, signal.SIGTERM)
+    assert with_kprof.finish() == control.finish()
+    assert len(check_traces(tmp_path / "kprof")) >= written + 1
+    assert leftovers(tmp_path) == []
+    stopped = [line for line in with_kprof.lines if line.startswith("kprof:")]
+    assert len(stopped) == 1 and "stopped the run" in stopped[0], with_kprof.lines[-5:]

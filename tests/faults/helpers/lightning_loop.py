@@ -34,6 +34,12 @@ class Regression(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+def regression_data() -> DataLoader:
+    """8 batches of 8 samples."""
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+
+
 class Progress(L.Callback):
     def __init__(self, logdir: Path) -> None:
         self.logdir = logdir
@@ -53,8 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--option", type=_option, action="append", default=[])
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
-    data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
     callbacks = [Progress(args.logdir)]
     if not args.no_kprof:
         callbacks.insert(0, kprof.ProfilerCallback(logdir=args.logdir, run="r", summary=False, **dict(args.option)))
@@ -62,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         max_steps=args.steps, callbacks=callbacks, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=args.logdir,
     )
-    trainer.fit(Regression(args.step_sleep), data)
+    trainer.fit(Regression(args.step_sleep), regression_data())
     print("done", flush=True)
     return 0
 
