@@ -1,0 +1,140 @@
+"""Every kprof benchmark in one run: one markdown report, one JSON file, each target marked met or missed.
+
+Runs, each in its own process (so one's profiler or CUDA state cannot leak into the next):
+  overhead.py            step-time cost outside/inside windows; training thread blocked at window end
+  lightning_overhead.py  ProfilerCallback vs Lightning's PyTorchProfiler on one LightningModule
+  summary.py             kprof.summarize vs key_averages() on the same profiles
+  kernels.py             custom layers vs eager PyTorch and torch.compile, % of copy bandwidth
+
+    python benchmarks/run_all.py --out results.json      # ~8 min on an H100
+    python benchmarks/run_all.py --quick                  # CPU smoke test (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+# name -> (script, extra arguments for a full run)
+BENCHMARKS = {
+    "overhead": ("overhead.py", []),
+    "lightning": ("lightning_overhead.py", []),
+    "summary": ("summary.py", ["--sizes", "5", "15", "50"]),
+    "kernels": ("kernels.py", []),
+}
+
+
+def run(name: str, quick: bool, out_dir: Path) -> dict:
+    script, extra = BENCHMARKS[name]
+    out = out_dir / f"{name}.json"
+    args = [sys.executable, str(HERE / script), "--out", str(out), *(["--quick"] if quick else extra)]
+    print(f"\n## {name}: {' '.join(args[1:])}\n", flush=True)
+    started = time.perf_counter()
+    done = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print("\n".join(line for line in done.stdout.splitlines() if not line.startswith("USDT:")), flush=True)
+    result = json.loads(out.read_text()) if out.exists() else {}
+    return {"returncode": done.returncode, "seconds": time.perf_counter() - started, "result": result}
+
+
+def targets(results: dict) -> list[tuple[str, str, bool | None]]:
+    """(target, measured, met) for every target the issues set; None where the run produced no number."""
+    rows: list[tuple[str, str, bool | None]] = []
+    step = results.get("overhead", {}).get("result", {}).get("step", {})
+    for model, row in step.items():
+        outside = row["kprof-outside"] / row["none"] - 1
+        inside = row["kprof-inside"] / row["raw-inside"] - 1
+        rows.append((f"{model}: outside windows <= 1% over no profiler", f"{outside:+.1%}", outside <= 0.01))
+        rows.append((f"{model}: inside <= raw torch.profiler + 3%", f"{inside:+.1%}", inside <= 0.03))
+    for active, row in results.get("overhead", {}).get("result", {}).get("blocking", {}).items():
+        ms, mb = row["kprof"]["blocked_ms"], row["kprof"]["trace_mb"]
+        raw = row["raw"]["blocked_ms"]
+        rows.append((f"blocked at window end ({active} active steps, {mb:.1f} MB) <= 100 ms",
+                     f"{ms:.0f} ms (raw torch.profiler: {raw:.0f} ms)", ms <= 100))
+    for size in results.get("summary", {}).get("result", {}).get("rows", []):
+        speedup, seconds = size.get("speedup"), size.get("summarize_s")
+        if speedup is not None:
+            rows.append((f"summary of {size['trace_mb']:.0f} MB trace >= 20x key_averages", f"{speedup:.0f}x", speedup >= 20))
+        if seconds is not None and size["trace_mb"] >= 40:
+            rows.append((f"summary of {size['trace_mb']:.0f} MB trace <= 1 s", f"{seconds:.2f} s", seconds <= 1.0))
+    lightning = results.get("lightning", {}).get("result", {}).get("results", {})
+    if "none" in lightning and "kprof ProfilerCallback" in lightning:
+        base = lightning["none"]["after_ms"]
+        for name in ("kprof ProfilerCallback", "lightning PyTorchProfiler"):
+            extra = lightning[name]["after_ms"] / base - 1
+            rows.append((f"Lightning, {name}: steps after the windows <= 1% over none", f"{extra:+.1%}",
+                         extra <= 0.01 if name.startswith("kprof") else None))
+        teardown = lightning["kprof ProfilerCallback"]["teardown_s"]
+        rows.append(("Lightning, kprof: time at the end of training <= 1 s", f"{teardown:.2f} s", teardown <= 1.0))
+    rows += _kernel_targets(results.get("kernels", {}).get("result", {}).get("rows", []))
+    return rows
+
+
+BANDWIDTH_OPS = ("square", "add", "gelu", "gelu-tanh", "layer_norm", "rms_norm")
+FUSED_OPS = ("bias_gelu", "bias_gelu-tanh", "linear_gelu", "swiglu")
+
+
+def _kernel_targets(rows: list[dict]) -> list[tuple[str, str, bool | None]]:
+    """Bandwidth target for memory-bound ops and speedup targets for fused ones, at each op's largest size."""
+    largest: dict[tuple, dict] = {}
+    for row in rows:
+        key = (row["op"], row["dtype"], row["pass"])
+        if key not in largest or row["bytes"] > largest[key]["bytes"]:
+            largest[key] = row
+    out = []
+    for (op, dtype, stage), row in sorted(largest.items()):
+        where = f"{op} {dtype} {stage} {'x'.join(map(str, row['shape']))}"
+        if op in BANDWIDTH_OPS and row.get("gbps"):
+            share = row["gbps"] / row["copy_gbps"]
+            out.append((f"{where}: >= 90% of copy bandwidth", f"{share:.0%}", share >= 0.9))
+        if op in FUSED_OPS and stage == "fwd+bwd":
+            speedup = row["eager_ms"] / row["ms"]
+            out.append((f"{where}: >= 1.5x eager", f"{speedup:.2f}x", speedup >= 1.5))
+            compiled = row.get("compile_ms")
+            if compiled == compiled and compiled is not None:  # NaN when torch.compile was skipped
+                out.append((f"{where}: not slower than torch.compile", f"{compiled / row['ms']:.2f}x", row["ms"] <= compiled))
+    return out
+
+
+def render_targets(rows: list[tuple[str, str, bool | None]]) -> str:
+    lines = ["| target | measured | |", "|---|---|---|"]
+    lines += [f"| {t} | {m} | {'met' if ok else 'MISSED' if ok is False else '-'} |" for t, m, ok in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, CPU friendly (CI smoke test)")
+    parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS))
+    parser.add_argument("--out", type=Path, help="write everything as JSON here")
+    args = parser.parse_args(argv)
+    results = {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.only:
+            results[name] = run(name, args.quick, Path(tmp))
+    results["targets"] = [{"target": t, "measured": m, "met": ok} for t, m, ok in targets(results)]
+    print(f"\n## targets ({results['device']}, torch {results['torch']}, {results['date']})\n")
+    print(render_targets(targets(results)))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+    failed = [name for name in args.only if results[name]["returncode"] != 0]
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
