@@ -1,0 +1,198 @@
+"""Step-time cost of profiling a Lightning fit: no profiler vs Lightning's PyTorchProfiler vs kprof.ProfilerCallback.
+
+One LightningModule (a launch-bound MLP: width 256, depth 24, batch 64, AdamW; the batch already on the device),
+one schedule (wait=1, warmup=1, active=3, repeat=2). Each variant runs in a fresh process, because a profiler leaves
+process-wide state behind (kineto leaves CUPTI attached after a CUDA trace unless TEARDOWN_CUPTI=1, which
+kprof sets unless the user did). Per variant:
+- median step time inside the first window (batches 1-4: warm-up + recorded) and long after it (the last half),
+- teardown: the training thread's time from the last batch to ``fit()`` returning (Lightning: its summary table;
+  kprof: waiting for trace writes + the summary),
+- trace files written (repeat=2 should give two) and, on a GPU, how many GPU kernels they hold.
+A step is timed between consecutive ``on_train_batch_end`` calls, with a device sync there (CUDA events on GPU).
+The sync is for measurement only: it keeps one step's GPU tail out of the next step's time.
+
+    python benchmarks/lightning_overhead.py [--quick] [--steps N] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCHEDULE = dict(wait=1, warmup=1, active=3, repeat=2)
+WINDOW = range(1, 5)  # batches of the first window in both profilers: warm-up at 1, recorded 2-4
+# name -> (profiler, options, extra environment). The last rows only explain where the cost comes from.
+VARIANTS = {
+    "none": ("none", {}, {}),
+    "lightning PyTorchProfiler": ("lightning", {}, {}),
+    "kprof ProfilerCallback": ("kprof", {}, {}),
+    "lightning, record_module_names=False": ("lightning", {"record_module_names": False}, {}),
+    "lightning, TEARDOWN_CUPTI=1": ("lightning", {}, {"TEARDOWN_CUPTI": "1"}),
+    "lightning, record_module_names=False, TEARDOWN_CUPTI=1": ("lightning", {"record_module_names": False},
+                                                               {"TEARDOWN_CUPTI": "1"}),
+    "kprof, TEARDOWN_CUPTI=0 (kineto's default)": ("kprof", {}, {"TEARDOWN_CUPTI": "0"}),
+}
+CUDA_ONLY = {name for name, (_, _, env) in VARIANTS.items() if "TEARDOWN_CUPTI" in env}
+
+
+def run_variant(name: str, steps: int, logdir: Path) -> dict:
+    """Train ``steps`` batches with the variant's profiler in this process; step times and teardown seconds."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.profilers import PyTorchProfiler
+    from torch import nn
+
+    import kprof_callbacks as kprof
+
+    kind, options, _ = VARIANTS[name]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    class MLP(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(*(m for _ in range(24) for m in (nn.Linear(256, 256), nn.ReLU())))
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch).square().mean()
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+    class StepClock(L.Callback):
+        """Seconds between consecutive batch ends, each measured after a sync."""
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.last_end = 0.0
+            self._event = None
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if device == "cuda":
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+                event.synchronize()
+                if self._event is not None:
+                    self.times.append(self._event.elapsed_time(event) / 1e3)
+                self._event = event
+            else:
+                now = time.perf_counter()
+                if self.last_end:
+                    self.times.append(now - self.last_end)
+            self.last_end = time.perf_counter()
+
+    torch.manual_seed(0)
+    batch = torch.randn(64, 256, device=device)
+    data = torch.utils.data.DataLoader([batch] * steps, batch_size=None)
+    clock = StepClock()
+    callbacks: list = [clock]
+    profiler = None
+    if kind == "lightning":
+        schedule = torch.profiler.schedule(**SCHEDULE)
+        profiler = PyTorchProfiler(dirpath=logdir, filename="lightning", schedule=schedule, **options)
+    elif kind == "kprof":
+        callbacks.append(kprof.ProfilerCallback(logdir=logdir, run="kprof", **SCHEDULE, **options))
+    trainer = L.Trainer(
+        accelerator=device, devices=1, max_steps=steps, logger=False, profiler=profiler, callbacks=callbacks,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=logdir,
+    )
+    trainer.fit(MLP(), data)
+    teardown = time.perf_counter() - clock.last_end
+    traces = sorted(logdir.rglob("*.pt.trace.json*"))
+    return {
+        # times[i] is batch i + 1 (batch 0 has no previous end)
+        "window_ms": statistics.median(clock.times[i - 1] for i in WINDOW) * 1e3,
+        "after_ms": statistics.median(clock.times[len(clock.times) // 2 :]) * 1e3,
+        "slowest_in_batches_1_10_ms": max(clock.times[:10]) * 1e3,  # a stall at a window boundary shows here
+        "teardown_s": teardown,
+        "trace_files": len(traces),
+        "gpu_kernels": [_kernels(p) for p in traces] if device == "cuda" else None,
+    }
+
+
+def _kernels(path: Path) -> int:
+    return sum(e.get("cat") == "kernel" for e in json.loads(path.read_text())["traceEvents"])
+
+
+def environment() -> dict:
+    import lightning
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "lightning": lightning.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def table(results: dict, env: dict, steps: int) -> str:
+    base = results["none"]["after_ms"]
+    lines = [
+        f"Lightning fit, launch-bound MLP (256x24, batch 64, AdamW), schedule {SCHEDULE}, {steps} batches, "
+        f"{env['device']}, torch {env['torch']}, lightning {env['lightning']}",
+        "",
+        "| variant | in window (ms) | long after (ms) | after vs none | slowest of batches 1-10 (ms) | teardown (s) "
+        "| trace files | GPU kernels per file |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, r in results.items():
+        kernels = "-" if r["gpu_kernels"] is None else ", ".join(map(str, r["gpu_kernels"])) or "0"
+        lines.append(
+            f"| {name} | {r['window_ms']:.2f} | {r['after_ms']:.2f} | {r['after_ms'] / base - 1:+.1%} | "
+            f"{r['slowest_in_batches_1_10_ms']:.1f} | {r['teardown_s']:.2f} | {r['trace_files']} | {kernels} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="40 batches, for a CPU smoke run")
+    parser.add_argument("--steps", type=int, help="batches per variant (default 300, 40 with --quick)")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # one variant, in this process
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    steps = args.steps or (40 if args.quick else 300)
+    if steps < 20:
+        parser.error("--steps must be >= 20 (the window plus a stretch long after it)")
+
+    if args.variant:
+        with tempfile.TemporaryDirectory() as logdir:
+            args.result.write_text(json.dumps(run_variant(args.variant, steps, Path(logdir))))
+        return
+
+    import torch
+
+    env = environment()
+    results = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, (_, _, extra_env) in VARIANTS.items():
+            if name in CUDA_ONLY and not torch.cuda.is_available():
+                continue
+            result = Path(scratch) / "result.json"
+            cmd = [sys.executable, __file__, "--variant", name, "--steps", str(steps), "--result", str(result)]
+            done = subprocess.run(cmd, env={**os.environ, **extra_env}, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"variant {name!r} failed:\n{done.stderr[-4000:]}")
+            results[name] = json.loads(result.read_text())
+            print(f"{name}: {results[name]}", file=sys.stderr)
+    print(table(results, env, steps))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"environment": env, "steps": steps, "schedule": SCHEDULE, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
