@@ -260,6 +260,9 @@ class ProfilerCallback(Callback):
 
     def _print_summaries(self) -> None:
         for stage, session in self._used.items():
+            if not any(session.run_dir.glob("*.pt.trace.json*")):  # every rank's; a failed write was warned of
+                print(f"kprof: no {stage} traces in {session.run_dir} (no profiling window was completed or saved)")
+                continue
             try:
                 text = str(session.summary())
             except Exception as exc:  # a summary is a convenience: never fail the run for it

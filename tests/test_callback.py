@@ -154,13 +154,15 @@ def test_a_step_is_a_batch_under_gradient_accumulation(tmp_path):
     assert found["optimizer_step"] == found["zero_grad"] == 2  # ... holding two optimizer steps
 
 
-def test_fast_dev_run_and_a_window_cut_short_by_max_steps(tmp_path, monkeypatch):
+def test_fast_dev_run_and_a_window_cut_short_by_max_steps(tmp_path, monkeypatch, capsys, recwarn):
     monkeypatch.chdir(tmp_path)
-    cb = kprof.ProfilerCallback(wait=1, warmup=1, active=3, summary=False)
+    cb = kprof.ProfilerCallback(wait=1, warmup=1, active=3)
     L.Trainer(fast_dev_run=True, callbacks=[cb], enable_progress_bar=False).fit(TinyModel(), loader())
     assert no_profiler_left()
     (run,) = (tmp_path / "log").iterdir()  # no logger: log/<timestamp>/train
-    assert traces(run / "train") == []  # one batch never reaches the window
+    assert traces(run / "train") == []  # one batch never reaches the window: said plainly, not warned about
+    assert "kprof: no train traces" in capsys.readouterr().out
+    assert not [w for w in recwarn if "kprof" in str(w.message)]
 
     cb = kprof.ProfilerCallback(wait=1, warmup=1, active=3, summary=False)
     trainer(tmp_path, [cb], max_steps=3).fit(TinyModel(), loader())
