@@ -15,6 +15,13 @@ CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CPU_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``, else a ValueError naming the argument."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
 def check_impl(impl: str | None) -> str | None:
     """``impl`` is None (pick by device) or one of IMPLS."""
     if impl is not None and impl not in IMPLS:

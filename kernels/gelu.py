@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _build
-from ._layer import KernelLayer, check_impl, check_like, check_tensor, label, resolve_impl
+from ._layer import KernelLayer, check_choice, check_impl, check_like, check_tensor, label, resolve_impl
 
 APPROXIMATIONS = ("none", "tanh")
 
@@ -22,9 +22,7 @@ def _ext() -> types.ModuleType:
 
 def _check_approximate(approximate: str) -> bool:
     """True for the tanh form; ValueError for anything but nn.GELU's two choices."""
-    if approximate not in APPROXIMATIONS:
-        raise ValueError(f"approximate must be one of {APPROXIMATIONS}, got {approximate!r}")
-    return approximate == "tanh"
+    return check_choice("approximate", approximate, APPROXIMATIONS) == "tanh"
 
 
 class GELUFunction(torch.autograd.Function):

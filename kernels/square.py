@@ -13,7 +13,7 @@ import types
 
 import torch
 from . import _build
-from ._layer import KernelLayer, check_impl, check_tensor, label, resolve_impl
+from ._layer import KernelLayer, check_choice, check_impl, check_tensor, label, resolve_impl
 
 VARIANTS = ("grid2d", "vectorized")
 GRID2D_BLOCK = 16
@@ -139,9 +139,7 @@ def _ext() -> types.ModuleType:
 
 def _check_variant(variant: str) -> bool:
     """True for the seed's 2-D grid kernel."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    return variant == "grid2d"
+    return check_choice("variant", variant, VARIANTS) == "grid2d"
 
 
 class SquareFunction(torch.autograd.Function):

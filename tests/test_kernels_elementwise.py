@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -291,15 +293,37 @@ def test_bad_input_is_a_clear_error(call, error: type[Exception], message: str) 
         call()
 
 
+BINDING_CHECKS = """
+import importlib, torch
+ext = {m: importlib.import_module(f"kprof_callbacks.kernels.{m}")._ext() for m in ("add", "gelu", "square")}
+x = torch.randn(6, 4)
+calls = [
+    ("must be contiguous", lambda: ext["gelu"].forward(x.t(), torch.empty(4, 6), False)),
+    ("out is Double", lambda: ext["add"].forward(x, x, torch.empty(6, 4, dtype=torch.float64))),
+    ("y has shape", lambda: ext["square"].square_forward(x, torch.empty(5), False)),
+    ("grad_x has shape", lambda: ext["gelu"].bias_backward(x, x, x[0], torch.empty(3), True)),
+]
+for expected, call in calls:
+    print("calling:", expected, flush=True)
+    try:
+        call()
+    except (TypeError, ValueError) as exc:
+        print(type(exc).__name__, "|", str(exc).splitlines()[0], flush=True)
+"""
+
+
 def test_bindings_reject_what_the_python_layer_would_fix() -> None:
-    """The C++ checks stand on their own: no kernel ever reads a strided or mistyped buffer."""
-    x = torch.randn(6, 4)
-    with pytest.raises(ValueError, match="must be contiguous"):
-        gelu_module._ext().forward(x.t(), torch.empty(4, 6), False)
-    with pytest.raises(TypeError, match="out is Double"):
-        add_module._ext().forward(x, x, torch.empty(6, 4, dtype=torch.float64))
-    with pytest.raises(ValueError, match="y has shape"):
-        square_module._ext().square_forward(x, torch.empty(5), False)
+    """The C++ checks stand on their own: no kernel ever reads a strided or mistyped buffer. Run in a child
+    process, so that a crash in an error path fails this test instead of ending the whole session."""
+    for module in ("add", "gelu", "square"):
+        importlib.import_module(f"kprof_callbacks.kernels.{module}")._ext()  # built (or loaded) here, not timed there
+    result = subprocess.run([sys.executable, "-X", "faulthandler", "-c", BINDING_CHECKS], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if "|" in line]
+    assert [line.split(" | ")[0] for line in lines] == ["ValueError", "TypeError", "ValueError", "ValueError"]
+    for line, expected in zip(lines, ["must be contiguous", "out is Double", "y has shape", "grad_x has shape"]):
+        assert expected in line
 
 
 @pytest.mark.gpu
