@@ -168,14 +168,14 @@ def fill_disk(folder: Path, leave: int) -> Path:
 
 def progress(line: str) -> dict[str, int]:
     """``step 7 recording=1 captures=2 traces=1`` -> ``{"step": 7, "recording": 1, "captures": 2, "traces": 1}``."""
-    first, *rest = line.split()
+    _, *rest = line.split()
     return {"step": int(rest[0]), **{k: int(v) for k, v in (item.split("=") for item in rest[1:])}}
 
 
 class Child:
     """A subprocess running a helper script (loop.py by default) in its own process group; stdout read by line."""
 
-    def __init__(self, logdir: Path, *args: str, env: dict[str, str] | None = None, script: str = "loop.py") -> None:
+    def __init__(self, logdir: Path, *args: str, script: str = "loop.py") -> None:
         self.stderr_path = logdir.parent / f"stderr-{time.monotonic_ns()}.txt"
         self._stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
@@ -184,7 +184,7 @@ class Child:
             stderr=self._stderr,
             text=True,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(HELPERS), **(env or {})},
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.logdir = logdir
         self.lines: list[str] = []
@@ -232,8 +232,8 @@ def spawn() -> Iterator[Callable[..., Child]]:
     """``spawn(logdir, *args, script="loop.py")`` starts a helper; whatever is left of its process group dies after."""
     children: list[Child] = []
 
-    def start(logdir: Path, *args: str, env: dict[str, str] | None = None, script: str = "loop.py") -> Child:
-        children.append(Child(logdir, *args, env=env, script=script))
+    def start(logdir: Path, *args: str, script: str = "loop.py") -> Child:
+        children.append(Child(logdir, *args, script=script))
         return children[-1]
 
     yield start

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from loop import _option
+from loop import option_arg
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--step-sleep", type=float, default=0.02)
     parser.add_argument("--no-kprof", action="store_true")
-    parser.add_argument("--option", type=_option, action="append", default=[])
+    parser.add_argument("--option", type=option_arg, action="append", default=[])
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     callbacks = [Progress(args.logdir)]

@@ -49,13 +49,15 @@ def train(
             after_step(s)
 
 
-def _option(text: str) -> tuple[str, object]:
+def option_arg(text: str) -> tuple[str, object]:
+    """``--option active=3`` -> ``("active", 3)`` (the value is a Python literal)."""
     name, _, value = text.partition("=")
     return name, ast.literal_eval(value)
 
 
 def _progress(s: kprof.Session) -> None:
-    print(f"step {s.steps} recording={int(s.recording)} captures={len(s.captures)} traces={len(s.trace_files)}", flush=True)
+    counts = f"recording={int(s.recording)} captures={len(s.captures)} traces={len(s.trace_files)}"
+    print(f"step {s.steps} {counts}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--step-sleep", type=float, default=0.0)
-    parser.add_argument("--option", type=_option, action="append", default=[])
+    parser.add_argument("--option", type=option_arg, action="append", default=[])
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # a tiny model: extra threads only contend for the CI machine's cores
     with kprof.session(args.logdir, run=args.run, **dict(args.option)) as s:
