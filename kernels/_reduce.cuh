@@ -1,6 +1,7 @@
-// Device helpers shared by the row-wise norm kernels (layernorm.cu, rmsnorm.cu): dtype codes, packed
-// loads/stores converted to float, row-group sums, the launch shape of a row, and the column sum that
-// finishes the weight/bias gradients. Plain CUDA, no torch headers, so each .cu compiles with `nvcc -c`.
+// Device helpers shared by the row-wise norm kernels (layernorm.cu, rmsnorm.cu): loads/stores of packs
+// converted to float, row-group sums, the launch shape of a row, the backward's shared-memory column sums
+// and the column sum that finishes the weight/bias gradients. Plain CUDA, no torch headers, so each .cu
+// compiles with `nvcc -c`.
 #pragma once
 
 #include "_elementwise.cuh"
@@ -16,17 +17,17 @@ using elementwise::store_pack;
 using elementwise::Type;
 
 // One thread keeps at most kMaxPerThread elements of a row in registers and a row group has at most
-// kMaxRowThreads threads (the backward keeps four such arrays live, which caps registers, and so
-// threads), so a row has at most kMaxCols elements; the binding rejects longer rows before launching.
+// kMaxRowThreads threads (the backward keeps two such arrays live and runs two 512-thread blocks per
+// multiprocessor, which caps registers at 64), so a row has at most kMaxCols elements; the binding
+// rejects longer rows before launching.
 constexpr int kMaxPerThread = 16;
 constexpr int kMaxRowThreads = 512;
 constexpr int kMaxCols = kMaxRowThreads * kMaxPerThread;
-// Threads per block for short rows: several rows (one warp or more each) share a block.
-constexpr int kRowBlockThreads = 256;
-
-// Shared memory (floats) a row kernel needs for group_sum<2> and store_block_partial.
-template <int VEC>
-__host__ __device__ constexpr int row_smem_floats() { return kRowBlockThreads * (VEC > 2 ? VEC : 2); }
+// Threads per block: short rows (one warp or more each) share a block up to these counts.
+constexpr int kFwdBlockThreads = 256;
+constexpr int kBwdBlockThreads = 512;
+// Shared floats for group_sum<2> with up to 16 row groups in a block.
+constexpr int kGroupSumFloats = 16 * 32 * 2;
 
 // VEC values of type T moved as floats in 16-byte pieces, so 16-byte alignment suffices even where VEC
 // elements of T span more (float parameters next to 8-wide half/bfloat16 packs).
@@ -124,109 +125,98 @@ __device__ __forceinline__ float row_total(const float (&v)[ITEMS][VEC], int npa
   return s[0];
 }
 
-// Adds the per-thread column accumulators of the block's row groups and writes the block's total as
-// row blockIdx.x of `part` ([gridDim.x, n] floats). Every thread of the block must call it.
-template <int ITEMS, int VEC>
-__device__ __forceinline__ void store_block_partial(const float (&acc)[ITEMS][VEC], float* part, int n,
-                                                    float* smem) {
-  float* out = part + static_cast<int64_t>(blockIdx.x) * n;
-  const int npacks = n / VEC;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const int p = threadIdx.x + i * blockDim.x;
-    float v[VEC];
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = acc[i][j];
-    if (blockDim.y > 1) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) smem[(threadIdx.y * VEC + j) * blockDim.x + threadIdx.x] = v[j];
-      __syncthreads();
-      if (threadIdx.y == 0) {
-        for (int r = 1; r < blockDim.y; ++r) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) v[j] += smem[(r * VEC + j) * blockDim.x + threadIdx.x];
-        }
-      }
-      __syncthreads();
+// Zeroes `count` floats of shared memory with the whole block, then synchronizes.
+__device__ __forceinline__ void zero_block(float* p, int count) {
+  for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < count; i += blockDim.x * blockDim.y) p[i] = 0.f;
+  __syncthreads();
+}
+
+// A backward block's column sums live in shared memory as acc[k][r][n] (gradient k, row group r): each
+// thread adds into its own columns of its group's slice, so no two threads touch one float. At the end
+// the slices are added and written as row blockIdx.x of part_k ([gridDim.x, n]); part1 may be null.
+// Every thread of the block must call it.
+__device__ __forceinline__ void store_block_partials(const float* acc, int n, float* part0, float* part1) {
+  __syncthreads();
+  const int threads = blockDim.x * blockDim.y;
+  for (int k = 0; k < (part1 != nullptr ? 2 : 1); ++k) {
+    float* out = (k == 0 ? part0 : part1) + static_cast<int64_t>(blockIdx.x) * n;
+    const float* slices = acc + k * blockDim.y * n;
+    for (int c = threadIdx.y * blockDim.x + threadIdx.x; c < n; c += threads) {
+      float total = 0.f;
+      for (int r = 0; r < blockDim.y; ++r) total += slices[r * n + c];
+      out[c] = total;
     }
-    if (threadIdx.y == 0 && p < npacks) store_vec<float, VEC>(out + p * VEC, v);
   }
 }
 
 // How a row of n elements maps onto threads: packs of `vec` elements, at most kMaxPerThread elements
-// per thread, `threads` (a power of two, 32..1024) per row and `rows` rows per block.
+// per thread, `threads` (a power of two, 32..kMaxRowThreads) per row and `rows` rows per block.
 struct RowShape {
   int vec, threads, rows;
 };
 
 // vec_max: elements of the input type in 16 bytes. Packs are used only when every row starts 16-byte
 // aligned, i.e. n % vec_max == 0 and every pointer is 16-byte aligned (the caller passes that test).
-inline RowShape row_shape(int n, int vec_max, bool aligned) {
+// Short rows share a block of block_threads threads.
+inline RowShape row_shape(int n, int vec_max, bool aligned, int block_threads) {
   const int vec = aligned && n % vec_max == 0 ? vec_max : 1;
   const int per_thread_packs = kMaxPerThread / vec;
   int threads = 32;
   while (threads * per_thread_packs < n / vec) threads *= 2;
-  const int rows = threads < kRowBlockThreads ? kRowBlockThreads / threads : 1;
+  const int rows = threads < block_threads ? block_threads / threads : 1;
   return {vec, threads, rows};
 }
 
-// Blocks of a persistent row kernel: enough to fill every multiprocessor, no more than the rows need.
-template <typename Kernel>
-inline int persistent_blocks(Kernel kernel, const RowShape& s, int64_t rows, cudaError_t* err) {
-  int device = 0, sms = 0, per_sm = 0;
-  *err = cudaGetDevice(&device);
-  if (*err == cudaSuccess) *err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (*err == cudaSuccess)
-    *err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, s.threads * s.rows, 0);
-  if (*err != cudaSuccess) return 0;
-  const int64_t needed = (rows + s.rows - 1) / s.rows;
-  const int64_t full = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
-  return static_cast<int>(needed < full ? needed : full);
-}
-
-// Finishes a two-stage gradient reduction: out[c] = sum over p of part[p * n + c].
+// Finishes a two-stage gradient reduction: out_k[c] = sum over p of part[(k * parts + p) * n + c], k =
+// blockIdx.y.
 template <typename W>
-__global__ void column_sum_kernel(const float* __restrict__ part, int parts, int n, W* __restrict__ out) {
+__global__ void column_sum_kernel(const float* __restrict__ part, int parts, int n, W* __restrict__ out0,
+                                  W* __restrict__ out1) {
   __shared__ float s[32][33];
   const int col = blockIdx.x * 32 + threadIdx.x;
+  const float* rows = part + static_cast<int64_t>(blockIdx.y) * parts * n;
   float acc = 0.f;
   if (col < n) {
-    for (int p = threadIdx.y; p < parts; p += blockDim.y) acc += part[static_cast<int64_t>(p) * n + col];
+    for (int p = threadIdx.y; p < parts; p += blockDim.y) acc += rows[static_cast<int64_t>(p) * n + col];
   }
   s[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && col < n) {
     float total = 0.f;
     for (int r = 0; r < blockDim.y; ++r) total += s[r][threadIdx.x];
-    out[col] = elementwise::from_float<W>(total);
+    (blockIdx.y == 0 ? out0 : out1)[col] = elementwise::from_float<W>(total);
   }
 }
 
-template <typename W>
-inline void column_sum(const float* part, int parts, int n, W* out, cudaStream_t stream) {
-  column_sum_kernel<W><<<(n + 31) / 32, dim3(32, 32), 0, stream>>>(part, parts, n, out);
-}
-
 // Runs a persistent backward row kernel, then the column sums that finish its parameter gradients
-// (grad1 may be null). `launch(blocks, part0, part1)` starts the kernel so that it writes gradient k's
-// per-block partials ([blocks, n] floats) to part_k. With workspace == null it only sets
-// *workspace_floats, the scratch it needs (the CUB convention).
+// (grad1 may be null). `launch(blocks, smem_bytes, part0, part1)` starts the kernel with that much dynamic
+// shared memory (its acc[k][r][n] column sums) so that it writes gradient k's per-block partials
+// ([blocks, n] floats) to part_k. With workspace == null it only sets *workspace_floats, the scratch it
+// needs (the CUB convention).
 template <typename W, typename Kernel, typename Launch>
 inline cudaError_t backward_with_partials(Kernel kernel, Launch launch, const RowShape& s, int64_t rows, int n,
                                           W* grad0, W* grad1, float* workspace, int64_t* workspace_floats,
                                           cudaStream_t stream) {
-  cudaError_t err = cudaSuccess;
-  const int blocks = persistent_blocks(kernel, s, rows, &err);
+  const int grads = grad1 != nullptr ? 2 : 1;
+  const int smem = static_cast<int>(sizeof(float)) * grads * s.rows * n;
+  int device = 0, sms = 0, per_sm = 0;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err == cudaSuccess) err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess)
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, s.threads * s.rows, smem);
   if (err != cudaSuccess) return err;
+  // Persistent: enough blocks to fill every multiprocessor, no more than the rows need.
+  const int64_t needed = (rows + s.rows - 1) / s.rows;
+  const int64_t full = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  const int blocks = static_cast<int>(needed < full ? needed : full);
   const int64_t part = static_cast<int64_t>(blocks) * n;
   if (workspace == nullptr) {
-    *workspace_floats = grad1 != nullptr ? 2 * part : part;
+    *workspace_floats = grads * part;
     return cudaSuccess;
   }
-  float* part1 = grad1 != nullptr ? workspace + part : nullptr;
-  launch(blocks, workspace, part1);
-  column_sum(workspace, blocks, n, grad0, stream);
-  if (part1 != nullptr) column_sum(part1, blocks, n, grad1, stream);
+  launch(blocks, smem, workspace, grad1 != nullptr ? workspace + part : nullptr);
+  column_sum_kernel<W><<<dim3((n + 31) / 32, grads), dim3(32, 32), 0, stream>>>(workspace, blocks, n, grad0, grad1);
   return cudaGetLastError();
 }
 
@@ -237,15 +227,15 @@ struct Vec {
 };
 
 // Runs f(Type<T>{}, Type<W>{}, Vec<VEC>{}, shape) -> cudaError_t for input type T, parameter type W (T or
-// float) and the row shape of n; cudaErrorInvalidValue for a row length or dtype pair it has no kernel for.
+// float) and the row shape of n in blocks of up to block_threads; cudaErrorInvalidValue for a row length or dtype pair it has no kernel for.
 template <typename F>
-inline cudaError_t with_row_types(int x_dtype, int w_dtype, int n, bool aligned, F&& f) {
+inline cudaError_t with_row_types(int x_dtype, int w_dtype, int n, bool aligned, int block_threads, F&& f) {
   if (n < 1 || n > kMaxCols) return cudaErrorInvalidValue;
   cudaError_t err = cudaSuccess;
   auto run = [&](auto xt, auto wt) {
     using T = typename decltype(xt)::type;
     constexpr int kVec = 16 / sizeof(T);
-    const RowShape s = row_shape(n, kVec, aligned);
+    const RowShape s = row_shape(n, kVec, aligned, block_threads);
     err = s.vec == 1 ? f(xt, wt, Vec<1>{}, s) : f(xt, wt, Vec<kVec>{}, s);
   };
   const bool w_float = w_dtype == kFloat;

@@ -1,7 +1,7 @@
-// LayerNorm over the last dimension, forward and backward, for float, half and bfloat16 inputs (float
-// accumulation; weight and bias in the input's type or float). One row group (a warp or more) per row,
-// the row held in registers, so x is read once per pass. The backward is persistent: each block sums
-// its rows' weight/bias gradients in registers, writes one partial row, and a column sum finishes.
+// LayerNorm over rows, forward and backward, for float, half and bfloat16 inputs (float accumulation;
+// weight and bias in the input's type or float). One row group (a warp or more) per row, the row held in
+// registers, so x is read once per pass. The backward is persistent: each block sums its rows' weight and
+// bias gradients in shared memory, writes one partial row per gradient, and a column sum finishes.
 #include "_reduce.cuh"
 
 namespace kprof {
@@ -13,7 +13,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
                          T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
                          int64_t rows, int n, float eps) {
   constexpr int ITEMS = kMaxPerThread / VEC;
-  __shared__ float smem[row_smem_floats<VEC>()];
+  __shared__ float smem[kGroupSumFloats];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;
   const int npacks = n / VEC;
@@ -43,14 +43,18 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with xhat = (x - mean) * rstd and g = w * dy;
 // dw = sum over rows of dy * xhat, db = sum of dy (db_part is null when there is no bias).
 template <typename T, typename W, int VEC>
-__global__ void __launch_bounds__(kMaxRowThreads)
+__global__ void __launch_bounds__(kBwdBlockThreads, VEC == 1 ? 1 : 2)
     layernorm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const W* __restrict__ w,
                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                          float* __restrict__ dw_part, float* __restrict__ db_part, int64_t rows, int n) {
   constexpr int ITEMS = kMaxPerThread / VEC;
-  __shared__ float smem[row_smem_floats<VEC>()];
+  __shared__ float smem[kGroupSumFloats];
+  extern __shared__ float acc[];  // [dw, db][row group][n] (see store_block_partials)
   const int npacks = n / VEC;
-  float dw_acc[ITEMS][VEC] = {}, db_acc[ITEMS][VEC] = {};
+  const bool bias = db_part != nullptr;
+  zero_block(acc, (bias ? 2 : 1) * blockDim.y * n);
+  float* acc_w = acc + threadIdx.y * n;
+  float* acc_b = acc + (blockDim.y + threadIdx.y) * n;
 
   // The trip count is the same for every thread of the block, so group_sum's barriers line up.
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.y; first < rows;
@@ -63,17 +67,21 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     load_row<T, ITEMS, VEC>(dy + row * n, npacks, live, g);
     float s[2] = {0.f, 0.f};
     for_each_pack<ITEMS>(npacks, [&](int i, int p) {
-      float wv[VEC];
+      float wv[VEC], aw[VEC], ab[VEC] = {};
       load_vec<W, VEC>(w + p * VEC, wv);
+      load_vec<float, VEC>(acc_w + p * VEC, aw);
+      if (bias) load_vec<float, VEC>(acc_b + p * VEC, ab);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         xh[i][j] = (xh[i][j] - mu) * rs;
-        dw_acc[i][j] += g[i][j] * xh[i][j];
-        db_acc[i][j] += g[i][j];
+        aw[j] += g[i][j] * xh[i][j];
+        ab[j] += g[i][j];
         g[i][j] *= wv[j];
         s[0] += g[i][j] * xh[i][j];
         s[1] += g[i][j];
       }
+      store_vec<float, VEC>(acc_w + p * VEC, aw);
+      if (bias) store_vec<float, VEC>(acc_b + p * VEC, ab);
     });
     group_sum(s, smem);
     if (!live) continue;
@@ -86,8 +94,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       store_vec<T, VEC>(dxr + p * VEC, out);
     });
   }
-  store_block_partial(dw_acc, dw_part, n, smem);
-  if (db_part != nullptr) store_block_partial(db_acc, db_part, n, smem);
+  store_block_partials(acc, n, dw_part, db_part);
 }
 
 }  // namespace
@@ -101,7 +108,8 @@ cudaError_t kprof_layernorm_fwd_cuda(const void* x, const void* w, const void* b
   using namespace kprof;
   if (rows == 0) return cudaSuccess;
   const bool aligned = aligned16(x) && aligned16(w) && aligned16(b) && aligned16(y);
-  return with_row_types(x_dtype, w_dtype, n, aligned, [&](auto xt, auto wt, auto vec, const RowShape& s) {
+  return with_row_types(x_dtype, w_dtype, n, aligned, kFwdBlockThreads, [&](auto xt, auto wt, auto vec,
+                                                                              const RowShape& s) {
     using T = typename decltype(xt)::type;
     using W = typename decltype(wt)::type;
     const auto blocks = static_cast<unsigned>((rows + s.rows - 1) / s.rows);
@@ -120,12 +128,13 @@ cudaError_t kprof_layernorm_bwd_cuda(const void* dy, const void* x, const void* 
                                      cudaStream_t stream) {
   using namespace kprof;
   const bool aligned = aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx);
-  return with_row_types(x_dtype, w_dtype, n, aligned, [&](auto xt, auto wt, auto vec, const RowShape& s) {
+  return with_row_types(x_dtype, w_dtype, n, aligned, kBwdBlockThreads, [&](auto xt, auto wt, auto vec,
+                                                                              const RowShape& s) {
     using T = typename decltype(xt)::type;
     using W = typename decltype(wt)::type;
     const auto kernel = layernorm_bwd_kernel<T, W, decltype(vec)::value>;
-    auto launch = [&](int blocks, float* dw_part, float* db_part) {
-      kernel<<<blocks, dim3(s.threads, s.rows), 0, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
+    auto launch = [&](int blocks, int smem, float* dw_part, float* db_part) {
+      kernel<<<blocks, dim3(s.threads, s.rows), smem, stream>>>(static_cast<const T*>(dy), static_cast<const T*>(x),
                                                               static_cast<const W*>(w), mean, rstd,
                                                               static_cast<T*>(dx), dw_part, db_part, rows, n);
     };
