@@ -40,7 +40,7 @@ def _resources() -> dict:
 
 
 def test_many_short_sessions_leak_nothing(tmp_path, train):
-    """30 short sessions (a third ending in an exception): no thread, file descriptor, child process or profiler state is left."""
+    """30 short sessions, a third ending in an exception: no thread, fd, child process or profiler state is left."""
 
     def one(i: int) -> None:
         with kprof.session(tmp_path, run=f"r{i}", wait=0, warmup=1, active=1, repeat=2, gzip=i % 2 == 1) as s:

@@ -19,7 +19,7 @@ FALLBACK = "kprof: CUDA activity was requested but no CUDA device is usable; pro
     "activities", [[ProfilerActivity.CPU, ProfilerActivity.CUDA], [ProfilerActivity.CUDA]], ids=["cpu+cuda", "cuda"]
 )
 def test_cuda_activity_without_cuda_falls_back_to_cpu_with_one_warning(tmp_path, train, told, check_traces, activities):
-    """Asking for CUDA activity on a CPU-only machine: one warning at creation, every window profiled on the CPU, valid traces."""
+    """CUDA activity asked for on a CPU-only machine: one warning, every window profiled on the CPU, valid traces."""
     with told() as messages:
         with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=2, repeat=3, activities=activities) as s:
             for _ in range(3):  # one window each, written before the next starts
@@ -36,7 +36,8 @@ def test_cuda_activity_without_cuda_falls_back_to_cpu_with_one_warning(tmp_path,
 def test_cuda_activity_through_the_lightning_callback_falls_back_with_one_warning(tmp_path, fit, told, check_traces):
     """ProfilerCallback(activities=[CUDA]) on a CPU-only machine: one warning, fit profiled on the CPU."""
     callback = kprof.ProfilerCallback(
-        logdir=tmp_path, run="r", wait=1, warmup=1, active=2, repeat=2, activities=[ProfilerActivity.CUDA], summary=False
+        logdir=tmp_path, run="r", wait=1, warmup=1, active=2, repeat=2, activities=[ProfilerActivity.CUDA],
+        summary=False,
     )
     with told() as messages:
         trainer = fit([callback], steps=8)

@@ -20,7 +20,7 @@ def _drain(s: kprof.Session) -> None:
     "gzip, free", [(False, 0), (False, 24 * 1024), (True, 24 * 1024)], ids=["json-full", "json-fills", "gzip-fills"]
 )
 def test_full_disk_drops_captures_with_one_warning_and_recovers(tmpfs, train, told, check_traces, capfd, gzip, free):
-    """A real tmpfs that is full or fills mid-write: captures dropped with one warning, no temp file left, writing resumes once space is freed."""
+    """A real tmpfs, full or filling mid-write: one warning, no temp file left, writing resumes once space is freed."""
     disk = tmpfs("2m")
     with told() as messages:
         with kprof.session(disk, run="r", wait=10, warmup=1, active=2, repeat=0, gzip=gzip) as s:
@@ -39,7 +39,7 @@ def test_full_disk_drops_captures_with_one_warning_and_recovers(tmpfs, train, to
 
 
 def test_run_folder_removed_mid_run_drops_captures_with_one_warning(tmp_path, train, told, check_traces):
-    """The run folder is deleted (rm -rf) mid-run: later captures are dropped with one warning saying so, training finishes."""
+    """The run folder is deleted (rm -rf) mid-run: later captures dropped with one warning saying so, training ends."""
     with told() as messages:
         with kprof.session(tmp_path, run="r", wait=1, warmup=1, active=2, repeat=0) as s:
             train(s, 8, after_step=_drain)
@@ -53,7 +53,7 @@ def test_run_folder_removed_mid_run_drops_captures_with_one_warning(tmp_path, tr
 
 
 def test_run_folder_turned_read_only_mid_run_keeps_earlier_traces(tmp_path, train, told, check_traces, read_only):
-    """The run folder turns read-only mid-run: one warning naming the cause, training finishes, the traces written before stay intact."""
+    """The run folder turns read-only mid-run: one warning naming the cause, training ends, earlier traces intact."""
     with told() as messages:
         with kprof.session(tmp_path, run="r", wait=1, warmup=1, active=2, repeat=0) as s:
             train(s, 8, after_step=_drain)
@@ -69,7 +69,7 @@ def test_run_folder_turned_read_only_mid_run_keeps_earlier_traces(tmp_path, trai
 
 
 def test_lightning_fit_on_a_full_disk_finishes_with_one_warning(tmpfs, fit, told, check_traces, capsys):
-    """Trainer.fit with ProfilerCallback whose logdir is full: fit reaches max_steps, one warning, a plain note instead of the summary."""
+    """Trainer.fit with ProfilerCallback on a full disk: fit ends, one warning, a note instead of a summary."""
     disk = tmpfs("2m")
     # two windows: never more than the writer queues (max_pending=2), so none is dropped as "busy"
     callback = kprof.ProfilerCallback(logdir=disk, run="r", wait=1, warmup=1, active=2, repeat=2)

@@ -23,7 +23,7 @@ def _recording_while_writing(p: dict[str, int]) -> bool:
 
 
 def test_sigterm_mid_window_finishes_queued_writes_and_dies_of_sigterm(tmp_path, spawn, check_traces):
-    """SIGTERM while recording, with a finished window still being written: that write completes, exit status stays -15 (143 in a shell), no temp file."""
+    """SIGTERM while a finished window is being written: the write completes, exit status stays -15, no temp file."""
     child = spawn(tmp_path, *BUSY)
     queued = child.wait_until(_recording_while_writing)["captures"]
     os.kill(child.pid, signal.SIGTERM)
@@ -34,7 +34,7 @@ def test_sigterm_mid_window_finishes_queued_writes_and_dies_of_sigterm(tmp_path,
 
 
 def test_ctrl_c_mid_window_saves_the_cut_short_window_and_exits_as_python_does(tmp_path, spawn, check_traces):
-    """SIGINT while recording: one KeyboardInterrupt traceback, exit status -2 (130 in a shell) as without kprof, the cut-short window is written too."""
+    """SIGINT mid-window: one KeyboardInterrupt traceback, exit status -2 as in Python, the cut-short window written."""
     child = spawn(tmp_path, *BUSY)
     written = child.wait_until(lambda p: p["recording"] == 1 and p["traces"] >= 1 and p["captures"] == p["traces"])
     os.kill(child.pid, signal.SIGINT)
@@ -60,7 +60,7 @@ def _freeze_an_export(child) -> psutil.Process:
 
 
 def test_ctrl_c_with_a_hung_write_exits_within_the_bound_and_leaves_no_process(tmp_path, spawn, check_traces):
-    """Ctrl-C while the trace export hangs: exit within write_timeout plus start-up slack, one warning saying so, the hung export killed, no final-named file partial."""
+    """Ctrl-C while an export hangs: exit within write_timeout + slack, one warning, the hung export killed."""
     child = spawn(tmp_path, *BUSY, "--option", "write_timeout=2.0")
     child.wait_until(lambda p: p["traces"] >= 1)
     export = _freeze_an_export(child)
@@ -75,7 +75,7 @@ def test_ctrl_c_with_a_hung_write_exits_within_the_bound_and_leaves_no_process(t
 
 
 def test_sigterm_under_lightning_keeps_lightnings_exit_and_saves_the_cut_short_window(tmp_path, spawn, check_traces):
-    """SIGTERM during a recorded batch of Trainer.fit: Lightning's graceful stop and exit status are those of a fit without kprof; every trace complete, the cut-short one too."""
+    """SIGTERM mid-window in Trainer.fit: exit status as without kprof, the cut-short window saved, all traces valid."""
     options = ("--option", "wait=2", "--option", "warmup=1", "--option", "active=3", "--option", "repeat=0")
     with_kprof = spawn(tmp_path / "kprof", *options, script="lightning_loop.py")
     control = spawn(tmp_path / "control", "--no-kprof", script="lightning_loop.py")

@@ -28,7 +28,10 @@ PROBE = """
 static PyModuleDef fault_probe = {PyModuleDef_HEAD_INIT, "fault_probe", nullptr, -1, nullptr};
 PyMODINIT_FUNC KPROF_JOIN(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create(&fault_probe); }
 """
-REPORTED = "kernels/_build.py: a truncated cached .so kills the loading process (SIGBUS); a full disk escapes as a bare OSError. Reported to the kernels owner"
+REPORTED = (
+    "kernels/_build.py: a truncated cached .so kills the loading process (SIGBUS); a full disk escapes as a bare "
+    "OSError. Reported to the kernels owner"
+)
 
 
 @pytest.fixture
@@ -42,7 +45,9 @@ def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _load_in_child(source: Path, **popen) -> subprocess.Popen:
     code = f"from kprof_callbacks.kernels import _build; print(_build.load('fault_probe', [{str(source)!r}]).__file__)"
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
 
 
 def _load_result(source: Path) -> tuple[int, str, str]:
@@ -66,7 +71,7 @@ class ProbeLayer(nn.Module):
 
 @pytest.mark.xfail(strict=True, reason=REPORTED)
 def test_corrupted_cached_library_is_rebuilt_or_named(probe):
-    """A cached .so truncated on disk (crash or full disk while copying): a new process rebuilds it, or fails with KernelBuildError naming it."""
+    """A cached .so truncated on disk: a new process rebuilds it, or fails with a KernelBuildError naming it."""
     code, library, err = _load_result(probe)
     assert code == 0, err
     Path(library).write_bytes(Path(library).read_bytes()[:4096])
@@ -76,7 +81,7 @@ def test_corrupted_cached_library_is_rebuilt_or_named(probe):
 
 @pytest.mark.xfail(strict=True, reason=REPORTED)
 def test_build_on_a_full_disk_is_a_kernel_build_error(probe, tmpfs, monkeypatch):
-    """The extension cache on a full disk (real 12 KiB tmpfs): KernelBuildError saying so, not a bare OSError from the log write."""
+    """The extension cache on a full 12 KiB tmpfs: a KernelBuildError saying so, not a bare OSError."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmpfs("12k")))
     with pytest.raises(KernelBuildError, match="No space left on device"):
         _build.load("fault_probe", [str(probe)])
@@ -84,7 +89,7 @@ def test_build_on_a_full_disk_is_a_kernel_build_error(probe, tmpfs, monkeypatch)
 
 @pytest.mark.xfail(strict=True, reason=REPORTED)
 def test_swap_fallback_keeps_the_torch_layer_when_the_disk_is_full(probe, tmpfs, monkeypatch):
-    """swap(fallback=True) whose kernel cannot be built for lack of disk: the torch layer stays, with a warning, and the model still runs."""
+    """swap(fallback=True) when the disk is too full to build: the torch layer stays, with a warning, and still runs."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmpfs("12k")))
     monkeypatch.setattr(ProbeLayer, "source", probe, raising=False)
     model = nn.Sequential(nn.Linear(4, 4), nn.GELU())
@@ -96,7 +101,7 @@ def test_swap_fallback_keeps_the_torch_layer_when_the_disk_is_full(probe, tmpfs,
 
 
 def test_build_killed_mid_compile_does_not_block_the_next_build(probe):
-    """SIGKILL of a process group while the compiler runs: the next process removes the dead build's lock (one warning) and builds."""
+    """SIGKILL of a build while the compiler runs: the next process removes its lock (one warning) and builds."""
     child = _load_in_child(probe, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -121,7 +126,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 
 def test_two_processes_building_one_extension_compile_it_once(probe):
-    """Two processes need the same extension at once: one compiles while the other waits on the lock; both load the same library."""
+    """Two processes need one extension at once: one compiles, the other waits on the lock; both load one library."""
     children = [_load_in_child(probe) for _ in range(2)]
     results = [child.communicate(timeout=300) for child in children]
     assert [child.returncode for child in children] == [0, 0], [err for _, err in results]

@@ -33,8 +33,8 @@ def _export_mid_write(child) -> psutil.Process:
 
 
 @pytest.mark.parametrize("who", ["process", "group"])
-def test_sigkill_while_writing_leaves_only_temp_files_that_summary_skips_and_reports(tmp_path, spawn, check_traces, who):
-    """SIGKILL mid-write (of the trainer alone, or of its process group): every final-named trace is complete, the rest are temp files, and `kprof summary` skips them and says so."""
+def test_sigkill_while_writing_leaves_only_temp_files_summary_reports(tmp_path, spawn, check_traces, who):
+    """SIGKILL mid-write: final-named traces complete, the rest temp files that `kprof summary` skips and reports."""
     logdir = tmp_path / "log"
     child = spawn(logdir, *SLOW_WRITES)
     export = _export_mid_write(child)

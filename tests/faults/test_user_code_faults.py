@@ -18,7 +18,7 @@ def _config(tmp_path, **options) -> ProfileConfig:
 
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
 def test_on_trace_raising_base_exception_keeps_writer_alive(tmp_path, train, told, check_traces, exc):
-    """An on_trace that calls sys.exit() (or raises KeyboardInterrupt) on the writer thread: every later trace is still written, one warning."""
+    """on_trace calling sys.exit() (or raising KeyboardInterrupt): every later trace is still written, one warning."""
     seen = []
 
     def on_trace(path):
@@ -35,11 +35,12 @@ def test_on_trace_raising_base_exception_keeps_writer_alive(tmp_path, train, tol
                 assert flushed_in < 30, "flush() waited for a writer thread that had died"
     assert len(s.trace_files) == 4 and seen == s.trace_files
     assert check_traces(tmp_path) == sorted(s.trace_files)
-    assert len(messages) == 1 and f"on_trace callback {on_trace.__qualname__} raised {type(exc).__name__}" in messages[0]
+    assert len(messages) == 1
+    assert f"on_trace callback {on_trace.__qualname__} raised {type(exc).__name__}" in messages[0]
 
 
 def test_hanging_on_trace_delays_exit_by_at_most_write_timeout(tmp_path, train, told, check_traces):
-    """An on_trace that never returns: the session still exits after write_timeout, says so once, and written traces are intact."""
+    """An on_trace that never returns: the session exits after write_timeout, says so once, written traces intact."""
     release = threading.Event()
     started = time.monotonic()
     with told() as messages:
@@ -53,7 +54,7 @@ def test_hanging_on_trace_delays_exit_by_at_most_write_timeout(tmp_path, train, 
 
 
 def test_summary_of_a_run_with_a_corrupted_trace_reports_it_and_summarizes_the_rest(tmp_path, train):
-    """A trace truncated on disk after the run: Session.summary() names the damaged file and still summarizes the intact one."""
+    """A trace truncated on disk after the run: Session.summary() names it and still summarizes the intact one."""
     with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=2, repeat=2) as s:
         train(s, 6)
     damaged, intact = s.trace_files
