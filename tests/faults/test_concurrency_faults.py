@@ -6,7 +6,6 @@ import os
 import threading
 
 import psutil
-import pytest
 import torch
 
 import kprof_callbacks as kprof

@@ -6,7 +6,7 @@ import os
 import shutil
 
 import pytest
-from conftest import fill_disk, leftovers
+from faultkit import fill_disk, leftovers
 
 import kprof_callbacks as kprof
 

@@ -7,7 +7,7 @@ import signal
 import time
 
 import psutil
-from conftest import leftovers
+from faultkit import leftovers
 
 # A big trace (100 layers, shapes and stacks: ~0.3 s to write) and windows back to back, so a signal lands
 # while one window is recorded and the previous one is still being written.

@@ -10,7 +10,7 @@ import time
 
 import psutil
 import pytest
-from conftest import leftovers
+from faultkit import leftovers
 
 # ~35 MB traces (100 layers, 4 recorded steps, shapes and stacks): a write takes ~1 s, long enough to land in.
 SLOW_WRITES = [
