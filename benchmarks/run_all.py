@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only:
             results[name] = run(name, args.quick, Path(tmp))
+            if args.out:  # after each benchmark, so a run cut short still leaves what it measured
+                args.out.write_text(json.dumps(results, indent=2))
     results["targets"] = [{"target": t, "measured": m, "met": ok} for t, m, ok in targets(results)]
     print(f"\n## targets ({results['device']}, torch {results['torch']}, {results['date']})\n")
     print(render_targets(targets(results)))
