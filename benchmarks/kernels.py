@@ -252,8 +252,9 @@ def main(argv: list[str] | None = None) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({**env, "rows": rows}, indent=1))
 
-    run_benchmarks(ops, QUICK_SIZES if args.quick else FULL_SIZES, device, compile_ref=not (args.quick or args.no_compile),
-                   warmup=2 if args.quick else 10, iters=5 if args.quick else 50, on_row=save)
+    run_benchmarks(ops, QUICK_SIZES if args.quick else FULL_SIZES, device,
+                   compile_ref=not (args.quick or args.no_compile), warmup=2 if args.quick else 10,
+                   iters=5 if args.quick else 50, on_row=save)
     return 0
 
 

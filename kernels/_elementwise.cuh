@@ -60,7 +60,8 @@ struct Inputs {
 };
 
 template <typename Op, typename T, int N, int VEC, size_t... K>
-__device__ __forceinline__ float apply(const Op& op, const Pack<T, VEC> (&v)[N], int j, cuda::std::index_sequence<K...>) {
+__device__ __forceinline__ float apply(const Op& op, const Pack<T, VEC> (&v)[N], int j,
+                                       cuda::std::index_sequence<K...>) {
   return op(to_float(v[K].v[j])...);
 }
 

@@ -87,7 +87,8 @@ void bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, const at::Te
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* bp = bias.const_data_ptr<scalar_t>();
     scalar_t* yp = y.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, rows, std::max<int64_t>(kprof::kGrain / std::max<int64_t>(cols, 1), 1), [&](int64_t r0, int64_t r1) {
+    const int64_t grain = std::max<int64_t>(kprof::kGrain / std::max<int64_t>(cols, 1), 1);
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
       for (int64_t i = r0 * cols; i < r1 * cols; ++i) {
         const acc_t v = static_cast<acc_t>(xp[i]) + static_cast<acc_t>(bp[i % cols]);
         yp[i] = static_cast<scalar_t>(gelu::forward(v, tanh_approx));

@@ -21,13 +21,13 @@ struct GeluBackward {
 
 // The bias kernels walk a [rows, cols] matrix with 32 x kRows blocks: threadIdx.x takes a pack of columns
 // (a warp reads 32 consecutive packs of a row), threadIdx.y and the grid's y stride over rows, with
-// row_unroll<VEC> rows in flight per thread. Each thread keeps its bias pack in registers for all its rows.
+// kRowUnroll<VEC> rows in flight per thread. Each thread keeps its bias pack in registers for all its rows.
 constexpr int kRows = 8;
 
 // Rows a thread loads before computing: two for 4-element packs; one for 8-element (2-byte) packs, whose
 // float math already holds enough registers to limit how many threads stay resident.
 template <int VEC>
-constexpr int row_unroll() { return VEC >= 8 ? 1 : 2; }
+constexpr int kRowUnroll = VEC >= 8 ? 1 : 2;
 
 // A pack of VEC elements at `p`, kept in its storage type until used (half the registers of floats for
 // 2-byte types, so more threads stay resident).
@@ -44,16 +44,16 @@ __global__ void __launch_bounds__(32 * kRows)
   if (col >= cols) return;  // no barriers below
   float b[VEC];
   load_pack<T, VEC>(bias + col, b);
-  constexpr int kRowUnroll = row_unroll<VEC>();
+  constexpr int kUnroll = kRowUnroll<VEC>;
   const int64_t stride = static_cast<int64_t>(gridDim.y) * kRows;
-  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r0 < rows; r0 += stride * kRowUnroll) {
-    Pack<T, VEC> v[kRowUnroll];
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r0 < rows; r0 += stride * kUnroll) {
+    Pack<T, VEC> v[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       if (r0 + u * stride < rows) v[u] = load_raw<T, VEC>(x + (r0 + u * stride) * cols + col);
     }
 #pragma unroll
-    for (int u = 0; u < kRowUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       if (r0 + u * stride >= rows) continue;
       float out[VEC];
 #pragma unroll
@@ -76,13 +76,13 @@ __global__ void __launch_bounds__(32 * kRows)
   if (live) {
     float b[VEC];
     load_pack<T, VEC>(bias + col, b);
-    constexpr int kRowUnroll = row_unroll<VEC>();
+    constexpr int kUnroll = kRowUnroll<VEC>;
     const int64_t stride = static_cast<int64_t>(gridDim.y) * kRows;
     for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r0 < rows;
-         r0 += stride * kRowUnroll) {
-      Pack<T, VEC> g[kRowUnroll], v[kRowUnroll];
+         r0 += stride * kUnroll) {
+      Pack<T, VEC> g[kUnroll], v[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kRowUnroll; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
         const int64_t at = (r0 + u * stride) * cols + col;
         if (r0 + u * stride < rows) {
           g[u] = load_raw<T, VEC>(dy + at);
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(32 * kRows)
         }
       }
 #pragma unroll
-      for (int u = 0; u < kRowUnroll; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
         if (r0 + u * stride >= rows) continue;
         float out[VEC];
 #pragma unroll

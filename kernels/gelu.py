@@ -73,7 +73,9 @@ def gelu(x: torch.Tensor, approximate: str = "none", *, impl: str | None = None)
         return F.gelu(x, approximate=approximate) if impl == "torch" else GELUFunction.apply(x, tanh_approx)
 
 
-def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", *, impl: str | None = None) -> torch.Tensor:
+def bias_gelu(
+    x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", *, impl: str | None = None
+) -> torch.Tensor:
     """``F.gelu(x + bias)`` fused, ``bias`` broadcast over the last dimension of ``x``."""
     tanh_approx = _check_approximate(approximate)
     x = check_tensor(x, "x", "kprof bias_gelu")

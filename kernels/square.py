@@ -98,8 +98,9 @@ void square_forward(const at::Tensor& x, const at::Tensor& y, bool grid2d) {
     TORCH_CHECK_VALUE(height <= 65535 * 16 && width <= INT32_MAX, "kprof square: variant='grid2d' handles at most ",
                       65535 * 16, " rows of at most 2^31 - 1; got ", height, " x ", width, ": use 'vectorized'");
     if (x.numel() > 0) {
-      KPROF_CUDA_CALL(x, "kprof square", kprof_square_grid2d(kprof::dtype_code(x), x.const_data_ptr(),
-                      y.mutable_data_ptr(), static_cast<int>(height), static_cast<int>(width), kprof::current_stream()));
+      KPROF_CUDA_CALL(x, "kprof square",
+                      kprof_square_grid2d(kprof::dtype_code(x), x.const_data_ptr(), y.mutable_data_ptr(),
+                                          static_cast<int>(height), static_cast<int>(width), kprof::current_stream()));
     }
     return;
   }

@@ -191,6 +191,22 @@ def test_arch_flags_follow_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _build.cuda_arch_flags() == []  # torch applies the user's list itself
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_every_cuda_source_compiles_with_plain_nvcc(tmp_path: Path) -> None:
+    """The .cu files (and square's inline CUDA source) hold no torch headers: plain `nvcc -c` builds them, so a
+    machine with nvcc and a CPU-only torch still checks every kernel compiles."""
+    inline = tmp_path / "square_inline.cu"
+    inline.write_text(importlib.import_module("kprof_callbacks.kernels.square").CUDA_SOURCE)
+    sources = [*sorted(_build.KERNELS_DIR.glob("*.cu")), inline]
+    jobs = {src: subprocess.Popen(["nvcc", "-I", str(_build.KERNELS_DIR), "-arch=sm_90", "-c", str(src), "-o",
+                                   str(tmp_path / f"{src.stem}.o")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for src in sources}
+    outputs = {src.name: job.communicate(timeout=600)[0] for src, job in jobs.items()}
+    failures = {name: outputs[name] for name, job in zip(outputs, jobs.values(), strict=True) if job.returncode != 0}
+    assert not failures, failures
+
+
 def test_wheel_ships_kernel_sources_under_kprof_callbacks_only(tmp_path: Path) -> None:
     """Build the wheel from a copy of the project, check its file list, install it into a folder and run a
     kernel from there (a warm load from the same cache: the installed sources hash like the checkout's)."""
