@@ -293,8 +293,6 @@ class Session:
             self._prof.__exit__(exc_type, exc, tb)  # saves a window cut short by an exception too
         finally:
             Session._active = None
-            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
             if self._trigger is not None:
                 self._trigger.stop()
             if self.config.memory_snapshot and torch.cuda.is_available():
@@ -308,6 +306,8 @@ class Session:
             if interrupted:
                 timeout = min(timeout, _INTERRUPTED_WRITE_TIMEOUT)
             self._writer.close(timeout)
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:  # kept until here: SIGTERM drains this close too
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
         return False
 
     # -- internals ---------------------------------------------------------------------------------------------
@@ -317,8 +317,7 @@ class Session:
         if signal.getsignal(signum) != self._on_sigterm:
             return
         signal.signal(signum, signal.SIG_DFL)
-        if self._state == "running":
-            self._writer.close(min(self.config.write_timeout, _INTERRUPTED_WRITE_TIMEOUT))
+        self._writer.close(min(self.config.write_timeout, _INTERRUPTED_WRITE_TIMEOUT))
         os.kill(os.getpid(), signum)
 
     def _may_capture(self) -> bool:
