@@ -88,3 +88,14 @@ def test_sigterm_under_lightning_keeps_lightnings_exit_and_saves_the_cut_short_w
     assert leftovers(tmp_path) == []
     stopped = [line for line in with_kprof.lines if line.startswith("kprof:")]
     assert len(stopped) == 1 and "stopped the run" in stopped[0], with_kprof.lines[-5:]
+
+
+def test_sigterm_while_the_session_closes_still_finishes_the_last_write(tmp_path, spawn, check_traces):
+    """SIGTERM just as the loop ends, while the session saves its last (big) window: written whole, exit status -15."""
+    one_window = ("--steps", "3", "--option", "warmup=0", "--option", "active=3", "--option", "repeat=1")
+    child = spawn(tmp_path, *BUSY[2:], *one_window)
+    child.wait_until(lambda p: p["step"] == 3)  # the window's write is under way; Session.__exit__ waits for it
+    os.kill(child.pid, signal.SIGTERM)
+    assert child.finish() == -signal.SIGTERM
+    assert len(check_traces(tmp_path)) == 1
+    assert leftovers(tmp_path) == []
