@@ -1,8 +1,9 @@
 """Operator, label and kernel tables: per-event costs from the call tree, summed per name.
 
 Self time is an event's duration minus its direct children's (same thread), GPU time of an
-op is the time of the kernels whose `External id` is the op's, and memory of an op is the
-sum of the `[memory]` records inside its time range, all as in torch's key_averages().
+op is the time of the kernels whose `External id` is the op's (after folding same-name
+children, see tree.py), and memory of an op is the sum of the `[memory]` records inside
+its time range, all as in torch's key_averages().
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def host_costs(tl: Timeline, tree: Tree) -> HostCosts:
     cpu = (host.end - host.start) / 1000.0
     launcher = launcher_of_device_events(tl)
     linked = launcher >= 0
-    self_cuda = np.bincount(launcher[linked], weights=(dev.end - dev.start)[linked] / 1000.0, minlength=cpu.size)
+    launched = np.bincount(launcher[linked], weights=(dev.end - dev.start)[linked] / 1000.0, minlength=cpu.size)
+    self_cuda = tree.lift_kernels(launched)
     cpu_mem, cuda_mem = _memory_inside(tl, CPU_MEMORY), _memory_inside(tl, CUDA_MEMORY)
     return HostCosts(
         cpu=cpu,

@@ -132,7 +132,7 @@ def _analyze(trace: TraceFile) -> _FileResult:
     tree = nest(host.thread, host.start, host.end, host.name)
     costs = ops.host_costs(tl, tree)
     times = steps.step_times(tl, trace.rank)
-    launcher = ops.launcher_of_device_events(tl)
+    launcher = tree.kept(ops.launcher_of_device_events(tl))
     return _FileResult(
         rank=trace.rank,
         worker=trace.worker,

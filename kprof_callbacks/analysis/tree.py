@@ -3,7 +3,8 @@
 One event is a child of another on the same thread if its [start, end) lies inside the
 other's; partial overlaps make no relation (torch/autograd/profiler_util.py
 `_populate_cpu_children`). As in torch, a child with its parent's name that is the
-parent's only child is folded into the parent (`_remove_dup_nodes`).
+parent's only child is folded into the parent (`_remove_dup_nodes`), and the parent then
+reports the folded child's kernels in place of its own.
 """
 
 from __future__ import annotations
@@ -15,16 +16,38 @@ import numpy as np
 
 @dataclasses.dataclass
 class Tree:
-    """parent[i]: index of the enclosing event or -1; keep[i]: False for folded duplicates."""
+    """parent[i]: index of the enclosing event or -1; keep[i]: False for folded duplicates;
+    survivor[i]: the kept event that i was folded into (i itself when kept)."""
 
     parent: np.ndarray
     depth: np.ndarray
     keep: np.ndarray
+    survivor: np.ndarray
 
     def children_sum(self, values: np.ndarray) -> np.ndarray:
         """For each event, the sum of `values` over its direct (kept) children."""
         child = np.flatnonzero(self.keep & (self.parent >= 0))
         return np.bincount(self.parent[child], weights=values[child], minlength=values.size)
+
+    def kept(self, index: np.ndarray) -> np.ndarray:
+        """The kept event each of `index` was folded into (itself when kept); -1 stays -1."""
+        return np.where(index >= 0, self.survivor[np.maximum(index, 0)], -1)
+
+    def lift_kernels(self, values: np.ndarray) -> np.ndarray:
+        """Per-event kernel values (GPU time) as torch reports them after folding duplicates.
+
+        torch's `_remove_dup_nodes` sets `parent.kernels = child.kernels` at each fold, so a kept
+        event that absorbed a chain of same-name children reports the innermost one's kernels
+        instead of its own; folded events report none.
+        """
+        out = np.where(self.keep, values, 0.0)
+        folded = np.flatnonzero(~self.keep)
+        if folded.size:
+            folded = folded[np.lexsort((self.depth[folded], self.survivor[folded]))]
+            host = self.survivor[folded]
+            innermost = folded[np.append(host[1:] != host[:-1], True)]
+            out[self.survivor[innermost]] = values[innermost]
+        return out
 
     def subtree_sum(self, values: np.ndarray) -> np.ndarray:
         """For each event, `values` summed over itself and all its descendants."""
@@ -79,7 +102,7 @@ def nest(thread: np.ndarray, start: np.ndarray, end: np.ndarray, name: np.ndarra
         depth[active] += 1
         ancestor[active] = parent[ancestor[active]]
         active = active[ancestor[active] >= 0]
-    tree = Tree(parent, depth, np.ones(n, bool))
+    tree = Tree(parent, depth, np.ones(n, bool), np.arange(n))
     _fold_duplicates(tree, name)
     return tree
 
@@ -97,6 +120,7 @@ def _fold_duplicates(tree: Tree, name: np.ndarray) -> None:
         if n_children[p] != 1 or name[p] != name[i]:
             continue
         tree.keep[i] = False
+        tree.survivor[i] = p
         kids = np.flatnonzero(parent == i)
         parent[kids] = p
         n_children[p] = kids.size
