@@ -346,6 +346,82 @@ def test_recorded_gpu_trace(trace):
     assert sum(op.self_cuda_us for op in s.ops) <= sum(k.total_us for k in s.kernels) + 1e-3
 
 
+# key_averages() of the H100 run (torch 2.11+cu130) that wrote tests/fixtures/gpu_mlp_h100.pt.trace.json.gz: the
+# MLP of test_gpu_profile_matches_key_averages, profiled in the same process. Transcribed from its table sorted by
+# self CUDA time (the 25 rows printed; times in us to 3 decimals, memory as printed). aten::mean, aten::div and
+# aten::mul launch their kernels from a same-name only child that key_averages folds into them.
+H100_OPS = {  # name: (calls, self CUDA us, CUDA total us, CUDA Mem)
+    "aten::addmm": (6, 72.354, 72.354, "391.50 KB"),
+    "aten::mm": (9, 37.185, 37.185, "1.93 MB"),
+    "aten::_foreach_add_": (3, 27.937, 27.937, "0 B"),
+    "aten::sum": (6, 24.511, 24.511, "7.50 KB"),
+    "aten::copy_": (6, 19.457, 19.457, "0 B"),
+    "aten::mul": (6, 7.744, 7.744, "15.00 KB"),
+    "aten::mean": (3, 6.657, 6.657, "1.50 KB"),
+    "aten::_local_scalar_dense": (3, 4.288, 4.288, "0 B"),
+    "aten::div": (3, 4.032, 4.032, "7.50 KB"),
+}
+H100_LABELS = {"Optimizer.step#SGD.step": (3, 27.937)}  # name: (calls, CUDA total us)
+H100_KERNELS = {  # name as the table prints it (52 characters + "..."): (calls, self CUDA us) of each such activity
+    "void sgemm_largek_lds64<true, false, 5, 5, 4, 4, 4, ...": [(3, 38.785)],
+    "void at::native::(anonymous namespace)::multi_tensor...": [(3, 27.937)],
+    "sm80_xmma_gemm_f32f32_f32f32_f32_nt_n_tilesize32x32x...": [(6, 22.305)],
+    "void cutlass::Kernel2<cutlass_80_simt_sgemm_64x64_8x...": [(3, 17.761), (3, 9.280)],
+    "Memcpy HtoD (Pageable -> Device)": [(3, 16.448)],
+    "void at::native::reduce_kernel<256, 2, at::native::R...": [(3, 14.144)],
+    "void at::native::reduce_kernel<128, 4, at::native::R...": [(3, 10.367)],
+    "void at::native::reduce_kernel<512, 1, at::native::R...": [(3, 6.657)],
+    "void cublasLt::splitKreduce_kernel<32, 16, int, floa...": [(3, 6.368), (3, 5.600)],
+    "Memcpy DtoH (Device -> Pinned)": [(3, 4.288)],
+    "void cublasLt::epilogue::impl::globalKernel<8, 32, f...": [(3, 4.224)],
+    "void at::native::elementwise_kernel<128, 2, at::nati...": [(3, 4.032)],
+}
+H100_SELF_CUDA_TOTAL_US = 218.597
+
+
+def _as_printed(name: str, nbytes: int | None = None) -> str:
+    """A name or byte count the way key_averages' table prints it (profiler_util, name column width 55)."""
+    if nbytes is None:
+        return name if len(name) <= 55 else name[:52] + "..."
+    for unit, size in (("GB", 1024**3), ("MB", 1024**2), ("KB", 1024)):
+        if abs(nbytes) >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{nbytes} B"
+
+
+def test_h100_trace_matches_its_key_averages(tmp_path):
+    """A real GPU trace, summarized on CPU: per-op and per-kernel CUDA time as key_averages() gave, GPU findings."""
+    s = summarize(FIXTURES / "gpu_mlp_h100.pt.trace.json.gz")
+    ops = {op.name: op for op in s.ops}
+    for name, (calls, self_cuda, cuda_total, memory) in H100_OPS.items():
+        op = ops[name]
+        assert (op.calls, _as_printed(name, op.cuda_memory)) == (calls, memory), name
+        assert op.self_cuda_us == pytest.approx(self_cuda, abs=1e-3), name
+        assert op.cuda_total_us == pytest.approx(cuda_total, abs=1e-3), name
+    labels = {label.name: (label.count, label.cuda_total_us) for label in s.labels}
+    for name, (calls, cuda_total) in H100_LABELS.items():
+        assert labels[name] == (calls, pytest.approx(cuda_total, abs=1e-3)), name
+    kernels: dict[str, list] = {}
+    for k in s.kernels:
+        kernels.setdefault(_as_printed(k.name), []).append((k.count, k.total_us))
+    for name, rows in H100_KERNELS.items():
+        (ours_calls, ours_us), (calls, us) = zip(*sorted(kernels[name])), zip(*sorted(rows))
+        assert ours_calls == calls and ours_us == pytest.approx(us, abs=1e-3), name
+    assert sum(k.total_us for k in s.kernels) == pytest.approx(H100_SELF_CUDA_TOTAL_US, abs=1e-3)
+    assert sum(op.self_cuda_us for op in s.ops) == pytest.approx(H100_SELF_CUDA_TOTAL_US, abs=1e-3)
+
+    s.export_stacks(tmp_path / "cuda.folded", metric="self_cuda")  # every kernel under a host op, none lost
+    lines = (tmp_path / "cuda.folded").read_text().splitlines()
+    assert not [line for line in lines if line.startswith("(no host op)")]
+    assert any(line.startswith("ProfilerStep*;aten::mean;void at::native::reduce_kernel<512, 1,") for line in lines)
+
+    # each step: one 64x256 float32 batch copied from pageable memory, and two host waits (that copy, loss.item())
+    found = {d.kind: d.message for d in s.diagnostics}
+    pageable = "3 host<->device copies from pageable memory (192.0 KB, 16.4 us in 3 steps)"
+    assert found["pageable_memcpy"].startswith(pageable)
+    assert found["sync"].startswith("2.0 host-GPU synchronizations per step (cudaStreamSynchronize x6; 3 tensor reads")
+
+
 def _torch_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> list[int]:
     """torch's own stack pass (profiler_util.EventList._populate_cpu_children), written out literally."""
     parent = [-1] * start.size
@@ -383,6 +459,38 @@ def test_call_tree_folds_single_same_name_children_like_torch():
     assert tree.keep.tolist() == [True, False, False, True, True, True, True, True]
     assert tree.parent[[3, 4, 6, 7]].tolist() == [0, 0, 5, 5]
     assert (end - start - tree.children_sum((end - start).astype(float))).tolist()[0] == 10 - 2
+
+
+def test_folded_duplicates_report_kernels_like_torch():
+    """GPU time per event after folding, against torch's own EventList (_build_tree) on random call trees.
+
+    torch moves a folded child's kernels to the survivor, replacing the survivor's own (`_remove_dup_nodes`).
+    """
+    from torch.autograd.profiler_util import EventList, FunctionEvent
+
+    rng = np.random.default_rng(2)
+    folds = 0
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        thread, name, start = rng.integers(0, 2, n), rng.integers(0, 2, n), rng.integers(0, 30, n)
+        end = start + rng.integers(0, 15, n)
+        kernel_us = rng.integers(0, 5, n).astype(float)
+        events = []
+        for i in sorted(range(n), key=lambda k: (start[k], -end[k])):  # torch's event order
+            ev = FunctionEvent(i, f"op{name[i]}", int(thread[i]), int(start[i]), int(end[i]), use_device="cuda")
+            if kernel_us[i]:
+                ev.append_kernel("k", 0, kernel_us[i])
+            events.append(ev)
+        ref = EventList(events, use_device="cuda")
+        ref._build_tree()
+        tree = nest(thread, start, end, name)
+        self_cuda = tree.lift_kernels(kernel_us)
+        cuda = tree.subtree_sum(self_cuda)
+        assert sorted(e.id for e in ref) == np.flatnonzero(tree.keep).tolist()
+        for e in ref:
+            assert (self_cuda[e.id], cuda[e.id]) == (e.self_device_time_total, e.device_time_total)
+        folds += int((~tree.keep).sum())
+    assert folds > 100
 
 
 @pytest.mark.gpu
