@@ -5,7 +5,8 @@ For a launch-bound MLP (many small kernels) and a compute-bound one, it measures
 - long after the profiled window ended (raw torch.profiler and kprof: both objects still alive),
 - inside an active window (raw torch.profiler and kprof, same options),
 and how long the training thread is blocked by the step that closes a window (raw torch.profiler with
-``tensorboard_trace_handler`` vs kprof), with the trace size. Modes run in interleaved rounds so drift hits all.
+``tensorboard_trace_handler`` vs kprof), with the trace size. Every measurement runs in a fresh process, in
+interleaved rounds so clock drift hits all modes alike.
 
     python benchmarks/overhead.py [--quick] [--out results.json]
 """
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -122,44 +125,77 @@ def _activities():
     return acts
 
 
-MODES = ("none", "raw-outside", "kprof-outside", "raw-inside", "kprof-inside")
+# Each mode runs in a fresh process: once CUPTI has attached to a process (the first CUDA trace), it can keep
+# taxing every kernel launch there, so measuring "none" after a profiled mode in the same process is not "none".
+MODES = ("none", "raw-outside", "kprof-outside", "kprof-outside-cupti-kept", "raw-inside", "kprof-inside")
+ENV = {"kprof-outside-cupti-kept": {"TEARDOWN_CUPTI": "0"}}  # kineto's default, which kprof overrides
+
+
+def child(args: argparse.Namespace) -> dict:
+    """One measurement in this (fresh) process; the parent reads the JSON it prints."""
+    loop = Loop(*MODELS[args.device][args.model], args.device)
+    loop.run(10)  # warm up allocator, cuBLAS handles, autotuning
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.blocking:
+            return blocking(loop, args.blocking, args.active, Path(tmp))
+        return measure(loop, args.mode.replace("-cupti-kept", ""), args.steps, Path(tmp))
+
+
+def spawn(**kw) -> dict:
+    argv = [sys.executable, __file__, "--child"] + [f"--{k}={v}" for k, v in kw.items() if k != "env"]
+    env = {**os.environ, **kw.get("env", {})}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+MODELS = {  # (width, depth, batch)
+    "cuda": {"launch-bound": (256, 24, 64), "compute-bound": (8192, 4, 2048)},
+    "cpu": {"launch-bound": (256, 24, 64), "compute-bound": (2048, 2, 512)},
+    "quick": {"launch-bound": (64, 4, 16), "compute-bound": (256, 2, 64)},
+}
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes, one round (CI smoke test)")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds, each mode in a fresh process")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--out", type=Path, default=None, help="write results as JSON here")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--mode", help=argparse.SUPPRESS)
+    p.add_argument("--blocking", help=argparse.SUPPRESS)
+    p.add_argument("--active", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.child:
+        if args.device == "quick":
+            args.device = "cpu"
+            MODELS["cpu"] = MODELS["quick"]
+        print(json.dumps(child(args)))
+        return {}
+    sizes = "quick" if args.quick else args.device
     if args.quick:
-        models = {"launch-bound": (64, 4, 16), "compute-bound": (256, 2, 64)}
         args.rounds, args.steps, active_sizes = 1, 20, (3,)
-    elif device == "cuda":
-        models = {"launch-bound": (256, 24, 64), "compute-bound": (8192, 4, 4096)}
-        active_sizes = (3, 30)
     else:
-        models = {"launch-bound": (256, 24, 64), "compute-bound": (2048, 2, 512)}
         active_sizes = (3, 30)
-
-    results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+    results = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
                "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-               "step": {}, "blocking": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        logdir = Path(tmp)
-        for name, (width, depth, batch) in models.items():
-            loop = Loop(width, depth, batch, device)
-            loop.run(10)  # warm up allocator, cuBLAS handles, autotuning
-            per_mode = {m: [] for m in MODES}
-            for _ in range(args.rounds):
-                for mode in MODES:
-                    per_mode[mode].append(measure(loop, mode, args.steps, logdir)["median_ms"])
-            results["step"][name] = {m: statistics.median(v) for m, v in per_mode.items()}
-        loop = Loop(*models["launch-bound"], device)
-        loop.run(10)
-        for active in active_sizes:
-            results["blocking"][active] = {tool: blocking(loop, tool, active, logdir) for tool in ("raw", "kprof")}
+               "rounds": args.rounds, "step": {}, "blocking": {}}
+    for name in MODELS[sizes]:
+        per_mode = {m: [] for m in MODES}
+        for _ in range(args.rounds):
+            for mode in MODES:
+                r = spawn(device=sizes, model=name, mode=mode, steps=args.steps, env=ENV.get(mode, {}))
+                per_mode[mode].append(r["median_ms"])
+        results["step"][name] = {m: statistics.median(v) for m, v in per_mode.items()}
+        results["step"][name]["rounds"] = per_mode
+    for active in active_sizes:
+        results["blocking"][active] = {
+            tool: spawn(device=sizes, model="launch-bound", blocking=tool, active=active) for tool in ("raw", "kprof")
+        }
     print(render(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
@@ -167,7 +203,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def render(results: dict) -> str:
-    lines = [f"device: {results['device']}, torch {results['torch']} (CUDA {results['cuda']}), {results['date']}", ""]
+    lines = [f"device: {results['device']}, torch {results['torch']} (CUDA {results['cuda']}), {results['date']}; "
+             f"median of {results['rounds']} interleaved rounds, each mode in a fresh process", ""]
     lines += ["| model | " + " | ".join(MODES) + " | kprof outside vs none | kprof inside vs raw inside |",
               "|---" * (len(MODES) + 3) + "|"]
     for name, row in results["step"].items():

@@ -3,10 +3,11 @@
 With ``nvtx=True`` every step is an NVTX range ``step N`` and every ``s.region(name)`` an NVTX range too, so
 Nsight tools see the same structure as the torch.profiler trace. Profile only kprof's GELU kernel, in step 5:
 
-    ncu --nvtx --nvtx-include "step 5/" --kernel-name regex:gelu --launch-count 1 \\
-        --section SpeedOfLight python examples/ncu_nvtx.py
+    ncu --nvtx --nvtx-include "step 5/" --kernel-name-base demangled --kernel-name regex:GeluForward \\
+        --launch-count 1 --section SpeedOfLight python examples/ncu_nvtx.py
 
-(``"step 5/"``: kernels launched inside the push/pop range named ``step 5``.) Without ncu it just trains.
+(``"step 5/"``: kernels launched inside the push/pop range named ``step 5``. kprof's elementwise kernels share
+one template, ``map_kernel<Op>``, so the filter matches the demangled name's functor.) Without ncu it just trains.
 """
 
 import torch
