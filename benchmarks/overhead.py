@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
             for mode in MODES:
                 r = spawn(device=sizes, model=name, mode=mode, steps=args.steps, env=ENV.get(mode, {}))
                 per_mode[mode].append(r["median_ms"])
+                print(f"  {name} {mode}: {r['median_ms']:.3f} ms", file=sys.stderr, flush=True)
         results["step"][name] = {m: statistics.median(v) for m, v in per_mode.items()}
         results["step"][name]["rounds"] = per_mode
     for active in active_sizes:
