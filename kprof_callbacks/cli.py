@@ -12,6 +12,7 @@ SUBCOMMANDS = (
     ("kprof_callbacks.analysis.cli", "add_summary_parser"),
     ("kprof_callbacks.tb", "add_parser"),
     ("kprof_callbacks.compare", "add_parser"),
+    ("kprof_callbacks.kernels.bench", "add_parser"),
 )
 
 

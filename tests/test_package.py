@@ -22,5 +22,5 @@ def test_python_dash_m_runs_the_cli(capsys):
     except SystemExit as exc:
         assert exc.code == 0
     out = capsys.readouterr().out
-    for command in ("demo", "summary", "compare", "tensorboard"):
+    for command in ("demo", "summary", "compare", "bench", "tensorboard"):
         assert command in out

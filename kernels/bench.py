@@ -1,0 +1,273 @@
+"""Time kprof's elementwise kernels (square, add, GELU, bias + GELU, Linear + GELU) against PyTorch eager and
+``torch.compile`` of the same reference, forward and forward + backward.
+
+For each op and size: the median time (CUDA events, after warm-up), the bytes the op must move at least
+(each input read once, each output written once) over that time, that rate as a share of a device-to-
+device ``copy_`` moving the same bytes (measured here, the practical ceiling of a memory-bound kernel),
+and the speedup over eager and compiled PyTorch. Prints a markdown table; ``--out`` writes JSON with the
+device, versions and date.
+
+    kprof bench [--quick] [--check] [--no-compile] [--ops gelu,bias_gelu] [--out r.json]
+    python benchmarks/kernels.py ...      (the same)
+
+``--quick`` runs small sizes on the CPU in seconds (CI smoke). ``--check`` runs every kernel forward and
+backward once on small odd shapes and compares with float64 (run it under compute-sanitizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import platform
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import kprof_callbacks as kprof
+from kprof_callbacks import kernels
+
+Inputs = list[torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One layer to time: its kernel call, the PyTorch reference, and how to make inputs of a size."""
+
+    name: str
+    kernel: Callable[..., torch.Tensor]
+    reference: Callable[..., torch.Tensor]
+    make: Callable[[tuple[int, ...], torch.dtype, str], Inputs]
+    memory_bound: bool = True  # False: a matmul dominates, so GB/s and % of copy mean nothing
+
+
+def _one(shape, dtype, device):
+    return [torch.randn(shape, dtype=dtype, device=device)]
+
+
+def _two(shape, dtype, device):
+    return [torch.randn(shape, dtype=dtype, device=device) for _ in range(2)]
+
+
+def _with_bias(shape, dtype, device):
+    return [torch.randn(shape, dtype=dtype, device=device), torch.randn(shape[-1], dtype=dtype, device=device)]
+
+
+def _weight_bias(shape, dtype, device):
+    return [torch.randn(shape, dtype=dtype, device=device), *(torch.randn(shape[-1], dtype=dtype, device=device)
+                                                             for _ in range(2))]
+
+
+def _linear(shape, dtype, device):
+    rows, k, n = shape
+    return [torch.randn(rows, k, dtype=dtype, device=device), torch.randn(n, k, dtype=dtype, device=device) / k**0.5,
+            torch.randn(n, dtype=dtype, device=device)]
+
+
+OPS = [
+    Op("square", lambda x: kernels.square(x), torch.square, _one),
+    Op("square-grid2d", lambda x: kernels.square(x, variant="grid2d"), torch.square, _one),
+    Op("add", kernels.add, torch.add, _two),
+    Op("gelu", kernels.gelu, F.gelu, _one),
+    Op("gelu-tanh", lambda x: kernels.gelu(x, "tanh"), lambda x: F.gelu(x, approximate="tanh"), _one),
+    Op("bias_gelu", kernels.bias_gelu, lambda x, b: F.gelu(x + b), _with_bias),
+    Op("bias_gelu-tanh", lambda x, b: kernels.bias_gelu(x, b, "tanh"),
+       lambda x, b: F.gelu(x + b, approximate="tanh"), _with_bias),
+    Op("linear_gelu", lambda x, w, b: kernels.bias_gelu(F.linear(x, w), b), lambda x, w, b: F.gelu(F.linear(x, w, b)),
+       _linear, memory_bound=False),
+    Op("layer_norm", lambda x, w, b: kernels.layer_norm(x, x.shape[-1], w, b),
+       lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), _weight_bias),
+    Op("rms_norm", lambda x, w: kernels.rms_norm(x, x.shape[-1], w), lambda x, w: F.rms_norm(x, x.shape[-1:], w),
+       _with_bias),
+    Op("swiglu", kernels.swiglu, lambda g, u: F.silu(g) * u, _two),
+]
+
+# (dtype, shape) per op family; [rows, cols] for the elementwise ops (grid2d's 2-D view), all > L2.
+FULL_SIZES = {
+    "elementwise": [(torch.float32, (4096, 4096)), (torch.float32, (16384, 16384)), (torch.bfloat16, (16384, 16384))],
+    "bias": [(torch.float32, (8192, 4096)), (torch.float32, (32768, 8192)), (torch.bfloat16, (32768, 8192))],
+    "linear": [(torch.bfloat16, (16384, 4096, 4096))],
+    "norm": [(torch.float32, (16384, 1024)), (torch.float32, (16384, 4096)), (torch.bfloat16, (16384, 1024)),
+             (torch.bfloat16, (16384, 4096))],
+}
+QUICK_SIZES = {
+    "elementwise": [(torch.float32, (256, 1000))],
+    "bias": [(torch.float32, (256, 1000))],
+    "linear": [(torch.float32, (256, 128, 256))],
+    "norm": [(torch.float32, (256, 1000))],
+}
+CHECK_SHAPES = {"elementwise": [(3, 1001), (1,)], "bias": [(3, 1001), (5, 64)], "linear": [(7, 24, 40)],
+                "norm": [(3, 1001), (37, 520), (5, 64), (2, 8192)]}
+CHECK_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+CHECK_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
+
+
+def family(op: Op) -> str:
+    if op.name.endswith("_norm"):
+        return "norm"
+    return "linear" if op.name.startswith("linear") else "bias" if op.name.startswith("bias") else "elementwise"
+
+
+def min_bytes(op: Op, inputs: Inputs, backward: bool) -> int:
+    """Bytes the op must move: inputs read and outputs written once; the backward reads grad and the saved
+    input(s) and writes one gradient per differentiable input (add's gradients are the incoming grad itself)."""
+    size = [t.numel() * t.element_size() for t in inputs]
+    out = size[0]
+    forward = sum(size) + out
+    if not backward:
+        return forward
+    if op.name == "add":
+        return forward
+    return forward + out + sum(size) + sum(size)  # grad in, saved inputs re-read, input gradients out
+
+
+def fwd_bwd(fn: Callable[..., torch.Tensor]) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """fn's forward and backward with a fixed incoming gradient; autograd.grad leaves no .grad to accumulate."""
+
+    def run(*inputs: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.autograd.grad(fn(*inputs), inputs, grad)
+
+    return run
+
+
+def copy_ms(nbytes: int, device: str, timer: Callable) -> float:
+    """Median time of a device-to-device copy that reads nbytes / 2 and writes nbytes / 2."""
+    src = torch.empty(max(nbytes // 2, 1), dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    return timer(dst.copy_, src)
+
+
+def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, warmup: int, iters: int,
+                   on_row: Callable[[list[dict]], None]) -> list[dict]:
+    """Time every op at every size; ``on_row(rows so far)`` runs after each row (so a cut-short run keeps its rows)."""
+
+    def timer(fn, *args, **kwargs) -> float:
+        return kprof.time_cuda(fn, *args, warmup=warmup, iters=iters, device=device, **kwargs).median_ms
+
+    rows = []
+    for op in ops:
+        for dtype, shape in sizes[family(op)]:
+            inputs = op.make(shape, dtype, device)
+            grads = [t.detach().requires_grad_() for t in inputs]
+            dy = torch.randn_like(op.reference(*inputs))
+            compiled = torch.compile(op.reference, dynamic=False) if compile_ref else None
+            for backward in (False, True):
+                args, kwargs = (grads, {"grad": dy}) if backward else (inputs, {})
+                wrap = fwd_bwd if backward else (lambda f: f)
+                ours = timer(wrap(op.kernel), *args, **kwargs)
+                eager = timer(wrap(op.reference), *args, **kwargs)
+                comp = timer(wrap(compiled), *args, **kwargs) if compiled is not None else math.nan
+                nbytes = min_bytes(op, inputs, backward)
+                copy = copy_ms(nbytes, device, timer) if op.memory_bound else math.nan
+                row = {
+                    "op": op.name, "dtype": str(dtype).removeprefix("torch."), "shape": list(shape),
+                    "pass": "fwd+bwd" if backward else "fwd", "ms": ours, "eager_ms": eager, "compile_ms": comp,
+                    "bytes": nbytes if op.memory_bound else None,
+                    "gbps": nbytes / ours / 1e6 if op.memory_bound else None,
+                    "copy_gbps": nbytes / copy / 1e6 if op.memory_bound else None,
+                }
+                rows.append(row)
+                print(format_row(row), flush=True)
+                on_row(rows)
+            torch._dynamo.reset()
+    return rows
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+TABLE_HEADER = ("| op | dtype | shape | pass | kprof ms | GB/s | % of copy | eager ms | × eager | compile ms "
+                "| × compile |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def format_row(r: dict) -> str:
+    share = r["gbps"] / r["copy_gbps"] * 100 if r["gbps"] is not None else None
+    return (f"| {r['op']} | {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r['pass']} | {r['ms']:.4f} | "
+            f"{_fmt(r['gbps'], '.0f')} | {_fmt(share, '.1f')} | {r['eager_ms']:.4f} | "
+            f"{r['eager_ms'] / r['ms']:.2f} | {_fmt(r['compile_ms'], '.4f')} | "
+            f"{_fmt(r['compile_ms'] / r['ms'], '.2f')} |")
+
+
+def environment(device: str) -> dict:
+    return {
+        "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine(),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def check(ops: list[Op], device: str) -> bool:
+    """Every kernel forward and backward once on small odd shapes, against float64; True when all pass."""
+    ok = True
+    for op in ops:
+        for shape in CHECK_SHAPES[family(op)]:
+            for dtype in CHECK_DTYPES if device == "cuda" else [torch.float32, torch.float64]:
+                inputs = [t.requires_grad_() for t in op.make(shape, dtype, device)]
+                out = op.kernel(*inputs)
+                dy = torch.randn_like(out)
+                got = [out, *torch.autograd.grad(out, inputs, dy)]
+                ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+                ref_out = op.reference(*ref_inputs)
+                want = [ref_out, *torch.autograd.grad(ref_out, ref_inputs, dy.double())]
+                errors = [((g.double() - w).norm() / (w.norm() + 1e-6)).item() for g, w in zip(got, want, strict=True)]
+                tol = CHECK_TOL.get(dtype, 1e-10) * (20 if op.name.startswith("linear") else 4)
+                passed = all(math.isfinite(e) and e < tol for e in errors)
+                ok &= passed
+                print(f"{'ok  ' if passed else 'FAIL'} {op.name:15s} {str(dtype):15s} {str(shape):15s} "
+                      f"max rel err {max(errors):.2e}", flush=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return ok
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="small sizes on the CPU, a few iterations, no compile")
+    parser.add_argument("--check", action="store_true", help="correctness of every kernel on small shapes, no timing")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile reference")
+    parser.add_argument("--ops", default="", help="comma-separated op names (default: all): "
+                        + ",".join(op.name for op in OPS))
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Check or time the ops the arguments name; the exit status of ``kprof bench``."""
+    names = [n for n in args.ops.split(",") if n]
+    unknown = sorted(set(names) - {op.name for op in OPS})
+    if unknown:
+        parser.error(f"--ops: unknown op(s) {unknown}")
+    ops = [op for op in OPS if not names or op.name in names]
+    device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
+    if args.check:
+        return 0 if check(ops, device) else 1
+    if device == "cpu" and not args.quick:
+        parser.error("no CUDA device: use --quick (CPU smoke run) or --check")
+    env = environment(device)
+    print(f"# kprof kernels on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
+    print(TABLE_HEADER, flush=True)
+    def save(rows: list[dict]) -> None:
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({**env, "rows": rows}, indent=1))
+
+    run_benchmarks(ops, QUICK_SIZES if args.quick else FULL_SIZES, device,
+                   compile_ref=not (args.quick or args.no_compile), warmup=2 if args.quick else 10,
+                   iters=5 if args.quick else 50, on_row=save)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv), parser)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """``kprof bench``: the custom layers vs eager PyTorch and torch.compile, % of copy bandwidth."""
+    parser = sub.add_parser("bench", help="time the custom layers against PyTorch eager and torch.compile")
+    add_arguments(parser)
+    parser.set_defaults(func=lambda args: run(args, parser))
