@@ -105,7 +105,7 @@ def test_build_killed_mid_compile_does_not_block_the_next_build(probe):
     child = _load_in_child(probe, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not any("cc1plus" in p.name() or p.name() in ("c++", "g++") for p in _descendants(child.pid)):
+        while not any(_is_compiler(p) for p in _descendants(child.pid)):
             assert time.monotonic() < deadline and child.poll() is None, "the build finished before it could be killed"
             time.sleep(0.005)
         os.killpg(child.pid, signal.SIGKILL)
@@ -116,6 +116,15 @@ def test_build_killed_mid_compile_does_not_block_the_next_build(probe):
     code, library, err = _load_result(probe)
     assert code == 0, err
     assert err.count("removing stale build lock") == 1 and Path(library).parent == build_dir
+
+
+def _is_compiler(process: psutil.Process) -> bool:
+    """True for a C++ compiler process; False for one that exited while we looked."""
+    try:
+        name = process.name()
+    except (psutil.Error, OSError):
+        return False
+    return "cc1plus" in name or name in ("c++", "g++")
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
