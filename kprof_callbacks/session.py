@@ -19,6 +19,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 import torch
@@ -29,6 +30,9 @@ from .config import ProfileConfig, _check_activities
 from .timing import StepTimer
 from .triggers import make_trigger
 from .writer import Capture, TraceWriter, worker_name
+
+if TYPE_CHECKING:
+    from .analysis import Summary
 
 log = logging.getLogger(__name__)
 # Each window is written as it ends, so torch's reminder that a new cycle starts empty is noise here.
@@ -224,7 +228,7 @@ class Session:
         if self._writer is not None:
             self._writer.flush(self.config.write_timeout if timeout is None else timeout)
 
-    def summary(self):
+    def summary(self) -> Summary:
         """Summarize this run's trace files (``kprof.summarize``), after any pending writes land."""
         from .analysis import summarize
 
