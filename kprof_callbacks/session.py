@@ -114,8 +114,8 @@ class Session:
         self.captures: list[Capture] = []
         self._timer = StepTimer()
         self._samples: list[int | None] = []
-        self._scalars_sent = 0
-        self._times_read = 0
+        self._scalar_times = self._timer.reader()
+        self._read_new_times = self._timer.reader()
         self._prof = None
         self._writer: TraceWriter | None = None
         self._scalar_sink: _ScalarSink | None = None
@@ -145,10 +145,11 @@ class Session:
 
     def new_step_times(self) -> list[float]:
         """Seconds per step for the steps completed since the last call, without waiting for the GPU."""
-        self._timer.poll()
-        new = self._timer.times[self._times_read :]
-        self._times_read += len(new)
-        return new
+        return self._read_new_times()[1]
+
+    def step_time_reader(self) -> Callable[[], tuple[int, list[float]]]:
+        """A private cursor over completed step times (``StepTimer.reader``), for triggers and loggers."""
+        return self._timer.reader()
 
     @property
     def recording(self) -> bool:
@@ -348,14 +349,11 @@ class Session:
         self._writer.submit(prof, capture)
 
     def _send_scalars(self) -> None:
-        self._timer.poll()
-        times = self._timer.times
-        start, end = self._scalars_sent, len(times)
-        if end <= start:
+        start, times = self._scalar_times()
+        if not times:
             return
         # scalar step i is ProfilerStep#i: both count the session's steps from 0
-        batch = [(i, times[i], self._samples[i] if i < len(self._samples) else None) for i in range(start, end)]
-        self._scalars_sent = end
+        batch = [(i, t, self._samples[i] if i < len(self._samples) else None) for i, t in enumerate(times, start)]
         self._writer.submit_call(self._scalar_sink.bind(batch))
 
 

@@ -47,6 +47,21 @@ class StepTimer:
             self._resolve_oldest()
         return self.times[start:]
 
+    def reader(self) -> Callable[[], tuple[int, list[float]]]:
+        """A cursor over the step times: each call polls and returns (index of the first new step, the new times).
+
+        Every consumer (scalars, the slow-step trigger, the Lightning logger) keeps its own reader.
+        """
+        seen = 0
+
+        def read() -> tuple[int, list[float]]:
+            nonlocal seen
+            self.poll()
+            start, seen = seen, len(self.times)
+            return start, self.times[start:]
+
+        return read
+
     def drain(self) -> list[float]:
         """Wait for all recorded boundaries and resolve them (call outside the hot loop)."""
         start = len(self.times)

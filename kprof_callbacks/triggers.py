@@ -69,6 +69,7 @@ class SlowStep:
 
     def __init__(self, cfg: ProfileConfig, session: Session) -> None:
         self.session = session
+        self.read = session.step_time_reader()
         self.factor = cfg.slow_factor
         self.min_steps = cfg.slow_min_steps
         self.cooldown = cfg.cooldown
@@ -86,9 +87,7 @@ class SlowStep:
         pass
 
     def on_step(self, step: int) -> None:
-        timer = self.session._timer
-        timer.poll()
-        for seconds in timer.times[self.seen :]:
+        for seconds in self.read()[1]:
             self.seen += 1
             if self.seen > self.min_steps and self.seen >= self.quiet_until and seconds > self.factor * self.median:
                 reason = f"slow step {self.seen}: {seconds * 1e3:.2f} ms = {seconds / self.median:.1f}x median"
