@@ -34,4 +34,8 @@ def test_torchrun_ddp_loop_writes_one_trace_per_rank_and_a_ranks_table(tmp_path)
     traces = sorted(p.name for p in (tmp_path / "log" / "ddp-loop").glob("*.pt.trace.json"))
     assert [t.split("_")[0] for t in traces] == ["rank0", "rank1"]
     assert out.count("Steps (rank 0)") == 1  # only rank 0 prints
-    assert "straggler" in out and "Communication" in out
+    # The tables are always there; whether a straggler or a communication finding fires depends on which of two
+    # CPU processes the OS scheduler slows down (tests/test_analysis.py checks those findings on a forced straggler).
+    ranks = out.split("Ranks (means per step)")[1].split("\n\n")[0].splitlines()
+    assert [row.split()[0] for row in ranks[3:]] == ["0", "1"]
+    assert "Slowest rank per step (by compute)" in out
