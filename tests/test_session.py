@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import kprof_callbacks as kprof
+from kprof_callbacks import config as kprof_config
 from kprof_callbacks.writer import PARTIAL
 
 
@@ -59,6 +60,22 @@ def test_schedule_writes_one_trace_per_cycle_with_absolute_step_numbers(tmp_path
     assert [_profiler_steps(f) for f in files] == [[3, 4], [7, 8]]
     assert [(c.first_step, c.last_step) for c in s.captures] == [(3, 4), (7, 8)]
     assert not list((tmp_path / "r").glob("*" + PARTIAL))
+
+
+@pytest.mark.skipif(kprof_config._TRACE_ONLY is None, reason="this torch has no trace_only mode")
+@pytest.mark.parametrize("needs_events", [None, "with_stack", "with_modules"])
+def test_trace_only_mode_unless_an_option_needs_the_python_events(tmp_path, needs_events):
+    """torch skips building Python event objects at a window's end (kprof reads the file, not them)."""
+    options = {needs_events: True} if needs_events else {}
+    with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=2, repeat=1, **options) as s:
+        _train(s, 4, region="my-forward")
+        if needs_events:
+            assert len(s._prof.events()) > 0
+        else:
+            with pytest.raises(RuntimeError, match="trace_only"):
+                s._prof.events()
+    assert "my-forward" in {e.get("name") for e in _events(s.trace_files[0])}
+    assert kprof.summarize(s.trace_files[0]).steps
 
 
 def test_region_labels_appear_in_trace(tmp_path):
