@@ -3,7 +3,8 @@
 One LightningModule (a launch-bound MLP: width 256, depth 24, batch 64, AdamW; the batch already on the device),
 one schedule (wait=1, warmup=1, active=3, repeat=2). Each variant runs in a fresh process, because a profiler leaves
 process-wide state behind (kineto leaves CUPTI attached after a CUDA trace unless TEARDOWN_CUPTI=1, which
-kprof sets unless the user did). Per variant:
+kprof sets unless the user did); the processes are forked from one that has the imports done, pinned to the same
+cores (``_isolated.py``), in interleaved rounds. Per variant:
 - median step time inside the first window (batches 1-4: warm-up + recorded) and long after it (the last half),
 - teardown: the training thread's time from the last batch to ``fit()`` returning (Lightning: its summary table;
   kprof: waiting for trace writes + the summary),
@@ -11,7 +12,7 @@ kprof sets unless the user did). Per variant:
 A step is timed between consecutive ``on_train_batch_end`` calls, with a device sync there (CUDA events on GPU).
 The sync is for measurement only: it keeps one step's GPU tail out of the next step's time.
 
-    python benchmarks/lightning_overhead.py [--quick] [--steps N] [--out results.json]
+    python benchmarks/lightning_overhead.py [--quick] [--steps N] [--rounds N] [--seconds S] [--out results.json]
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _isolated import Isolated
 
 SCHEDULE = dict(wait=1, warmup=1, active=3, repeat=2)
 WINDOW = range(1, 5)  # batches of the first window in both profilers: warm-up at 1, recorded 2-4
@@ -137,11 +138,11 @@ def environment() -> dict:
     }
 
 
-def table(results: dict, env: dict, steps: int) -> str:
-    base = results["none"]["after_ms"]
+def table(results: dict, env: dict, steps: int, rounds: int) -> str:
     lines = [
         f"Lightning fit, launch-bound MLP (256x24, batch 64, AdamW), schedule {SCHEDULE}, {steps} batches, "
-        f"{env['device']}, torch {env['torch']}, lightning {env['lightning']}",
+        f"{env['device']}, torch {env['torch']}, lightning {env['lightning']}; median round of {rounds}, "
+        "after vs none: median and range of the per-round change",
         "",
         "| variant | in window (ms) | long after (ms) | after vs none | slowest of batches 1-10 (ms) | teardown (s) "
         "| trace files | GPU kernels per file |",
@@ -150,48 +151,61 @@ def table(results: dict, env: dict, steps: int) -> str:
     for name, r in results.items():
         kernels = "-" if r["gpu_kernels"] is None else ", ".join(map(str, r["gpu_kernels"])) or "0"
         lines.append(
-            f"| {name} | {r['window_ms']:.2f} | {r['after_ms']:.2f} | {r['after_ms'] / base - 1:+.1%} | "
+            f"| {name} | {r['window_ms']:.2f} | {r['after_ms']:.2f} | {change_cell(r['after_vs_none'])} | "
             f"{r['slowest_in_batches_1_10_ms']:.1f} | {r['teardown_s']:.2f} | {r['trace_files']} | {kernels} |"
         )
     return "\n".join(lines)
 
 
+def one(name: str, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as logdir:
+        return run_variant(name, steps, Path(logdir))
+
+
+def change_cell(changes: list[float]) -> str:
+    mid = statistics.median(changes)
+    return f"{mid:+.1%}" + (f" ({min(changes):+.1%} .. {max(changes):+.1%})" if len(changes) > 1 else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="40 batches, for a CPU smoke run")
+    parser.add_argument("--quick", action="store_true", help="40 batches, one round, for a CPU smoke run")
     parser.add_argument("--steps", type=int, help="batches per variant (default 300, 40 with --quick)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds, each variant in a fresh process")
+    parser.add_argument("--seconds", type=float, help="start no round that would end past this budget (one round always runs)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # one variant, in this process
-    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     steps = args.steps or (40 if args.quick else 300)
+    rounds = 1 if args.quick else args.rounds
     if steps < 20:
         parser.error("--steps must be >= 20 (the window plus a stretch long after it)")
-
-    if args.variant:
-        with tempfile.TemporaryDirectory() as logdir:
-            args.result.write_text(json.dumps(run_variant(args.variant, steps, Path(logdir))))
-        return
 
     import torch
 
     env = environment()
+    isolated = Isolated(preload=("torch", "lightning", "kprof_callbacks"))
+    names = [n for n in VARIANTS if torch.cuda.is_available() or n not in CUDA_ONLY]
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    started = time.monotonic()
+    for done in range(1, rounds + 1):
+        round_started = time.monotonic()
+        for name in names:
+            runs[name].append(isolated(one, name, steps, env=VARIANTS[name][2]))
+            print(f"round {done} {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
+        now = time.monotonic()
+        if args.seconds is not None and now - started + (now - round_started) > args.seconds:
+            break
     results = {}
-    with tempfile.TemporaryDirectory() as scratch:
-        for name, (_, _, extra_env) in VARIANTS.items():
-            if name in CUDA_ONLY and not torch.cuda.is_available():
-                continue
-            result = Path(scratch) / "result.json"
-            cmd = [sys.executable, __file__, "--variant", name, "--steps", str(steps), "--result", str(result)]
-            done = subprocess.run(cmd, env={**os.environ, **extra_env}, capture_output=True, text=True)
-            if done.returncode != 0:
-                sys.exit(f"variant {name!r} failed:\n{done.stderr[-4000:]}")
-            results[name] = json.loads(result.read_text())
-            print(f"{name}: {results[name]}", file=sys.stderr)
-    print(table(results, env, steps))
+    for name, mine in runs.items():
+        # the median round (by the time long after the windows) stands for the variant; the change vs none is
+        # paired within each round, so drift between rounds cancels
+        results[name] = {**sorted(mine, key=lambda r: r["after_ms"])[len(mine) // 2],
+                         "after_vs_none": [r["after_ms"] / n["after_ms"] - 1 for r, n in zip(mine, runs["none"])]}
+    print(table(results, env, steps, done))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"environment": env, "steps": steps, "schedule": SCHEDULE, "results": results}, indent=2))
+        args.out.write_text(json.dumps({"environment": env, "steps": steps, "rounds": done, "schedule": SCHEDULE,
+                                        "cores": isolated.cores, "runs": runs, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

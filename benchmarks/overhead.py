@@ -5,29 +5,29 @@ For a launch-bound MLP (many small kernels) and a compute-bound one, it measures
 - long after the profiled window ended (raw torch.profiler and kprof: both objects still alive),
 - inside an active window (raw torch.profiler and kprof, same options),
 and how long the training thread is blocked by the step that closes a window (raw torch.profiler with
-``tensorboard_trace_handler`` vs kprof), with the trace size. Every measurement runs in a fresh process, in
-interleaved rounds so clock drift hits all modes alike.
+``tensorboard_trace_handler`` vs kprof), with the part of it spent inside torch, and the trace size. Every
+measurement runs in a fresh process pinned to the same cores (``_isolated.py``), in interleaved rounds; kprof's
+cost is the ratio to its reference *within* each round (median and range over rounds), so drift between rounds
+cancels.
 
-    python benchmarks/overhead.py [--quick] [--out results.json]
+    python benchmarks/overhead.py [--quick] [--rounds N] [--seconds S] [--out results.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from torch import nn
 
 import kprof_callbacks as kprof
+from _isolated import Isolated
 
 
 def mlp(width: int, depth: int) -> nn.Module:
@@ -99,7 +99,8 @@ def measure(loop: Loop, mode: str, steps: int, logdir: Path) -> dict:
 
 
 def blocking(loop: Loop, tool: str, active: int, logdir: Path) -> dict:
-    """Host seconds spent in the step() call that closes a window of ``active`` steps, and the trace's size."""
+    """Host time of the step() call that closes a window of ``active`` steps, the part of it spent in torch's
+    ``_disable_profiler()`` (stopping kineto and collecting its events), and the trace's size."""
     out = logdir / f"{tool}-{time.time_ns()}"
     sched = dict(wait=0, warmup=1, active=active, repeat=1)
     if tool == "raw":
@@ -110,12 +111,15 @@ def blocking(loop: Loop, tool: str, active: int, logdir: Path) -> dict:
         )
         with prof:
             _, hooks = loop.run(active + 3, prof.step)
+            stats = prof.profiler._stats
         files = list(out.glob("*.pt.trace.json"))
     else:
         with kprof.session(out.parent, run=out.name, **sched) as s:
             _, hooks = loop.run(active + 3, s.step)
+            stats = s._prof.profiler._stats
         files = s.trace_files
-    return {"blocked_ms": hooks[active] * 1e3, "trace_mb": sum(f.stat().st_size for f in files) / 2**20}
+    return {"blocked_ms": hooks[active] * 1e3, "disable_ms": stats.profiler_disable_call_duration_us / 1e3,
+            "trace_mb": sum(f.stat().st_size for f in files) / 2**20}
 
 
 def _activities():
@@ -125,82 +129,73 @@ def _activities():
     return acts
 
 
-# Each mode runs in a fresh process: once CUPTI has attached to a process (the first CUDA trace), it can keep
-# taxing every kernel launch there, so measuring "none" after a profiled mode in the same process is not "none".
 MODES = ("none", "raw-outside", "kprof-outside", "kprof-outside-cupti-kept", "raw-inside", "kprof-inside")
 ENV = {"kprof-outside-cupti-kept": {"TEARDOWN_CUPTI": "0"}}  # kineto's default, which kprof overrides
+MODELS = {  # sizes -> model -> (width, depth, batch, steps)
+    "cuda": {"launch-bound": (256, 24, 64, 60), "compute-bound": (8192, 4, 1024, 25)},
+    "cpu": {"launch-bound": (256, 24, 64, 60), "compute-bound": (2048, 2, 512, 25)},
+    "quick": {"launch-bound": (64, 4, 16, 20), "compute-bound": (256, 2, 64, 20)},
+}
 
 
-def child(args: argparse.Namespace) -> dict:
-    """One measurement in this (fresh) process; the parent reads the JSON it prints."""
-    loop = Loop(*MODELS[args.device][args.model], args.device)
+def one(sizes: str, model: str, mode: str | None = None, tool: str | None = None, active: int = 0) -> dict:
+    """One measurement (a step-time ``mode``, or the window-end block of ``tool``), in a fresh process."""
+    width, depth, batch, steps = MODELS[sizes][model]
+    loop = Loop(width, depth, batch, "cuda" if sizes == "cuda" else "cpu")
     loop.run(10)  # warm up allocator, cuBLAS handles, autotuning
     with tempfile.TemporaryDirectory() as tmp:
-        if args.blocking:
-            return blocking(loop, args.blocking, args.active, Path(tmp))
-        return measure(loop, args.mode.replace("-cupti-kept", ""), args.steps, Path(tmp))
-
-
-def spawn(**kw) -> dict:
-    argv = [sys.executable, __file__, "--child"] + [f"--{k}={v}" for k, v in kw.items() if k != "env"]
-    env = {**os.environ, **kw.get("env", {})}
-    done = subprocess.run(argv, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-MODELS = {  # (width, depth, batch)
-    "cuda": {"launch-bound": (256, 24, 64), "compute-bound": (8192, 4, 2048)},
-    "cpu": {"launch-bound": (256, 24, 64), "compute-bound": (2048, 2, 512)},
-    "quick": {"launch-bound": (64, 4, 16), "compute-bound": (256, 2, 64)},
-}
+        if tool is not None:
+            return blocking(loop, tool, active, Path(tmp))
+        return measure(loop, mode.replace("-cupti-kept", ""), steps, Path(tmp))
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes, one round (CI smoke test)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds, each mode in a fresh process")
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds, each measurement in a fresh process")
+    p.add_argument("--seconds", type=float, help="start no round that would end past this budget (one round always runs)")
     p.add_argument("--out", type=Path, default=None, help="write results as JSON here")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    p.add_argument("--mode", help=argparse.SUPPRESS)
-    p.add_argument("--blocking", help=argparse.SUPPRESS)
-    p.add_argument("--active", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.child:
-        if args.device == "quick":
-            args.device = "cpu"
-            MODELS["cpu"] = MODELS["quick"]
-        print(json.dumps(child(args)))
-        return {}
-    sizes = "quick" if args.quick else args.device
-    if args.quick:
-        args.rounds, args.steps, active_sizes = 1, 20, (3,)
-    else:
-        active_sizes = (3, 30)
-    results = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "torch": torch.__version__,
+    started = time.monotonic()
+    sizes = "quick" if args.quick else "cuda" if torch.cuda.is_available() else "cpu"
+    rounds, active_sizes = (1, (3,)) if args.quick else (args.rounds, (3, 30))
+    isolated = Isolated(preload=("torch", "kprof_callbacks"))
+    results = {"device": torch.cuda.get_device_name() if sizes == "cuda" else "cpu", "torch": torch.__version__,
                "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-               "rounds": args.rounds, "step": {}, "blocking": {}}
-    for name in MODELS[sizes]:
-        per_mode = {m: [] for m in MODES}
-        for _ in range(args.rounds):
-            for mode in MODES:
-                r = spawn(device=sizes, model=name, mode=mode, steps=args.steps, env=ENV.get(mode, {}))
-                per_mode[mode].append(r["median_ms"])
-                print(f"  {name} {mode}: {r['median_ms']:.3f} ms", file=sys.stderr, flush=True)
-        results["step"][name] = {m: statistics.median(v) for m, v in per_mode.items()}
-        results["step"][name]["rounds"] = per_mode
+               "cores": isolated.cores, "step": {}, "blocking": {}}
     for active in active_sizes:
-        results["blocking"][active] = {
-            tool: spawn(device=sizes, model="launch-bound", blocking=tool, active=active) for tool in ("raw", "kprof")
+        results["blocking"][active] = {tool: isolated(one, sizes, "launch-bound", tool=tool, active=active)
+                                       for tool in ("raw", "kprof")}
+        print(f"  blocked at the end of {active} active steps: {results['blocking'][active]}", file=sys.stderr, flush=True)
+    per_mode = {name: {m: [] for m in MODES} for name in MODELS[sizes]}
+    for done in range(1, rounds + 1):
+        round_started = time.monotonic()
+        for name in MODELS[sizes]:
+            for mode in MODES:
+                r = isolated(one, sizes, name, mode=mode, env=ENV.get(mode, {}))
+                per_mode[name][mode].append(r["median_ms"])
+                print(f"  round {done} {name} {mode}: {r['median_ms']:.3f} ms", file=sys.stderr, flush=True)
+        now = time.monotonic()
+        if args.seconds is not None and now - started + (now - round_started) > args.seconds:
+            break
+    results["rounds"] = done
+    for name, mine in per_mode.items():
+        results["step"][name] = {m: statistics.median(v) for m, v in mine.items()}
+        results["step"][name]["rounds"] = mine
+        results["step"][name]["ratios"] = {  # paired within each round, so drift between rounds cancels
+            "outside": [k / n for k, n in zip(mine["kprof-outside"], mine["none"])],
+            "inside": [k / r for k, r in zip(mine["kprof-inside"], mine["raw-inside"])],
         }
     print(render(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
     return results
+
+
+def ratio_cell(ratios: list[float]) -> str:
+    """Median paired ratio as a change, with the range over rounds: "+0.4% (-2.1% .. +3.0%)"."""
+    mid = statistics.median(ratios) - 1
+    return f"{mid:+.1%}" + (f" ({min(ratios) - 1:+.1%} .. {max(ratios) - 1:+.1%})" if len(ratios) > 1 else "")
 
 
 def render(results: dict) -> str:
@@ -210,13 +205,14 @@ def render(results: dict) -> str:
               "|---" * (len(MODES) + 3) + "|"]
     for name, row in results["step"].items():
         cells = " | ".join(f"{row[m]:.3f} ms" for m in MODES)
-        out = (row["kprof-outside"] / row["none"] - 1) * 100
-        ins = (row["kprof-inside"] / row["raw-inside"] - 1) * 100
-        lines.append(f"| {name} | {cells} | {out:+.1f}% | {ins:+.1f}% |")
-    lines += ["", "| active steps | raw + tensorboard_trace_handler: blocked | kprof: blocked | trace MB |", "|---|---|---|---|"]
+        ratios = row["ratios"]
+        lines.append(f"| {name} | {cells} | {ratio_cell(ratios['outside'])} | {ratio_cell(ratios['inside'])} |")
+    lines += ["", "| active steps | raw + tensorboard_trace_handler: blocked (in `_disable_profiler`) | "
+              "kprof: blocked (in `_disable_profiler`) | trace MB |", "|---|---|---|---|"]
     for active, row in results["blocking"].items():
-        lines.append(f"| {active} | {row['raw']['blocked_ms']:.1f} ms | {row['kprof']['blocked_ms']:.1f} ms | "
-                     f"{row['kprof']['trace_mb']:.1f} |")
+        raw, ours = row["raw"], row["kprof"]
+        lines.append(f"| {active} | {raw['blocked_ms']:.1f} ms ({raw['disable_ms']:.1f}) | "
+                     f"{ours['blocked_ms']:.1f} ms ({ours['disable_ms']:.1f}) | {ours['trace_mb']:.1f} |")
     return "\n".join(lines)
 
 

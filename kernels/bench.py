@@ -7,7 +7,7 @@ device ``copy_`` moving the same bytes (measured here, the practical ceiling of 
 and the speedup over eager and compiled PyTorch. Prints a markdown table; ``--out`` writes JSON with the
 device, versions and date.
 
-    kprof bench [--quick] [--check] [--no-compile] [--ops gelu,bias_gelu] [--out r.json]
+    kprof bench [--quick] [--check] [--no-compile] [--largest] [--ops gelu,bias_gelu] [--out r.json]
     python benchmarks/kernels.py ...      (the same)
 
 ``--quick`` runs small sizes on the CPU in seconds (CI smoke). ``--check`` runs every kernel forward and
@@ -104,6 +104,18 @@ CHECK_SHAPES = {"elementwise": [(3, 1001), (1,)], "bias": [(3, 1001), (5, 64)], 
                 "norm": [(3, 1001), (37, 520), (5, 64), (2, 8192)]}
 CHECK_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 CHECK_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
+
+
+def largest(sizes: dict) -> dict:
+    """Per family, the largest shape of each dtype."""
+    out = {}
+    for fam, entries in sizes.items():
+        best: dict[torch.dtype, tuple] = {}
+        for dtype, shape in entries:
+            if dtype not in best or math.prod(shape) > math.prod(best[dtype]):
+                best[dtype] = shape
+        out[fam] = list(best.items())
+    return out
 
 
 def family(op: Op) -> str:
@@ -229,6 +241,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes on the CPU, a few iterations, no compile")
     parser.add_argument("--check", action="store_true", help="correctness of every kernel on small shapes, no timing")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile reference")
+    parser.add_argument("--largest", action="store_true", help="only each op's largest shape per dtype")
     parser.add_argument("--ops", default="", help="comma-separated op names (default: all): "
                         + ",".join(op.name for op in OPS))
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
@@ -254,7 +267,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({**env, "rows": rows}, indent=1))
 
-    run_benchmarks(ops, QUICK_SIZES if args.quick else FULL_SIZES, device,
+    sizes = QUICK_SIZES if args.quick else largest(FULL_SIZES) if args.largest else FULL_SIZES
+    run_benchmarks(ops, sizes, device,
                    compile_ref=not (args.quick or args.no_compile), warmup=2 if args.quick else 10,
                    iters=5 if args.quick else 50, on_row=save)
     return 0

@@ -1,11 +1,14 @@
 """The benchmark scripts run end to end in their tiny --quick mode, so they cannot rot between GPU runs."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 RUN_ALL = Path(__file__).resolve().parent.parent / "benchmarks" / "run_all.py"
 
@@ -24,3 +27,31 @@ def test_run_all_quick_produces_every_table_and_the_targets(tmp_path):
     assert {"launch-bound", "compute-bound"} <= measured
     assert any(t["target"].startswith("summary of") for t in results["targets"])
     assert "## targets" in done.stdout
+
+
+sys.path.insert(0, str(RUN_ALL.parent))
+from _isolated import Isolated  # noqa: E402
+
+from kprof_callbacks.kernels import bench  # noqa: E402
+
+
+def test_isolated_calls_run_each_in_a_new_pinned_process_with_their_own_environment(monkeypatch):
+    monkeypatch.delenv("KPROF_PROBE", raising=False)
+    isolated = Isolated(preload=("json",), cores=1)
+    pids = {isolated(os.getpid) for _ in range(3)}
+    assert len(pids) == 3 and os.getpid() not in pids
+    assert isolated(os.getenv, "KPROF_PROBE", env={"KPROF_PROBE": "set"}) == "set"
+    assert isolated(os.getenv, "KPROF_PROBE") is None  # the previous call's environment died with it
+    assert isolated(os.sched_getaffinity, 0) == set(isolated.cores) == {min(os.sched_getaffinity(0))}
+    with pytest.raises(ZeroDivisionError):  # the child's exception reaches the caller
+        isolated(divmod, 1, 0)
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        isolated(os._exit, 3)
+    isolated.timeout = 1
+    with pytest.raises(TimeoutError):
+        isolated(time.sleep, 30)
+
+
+def test_largest_keeps_the_biggest_shape_of_each_dtype():
+    sizes = {"f": [(torch.float32, (4, 4)), (torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2)), (torch.float32, (3, 3))]}
+    assert bench.largest(sizes) == {"f": [(torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2))]}

@@ -1,0 +1,63 @@
+"""One measurement per fresh process, cheaply, on the same CPU cores every time.
+
+A profiler leaves process-wide state behind (kineto keeps CUPTI attached after a CUDA trace unless
+TEARDOWN_CUPTI=1), so a benchmark that measures "no profiler" after a profiled variant in the same process does
+not measure "no profiler". Starting a Python process per measurement costs seconds of imports, though, which
+limits how many interleaved rounds fit in a run. Here a forkserver imports the heavy modules once (it never
+touches CUDA); each call forks a child from it that sets its environment, pins itself to the same few cores
+(a host-bound step is as fast as the core it lands on), runs one function, sends back its result and exits.
+
+    measure = Isolated(preload=("torch",))
+    result = measure(fn, *args, env={"TEARDOWN_CUPTI": "0"}, **kwargs)   # fn: a module-level function
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable
+
+CORES = 4  # enough for the training thread plus the profiler's and the writer's threads
+
+
+def _child(conn, env: dict[str, str], cores: list[int], fn: Callable, args: tuple, kwargs: dict) -> None:
+    os.environ.update(env)  # before the function's first CUDA call: kineto reads TEARDOWN_CUPTI then
+    if cores:
+        os.sched_setaffinity(0, cores)
+    try:
+        conn.send((True, fn(*args, **kwargs)))
+    except BaseException as exc:  # the caller re-raises it
+        conn.send((False, exc))
+
+
+class Isolated:
+    """Calls a function in a fresh child process of a forkserver that has ``preload`` imported."""
+
+    def __init__(self, preload: tuple[str, ...] = ("torch",), cores: int = CORES, timeout: float = 300) -> None:
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload(list(preload))
+        self.cores = sorted(os.sched_getaffinity(0))[:cores] if hasattr(os, "sched_getaffinity") else []
+        self.timeout = timeout
+
+    def __call__(self, fn: Callable, *args, env: dict[str, str] | None = None, **kwargs):
+        receive, send = self._ctx.Pipe(duplex=False)
+        child = self._ctx.Process(target=_child, args=(send, env or {}, self.cores, fn, args, kwargs), daemon=True)
+        child.start()
+        send.close()
+        answered = receive.poll(self.timeout)
+        try:
+            if not answered:
+                raise TimeoutError(f"{fn.__qualname__}{args} did not finish within {self.timeout:.0f} s")
+            ok, value = receive.recv()
+        except EOFError:  # died without a word: a crash
+            child.join()
+            raise RuntimeError(f"{fn.__qualname__}{args} died with exit code {child.exitcode}") from None
+        finally:
+            receive.close()
+            child.join(5 if answered else 0)  # one that answered is exiting; one that timed out is killed
+            if child.is_alive():
+                child.kill()
+                child.join()
+        if not ok:
+            raise value
+        return value
