@@ -288,7 +288,7 @@ def _check_options(step_fn, steps, warmup, block, seed, check, tol, confidence, 
         raise ValueError(f"tol must be a number > 0 or None, got {tol!r}")
     if not isinstance(confidence, float) or not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be a float between 0 and 1, got {confidence!r}")
-    if isinstance(noise_threshold, bool) or not isinstance(noise_threshold, (int, float)) or noise_threshold < 0:
+    if isinstance(noise_threshold, bool) or not isinstance(noise_threshold, (int, float)) or not noise_threshold >= 0:
         raise ValueError(f"noise_threshold must be a number >= 0, got {noise_threshold!r}")
     if optimizer is not None and not callable(optimizer):
         raise TypeError(f"optimizer must be a factory taking parameters (or None), got {type(optimizer).__name__}")

@@ -72,6 +72,9 @@ def swap(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    for flag, value in (("inplace", inplace), ("fallback", fallback)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be True or False, got {value!r}")
     factories = _factories(DEFAULT_LAYERS if mapping is None else mapping)
     from .kernels import KernelBuildError
 

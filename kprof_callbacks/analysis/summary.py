@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -217,6 +218,8 @@ def summarize(path: str | Path, *, progress: bool = False) -> Summary | dict[str
     runs (a dict run name -> Summary). Unreadable files become lines in `Summary.problems`;
     a missing path raises FileNotFoundError, and nothing readable at all raises ValueError.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a trace file, run folder or logdir (str or Path), got {type(path).__name__}")
     root = Path(path)
     if not root.exists():
         raise FileNotFoundError(f"no such trace file or folder: {root}")
