@@ -3,7 +3,8 @@
 A cold build compiles with ninja through ``torch.utils.cpp_extension`` (several seconds to a
 minute). A warm start in a new process only imports the cached shared library: the cache
 folder is keyed by a hash of the sources, torch/CUDA versions, arch list and flags, and a
-marker file written after a successful build says the library in it is complete.
+marker file written after a successful build says the library in it is complete (and how big it
+is: a truncated library is rebuilt, not imported).
 
 Extension sources follow one contract: the ``.cpp`` holds the torch binding
 (``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``) and the CPU kernels; ``.cu`` files hold only
@@ -187,7 +188,10 @@ def _import_built(build_dir: Path) -> types.ModuleType | None:
     except (OSError, ValueError):
         return None
     library = build_dir / marker["library"]
-    if not library.is_file():
+    try:
+        if library.stat().st_size != marker["bytes"]:  # truncated: importing it would SIGBUS the process
+            return None
+    except (OSError, KeyError):  # gone, or a marker from before sizes were recorded
         return None
     spec = importlib.util.spec_from_file_location(marker["module"], library)
     assert spec is not None and spec.loader is not None
@@ -206,15 +210,20 @@ def _build(
     estimate = "~15-30 s" if with_cuda else "~10-30 s"  # measured: 12-19 s on an H100 host, 15-40 s on 2 CPU cores
     print(f"building kprof kernel {name!r} (first run, {estimate})...", file=sys.stderr, flush=True)
     start = time.perf_counter()
+    for damaged in build_dir.glob("*.so"):  # no valid library here: ninja must not find this one up to date
+        damaged.unlink()
     try:
         module = build(ext_name, build_dir, verbose)
     except (RuntimeError, ImportError, OSError) as exc:
-        log_path.write_text(f"{exc}\n")
+        try:
+            log_path.write_text(f"{exc}\n")
+        except OSError:  # the disk that failed the build (full, read-only) can refuse the log too
+            log_path = None
         raise KernelBuildError(_failure_message(name, str(exc), log_path, verbose), log_path) from exc
     seconds = time.perf_counter() - start
-    library = Path(module.__file__).name
-    marker = {"module": ext_name, "library": library, "seconds": round(seconds, 2), "cuda": with_cuda,
-              "torch": torch.__version__}
+    library = Path(module.__file__)
+    marker = {"module": ext_name, "library": library.name, "bytes": library.stat().st_size,
+              "seconds": round(seconds, 2), "cuda": with_cuda, "torch": torch.__version__}
     tmp = build_dir / f"{_MARKER}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(marker, indent=1))
     os.replace(tmp, build_dir / _MARKER)
@@ -222,10 +231,11 @@ def _build(
     return module
 
 
-def _failure_message(name: str, output: str, log_path: Path, verbose: bool) -> str:
+def _failure_message(name: str, output: str, log_path: Path | None, verbose: bool) -> str:
     errors = [line for line in output.splitlines() if "error" in line.lower()][:15]
     detail = "\n".join(errors) if errors else output[-2000:]
-    where = "compiler output above" if verbose else f"full compiler log: {log_path}"
+    where = ("compiler output above" if verbose else f"full compiler log: {log_path}" if log_path
+             else "the compiler log could not be saved either")
     return f"building kprof kernel {name!r} failed ({where})\n{detail}"
 
 
