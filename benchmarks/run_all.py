@@ -6,7 +6,8 @@ Runs, each in its own process (so one's profiler or CUDA state cannot leak into 
   summary.py             kprof.summarize vs key_averages() on the same profiles
   kernels.py             custom layers vs eager PyTorch and torch.compile, % of copy bandwidth
 
-    python benchmarks/run_all.py --out results.json      # ~8 min on an H100 (kernels already built)
+    kprof bench --check                                   # builds the kernels (~80 s on an H100 host) and checks them
+    python benchmarks/run_all.py --out results.json      # then this: ~8 min on an H100
     python benchmarks/run_all.py --quick                  # CPU smoke test (CI)
 """
 
@@ -30,8 +31,8 @@ HERE = Path(__file__).resolve().parent
 # name -> (script, extra arguments for a full run). The step-time benchmarks add rounds while their time budget
 # lasts, so the whole run stays within about 8 minutes on an H100 whatever one fresh process costs there.
 BENCHMARKS = {
-    "overhead": ("overhead.py", ["--seconds", "170"]),
-    "lightning": ("lightning_overhead.py", ["--seconds", "100"]),
+    "overhead": ("overhead.py", ["--seconds", "150"]),
+    "lightning": ("lightning_overhead.py", ["--seconds", "80"]),
     "summary": ("summary.py", ["--sizes", "5", "15", "50"]),
     "kernels": ("kernels.py", ["--largest"]),  # the sizes the targets read; `kprof bench` alone times them all
 }
