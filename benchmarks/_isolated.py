@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 CORES = 4  # enough for the training thread plus the profiler's and the writer's threads
 
@@ -61,3 +62,15 @@ class Isolated:
         if not ok:
             raise value
         return value
+
+
+def rounds(count: int, seconds: float | None) -> Iterator[int]:
+    """Round numbers 1..count, fewer if the next round would end past ``seconds`` (judged by the last one's length)
+    from the first. One round always runs."""
+    started = time.monotonic()
+    for number in range(1, count + 1):
+        round_started = time.monotonic()
+        yield number
+        now = time.monotonic()
+        if seconds is not None and now - started + (now - round_started) >= seconds:
+            return

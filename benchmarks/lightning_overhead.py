@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _isolated import Isolated
+from _isolated import Isolated, rounds as budget_rounds
 
 SCHEDULE = dict(wait=1, warmup=1, active=3, repeat=2)
 WINDOW = range(1, 5)  # batches of the first window in both profilers: warm-up at 1, recorded 2-4
@@ -186,15 +186,10 @@ def main() -> None:
     isolated = Isolated(preload=("torch", "lightning", "kprof_callbacks"))
     names = [n for n in VARIANTS if torch.cuda.is_available() or n not in CUDA_ONLY]
     runs: dict[str, list[dict]] = {name: [] for name in names}
-    started = time.monotonic()
-    for done in range(1, rounds + 1):
-        round_started = time.monotonic()
+    for done in budget_rounds(rounds, args.seconds):
         for name in names:
             runs[name].append(isolated(one, name, steps, env=VARIANTS[name][2]))
             print(f"round {done} {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
-        now = time.monotonic()
-        if args.seconds is not None and now - started + (now - round_started) > args.seconds:
-            break
     results = {}
     for name, mine in runs.items():
         # the median round (by the time long after the windows) stands for the variant; the change vs none is

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 import kprof_callbacks as kprof
-from _isolated import Isolated
+from _isolated import Isolated, rounds as budget_rounds
 
 
 def mlp(width: int, depth: int) -> nn.Module:
@@ -168,16 +168,13 @@ def main(argv: list[str] | None = None) -> dict:
                                        for tool in ("raw", "kprof")}
         print(f"  blocked at the end of {active} active steps: {results['blocking'][active]}", file=sys.stderr, flush=True)
     per_mode = {name: {m: [] for m in MODES} for name in MODELS[sizes]}
-    for done in range(1, rounds + 1):
-        round_started = time.monotonic()
+    left = None if args.seconds is None else args.seconds - (time.monotonic() - started)
+    for done in budget_rounds(rounds, left):
         for name in MODELS[sizes]:
             for mode in MODES:
                 r = isolated(one, sizes, name, mode=mode, env=ENV.get(mode, {}))
                 per_mode[name][mode].append(r["median_ms"])
                 print(f"  round {done} {name} {mode}: {r['median_ms']:.3f} ms", file=sys.stderr, flush=True)
-        now = time.monotonic()
-        if args.seconds is not None and now - started + (now - round_started) > args.seconds:
-            break
     results["rounds"] = done
     for name, mine in per_mode.items():
         results["step"][name] = {m: statistics.median(v) for m, v in mine.items()}

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,8 @@ def test_run_all_quick_produces_every_table_and_the_targets(tmp_path):
 
 
 sys.path.insert(0, str(RUN_ALL.parent))
-from _isolated import Isolated  # noqa: E402
+import _isolated  # noqa: E402
+from _isolated import Isolated, rounds  # noqa: E402
 
 from kprof_callbacks.kernels import bench  # noqa: E402
 
@@ -55,3 +57,15 @@ def test_isolated_calls_run_each_in_a_new_pinned_process_with_their_own_environm
 def test_largest_keeps_the_biggest_shape_of_each_dtype():
     sizes = {"f": [(torch.float32, (4, 4)), (torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2)), (torch.float32, (3, 3))]}
     assert bench.largest(sizes) == {"f": [(torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2))]}
+
+
+def test_rounds_stop_when_the_next_would_pass_the_budget(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(_isolated, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    assert list(rounds(4, None)) == [1, 2, 3, 4]
+    done = []
+    for number in rounds(10, 25.0):
+        done.append(number)
+        now[0] += 10.0  # after round 2 (20 s), a third would end at 30 s: past the budget
+    assert done == [1, 2]
+    assert list(rounds(3, 0.0)) == [1]  # one round always runs
