@@ -1,9 +1,11 @@
-"""Cost of a training step long after a profiling window, every variant in one process (H100 check).
+"""Cost of a training step long after a profiling window, every variant in one process.
 
-CUPTI is detached after each window (``TEARDOWN_CUPTI=1``, set here for all variants as kprof sets it), so the
-variants can share a process; they run in interleaved rounds so clock drift hits all alike.
+Two numbers per variant: the median step time, and the host time the training thread spends inside the per-step
+call itself (``prof.step()``, ``s.step()``: the part a profiler adds to every step directly, which does not drown in
+the step's own noise). CUPTI is detached after each window (``TEARDOWN_CUPTI=1``, set here for all variants as
+kprof sets it), so the variants can share a process; they run in interleaved rounds so clock drift hits all alike.
 
-    python benchmarks/after_window.py      # needs CUDA; 6 variants x 5 rounds of 100 steps
+    python benchmarks/after_window.py      # the launch-bound MLP; 6 variants x 5 rounds of 100 steps (CUDA or CPU)
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ import kprof_callbacks as kprof  # noqa: E402
 STEPS, ROUNDS = 100, 5
 
 
-def none(loop: Loop, logdir: str) -> list[float]:
-    return loop.run(STEPS)[0]
+def none(loop: Loop, logdir: str) -> tuple[list[float], list[float]]:
+    return loop.run(STEPS)
 
 
-def record_function_only(loop: Loop, logdir: str) -> list[float]:
+def record_function_only(loop: Loop, logdir: str) -> tuple[list[float], list[float]]:
     """What torch.profiler does at every step even outside windows: a ProfilerStep#N range."""
     state = {"step": 0, "range": None}
 
@@ -42,25 +44,30 @@ def record_function_only(loop: Loop, logdir: str) -> list[float]:
         state["range"] = torch.profiler.record_function(f"ProfilerStep#{state['step']}")
         state["range"].__enter__()
 
-    times = loop.run(STEPS, hook)[0]
+    times = loop.run(STEPS, hook)
     state["range"].__exit__(None, None, None)
     return times
 
 
-def raw_after(loop: Loop, logdir: str) -> list[float]:
+def raw_after(loop: Loop, logdir: str) -> tuple[list[float], list[float]]:
     schedule = torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1)
     with torch.profiler.profile(schedule=schedule, on_trace_ready=lambda prof: None) as prof:
-        return loop.run(STEPS + 10, prof.step)[0][10:]
+        return _after_window(loop.run(STEPS + 10, prof.step))
 
 
-def kprof_after(loop: Loop, logdir: str, scalars: bool = True) -> list[float]:
+def kprof_after(loop: Loop, logdir: str, scalars: bool = True) -> tuple[list[float], list[float]]:
     with kprof.session(logdir, run=f"after-{time.time_ns()}", wait=1, warmup=1, active=3, scalars=scalars) as s:
-        return loop.run(STEPS + 10, s.step)[0][10:]
+        return _after_window(loop.run(STEPS + 10, s.step))
 
 
-def kprof_disabled(loop: Loop, logdir: str) -> list[float]:
+def kprof_disabled(loop: Loop, logdir: str) -> tuple[list[float], list[float]]:
     with kprof.session(logdir, enabled=False) as s:
-        return loop.run(STEPS, s.step)[0]
+        return loop.run(STEPS, s.step)
+
+
+def _after_window(run: tuple[list[float], list[float]]) -> tuple[list[float], list[float]]:
+    steps, hooks = run
+    return steps[10:], hooks[10:]
 
 
 VARIANTS = {
@@ -74,22 +81,26 @@ VARIANTS = {
 
 
 def main() -> None:
-    if not torch.cuda.is_available():
-        raise SystemExit("after_window.py measures CUDA launch overhead: it needs a CUDA device")
-    loop = Loop(256, 24, 64, "cuda")  # the launch-bound MLP of benchmarks/overhead.py
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    loop = Loop(256, 24, 64, device)  # the launch-bound MLP of benchmarks/overhead.py
     loop.run(20)
-    rounds = {name: [] for name in VARIANTS}
+    steps = {name: [] for name in VARIANTS}
+    hooks = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as logdir:
         for _ in range(ROUNDS):
             for name, run in VARIANTS.items():
-                rounds[name].append(statistics.median(run(loop, logdir)) * 1e3)
-    base = statistics.median(rounds["none"])
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: median step, {ROUNDS} rounds of {STEPS}\n")
-    print("| variant | median of round medians (ms) | rounds | vs none |\n|---|---|---|---|")
-    for name, values in rounds.items():
+                step_s, hook_s = run(loop, logdir)
+                steps[name].append(statistics.median(step_s) * 1e3)
+                hooks[name].append(statistics.median(hook_s) * 1e6)
+    base = statistics.median(steps["none"])
+    where = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"{where}, torch {torch.__version__}: medians over {ROUNDS} interleaved rounds of {STEPS} steps\n")
+    print("| variant | step (ms) | step, each round | vs none | in the per-step call (us) |\n|---|---|---|---|---|")
+    for name, values in steps.items():
         median = statistics.median(values)
         cells = ", ".join(f"{v:.2f}" for v in values)
-        print(f"| {name} | {median:.3f} | {cells} | {(median / base - 1) * 100:+.1f}% |")
+        print(f"| {name} | {median:.3f} | {cells} | {(median / base - 1) * 100:+.1f}% | "
+              f"{statistics.median(hooks[name]):.1f} |")
 
 
 if __name__ == "__main__":

@@ -92,6 +92,31 @@ def test_region_is_free_outside_windows(tmp_path):
         assert isinstance(s.region("x"), type(_nullcontext()))
 
 
+@pytest.mark.parametrize("trigger", ["schedule", "on_demand"])
+def test_torch_opens_its_step_range_only_for_steps_a_window_may_record(tmp_path, monkeypatch, trigger):
+    """Outside windows torch's ProfilerStep#N record_function is most of prof.step()'s cost: kprof skips it."""
+    opened = []
+    real = torch.autograd.profiler.record_function
+
+    class Counting(real):
+        def __enter__(self):
+            if self.name.startswith("ProfilerStep#"):
+                opened.append(int(self.name.split("#")[1]))
+            return super().__enter__()
+
+    monkeypatch.setattr(torch.autograd.profiler, "record_function", Counting)
+    window = dict(wait=3, warmup=1, active=2, repeat=2) if trigger == "schedule" else dict(warmup=1, active=2)
+    with kprof.session(tmp_path, run="r", trigger=trigger, **window) as s:
+        _train(s, 6)
+        if trigger == "on_demand":
+            s.arm("test")  # 6 steps done (0-5): the window starts at step 7, warm-up 7, recorded 8 and 9
+        _train(s, 8)
+    # steps count from 0: wait 0-2, warm-up 3, recorded 4-5; again wait 6-8, warm-up 9, recorded 10-11
+    expected = [3, 4, 5, 9, 10, 11] if trigger == "schedule" else [7, 8, 9]
+    assert opened == expected
+    assert [_profiler_steps(f) for f in s.trace_files] == [expected[i:i + 2] for i in range(1, len(expected), 3)]
+
+
 def _nullcontext():
     import contextlib
 
