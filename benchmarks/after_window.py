@@ -5,7 +5,8 @@ call itself (``prof.step()``, ``s.step()``: the part a profiler adds to every st
 the step's own noise). CUPTI is detached after each window (``TEARDOWN_CUPTI=1``, set here for all variants as
 kprof sets it), so the variants can share a process; they run in interleaved rounds so clock drift hits all alike.
 
-    python benchmarks/after_window.py      # the launch-bound MLP; 6 variants x 5 rounds of 100 steps (CUDA or CPU)
+    python benchmarks/after_window.py      # the launch-bound MLP; 6 variants x 5 rounds of 100 steps (CUDA or CPU),
+                                           # then the per-step calls alone, warm
 """
 
 from __future__ import annotations
@@ -80,6 +81,30 @@ VARIANTS = {
 }
 
 
+def warm_calls(calls: int = 3000) -> dict[str, float]:
+    """Median µs of the per-step call alone, repeated with nothing in between (caches warm), after the window."""
+
+    def median_us(fn) -> float:
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6
+
+    schedule = dict(wait=1, warmup=1, active=1, repeat=1)
+    out = {"record_function enter+exit": median_us(lambda: torch.profiler.record_function("x").__enter__().__exit__(None, None, None))}
+    with torch.profiler.profile(schedule=torch.profiler.schedule(**schedule), on_trace_ready=lambda prof: None) as prof:
+        for _ in range(5):
+            prof.step()
+        out["raw torch.profiler prof.step()"] = median_us(prof.step)
+    with tempfile.TemporaryDirectory() as logdir, kprof.session(logdir, run="warm", **schedule) as s:
+        for _ in range(5):
+            s.step()
+        out["kprof s.step()"] = median_us(s.step)
+    return out
+
+
 def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     loop = Loop(256, 24, 64, device)  # the launch-bound MLP of benchmarks/overhead.py
@@ -101,6 +126,9 @@ def main() -> None:
         cells = ", ".join(f"{v:.2f}" for v in values)
         print(f"| {name} | {median:.3f} | {cells} | {(median / base - 1) * 100:+.1f}% | "
               f"{statistics.median(hooks[name]):.1f} |")
+    print("\n| the per-step call alone, 3,000 times after the window | us |\n|---|---:|")
+    for name, us in warm_calls().items():
+        print(f"| {name} | {us:.1f} |")
 
 
 if __name__ == "__main__":
