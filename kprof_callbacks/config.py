@@ -27,7 +27,7 @@ def _trace_only_config():
     """torch >= 2.12's ``trace_only`` mode, else None.
 
     kprof reads the exported trace, never the profiler's Python event objects, so it lets torch skip building
-    them when a window closes: that work runs on the training thread (20 MB CPU trace: 270 -> ~170 ms). torch
+    them when a window closes: that work runs on the training thread (20 MB CPU trace: 270-380 -> 175-180 ms). torch
     turns it off itself for ``with_stack`` (stacks need those objects); kprof also leaves it off for
     ``with_modules``, whose module hierarchy comes from the same pass.
     """

@@ -332,7 +332,7 @@ class Session:
         """Let torch open its ``ProfilerStep#N`` range only for a step a window may record.
 
         torch.profiler opens that range (a ``record_function``) on every step, recording or not; outside windows it
-        is most of what ``prof.step()`` costs (12 of 13 us per call on the 2-core box) and nothing collects it.
+        is most of what ``prof.step()`` costs (~10 of ~12 us per call on the 2-core box) and nothing collects it.
         """
         prof = self._prof
         idle = self._plan.planned(step) is ProfilerAction.NONE
