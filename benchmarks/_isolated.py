@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator
 
@@ -74,3 +75,9 @@ def rounds(count: int, seconds: float | None) -> Iterator[int]:
         now = time.monotonic()
         if seconds is not None and now - started + (now - round_started) >= seconds:
             return
+
+
+def change_cell(ratios: list[float]) -> str:
+    """Paired per-round ratios as a change: the median, and the range over rounds ("+0.4% (-2.1% .. +3.0%)")."""
+    mid = statistics.median(ratios) - 1
+    return f"{mid:+.1%}" + (f" ({min(ratios) - 1:+.1%} .. {max(ratios) - 1:+.1%})" if len(ratios) > 1 else "")

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _isolated import Isolated, rounds as budget_rounds
+from _isolated import Isolated, change_cell, rounds as budget_rounds
 
 SCHEDULE = dict(wait=1, warmup=1, active=3, repeat=2)
 WINDOW = range(1, 5)  # batches of the first window in both profilers: warm-up at 1, recorded 2-4
@@ -151,7 +151,7 @@ def table(results: dict, env: dict, steps: int, rounds: int) -> str:
     for name, r in results.items():
         kernels = "-" if r["gpu_kernels"] is None else ", ".join(map(str, r["gpu_kernels"])) or "0"
         lines.append(
-            f"| {name} | {r['window_ms']:.2f} | {r['after_ms']:.2f} | {change_cell(r['after_vs_none'])} | "
+            f"| {name} | {r['window_ms']:.2f} | {r['after_ms']:.2f} | {change_cell(r['after_ratio_to_none'])} | "
             f"{r['slowest_in_batches_1_10_ms']:.1f} | {r['teardown_s']:.2f} | {r['trace_files']} | {kernels} |"
         )
     return "\n".join(lines)
@@ -160,11 +160,6 @@ def table(results: dict, env: dict, steps: int, rounds: int) -> str:
 def one(name: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as logdir:
         return run_variant(name, steps, Path(logdir))
-
-
-def change_cell(changes: list[float]) -> str:
-    mid = statistics.median(changes)
-    return f"{mid:+.1%}" + (f" ({min(changes):+.1%} .. {max(changes):+.1%})" if len(changes) > 1 else "")
 
 
 def main() -> None:
@@ -195,7 +190,7 @@ def main() -> None:
         # the median round (by the time long after the windows) stands for the variant; the change vs none is
         # paired within each round, so drift between rounds cancels
         results[name] = {**sorted(mine, key=lambda r: r["after_ms"])[len(mine) // 2],
-                         "after_vs_none": [r["after_ms"] / n["after_ms"] - 1 for r, n in zip(mine, runs["none"])]}
+                         "after_ratio_to_none": [r["after_ms"] / n["after_ms"] for r, n in zip(mine, runs["none"])]}
     print(table(results, env, steps, done))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 import kprof_callbacks as kprof
-from _isolated import Isolated, rounds as budget_rounds
+from _isolated import Isolated, change_cell, rounds as budget_rounds
 
 
 def mlp(width: int, depth: int) -> nn.Module:
@@ -189,12 +189,6 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def ratio_cell(ratios: list[float]) -> str:
-    """Median paired ratio as a change, with the range over rounds: "+0.4% (-2.1% .. +3.0%)"."""
-    mid = statistics.median(ratios) - 1
-    return f"{mid:+.1%}" + (f" ({min(ratios) - 1:+.1%} .. {max(ratios) - 1:+.1%})" if len(ratios) > 1 else "")
-
-
 def render(results: dict) -> str:
     lines = [f"device: {results['device']}, torch {results['torch']} (CUDA {results['cuda']}), {results['date']}; "
              f"median of {results['rounds']} interleaved rounds, each mode in a fresh process", ""]
@@ -203,7 +197,7 @@ def render(results: dict) -> str:
     for name, row in results["step"].items():
         cells = " | ".join(f"{row[m]:.3f} ms" for m in MODES)
         ratios = row["ratios"]
-        lines.append(f"| {name} | {cells} | {ratio_cell(ratios['outside'])} | {ratio_cell(ratios['inside'])} |")
+        lines.append(f"| {name} | {cells} | {change_cell(ratios['outside'])} | {change_cell(ratios['inside'])} |")
     lines += ["", "| active steps | raw + tensorboard_trace_handler: blocked (in `_disable_profiler`) | "
               "kprof: blocked (in `_disable_profiler`) | trace MB |", "|---|---|---|---|"]
     for active, row in results["blocking"].items():
