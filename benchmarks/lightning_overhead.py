@@ -5,7 +5,10 @@ one schedule (wait=1, warmup=1, active=3, repeat=2). Each variant runs in a fres
 process-wide state behind (kineto leaves CUPTI attached after a CUDA trace unless TEARDOWN_CUPTI=1, which
 kprof sets unless the user did); the processes are forked from one that has the imports done, pinned to the same
 cores (``_isolated.py``), in interleaved rounds. Per variant:
-- median step time inside the first window (batches 1-4: warm-up + recorded) and long after it (the last half),
+- median step time inside the first window (batches 1-4: warm-up + recorded) and long after it (the last half);
+  the change vs none compares each process's time long after the windows with its own speed, measured by a fit
+  with no profiler in the same process first (fresh processes of the same code differ by up to 30% on an H100
+  host), paired within each round,
 - teardown: the training thread's time from the last batch to ``fit()`` returning (Lightning: its summary table;
   kprof: waiting for trace writes + the summary),
 - trace files written (repeat=2 should give two) and, on a GPU, how many GPU kernels they hold.
@@ -142,24 +145,28 @@ def table(results: dict, env: dict, steps: int, rounds: int) -> str:
     lines = [
         f"Lightning fit, launch-bound MLP (256x24, batch 64, AdamW), schedule {SCHEDULE}, {steps} batches, "
         f"{env['device']}, torch {env['torch']}, lightning {env['lightning']}; median round of {rounds}, "
-        "after vs none: median and range of the per-round change",
+        "after vs none: each process against its own no-profiler fit, median and range of the per-round change",
         "",
-        "| variant | in window (ms) | long after (ms) | after vs none | slowest of batches 1-10 (ms) | teardown (s) "
-        "| trace files | GPU kernels per file |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| variant | in window (ms) | long after (ms) | same process, no profiler (ms) | after vs none "
+        "| slowest of batches 1-10 (ms) | teardown (s) | trace files | GPU kernels per file |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for name, r in results.items():
         kernels = "-" if r["gpu_kernels"] is None else ", ".join(map(str, r["gpu_kernels"])) or "0"
         lines.append(
-            f"| {name} | {r['window_ms']:.2f} | {r['after_ms']:.2f} | {change_cell(r['after_ratio_to_none'])} | "
+            f"| {name} | {r['window_ms']:.2f} | {r['after_ms']:.2f} | {r['baseline_after_ms']:.2f} | "
+            f"{change_cell(r['after_ratio_to_none'])} | "
             f"{r['slowest_in_batches_1_10_ms']:.1f} | {r['teardown_s']:.2f} | {r['trace_files']} | {kernels} |"
         )
     return "\n".join(lines)
 
 
 def one(name: str, steps: int) -> dict:
+    """The variant in this fresh process, after a fit with no profiler that gives the process's own speed."""
     with tempfile.TemporaryDirectory() as logdir:
-        return run_variant(name, steps, Path(logdir))
+        baseline = run_variant("none", steps // 2, Path(logdir) / "baseline")
+        result = run_variant(name, steps, Path(logdir) / "variant")
+    return {**result, "baseline_after_ms": baseline["after_ms"], "relative": result["after_ms"] / baseline["after_ms"]}
 
 
 def main() -> None:
@@ -190,7 +197,7 @@ def main() -> None:
         # the median round (by the time long after the windows) stands for the variant; the change vs none is
         # paired within each round, so drift between rounds cancels
         results[name] = {**sorted(mine, key=lambda r: r["after_ms"])[len(mine) // 2],
-                         "after_ratio_to_none": [r["after_ms"] / n["after_ms"] for r, n in zip(mine, runs["none"])]}
+                         "after_ratio_to_none": [r["relative"] / n["relative"] for r, n in zip(mine, runs["none"])]}
     print(table(results, env, steps, done))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

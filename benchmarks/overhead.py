@@ -6,9 +6,14 @@ For a launch-bound MLP (many small kernels) and a compute-bound one, it measures
 - inside an active window (raw torch.profiler and kprof, same options),
 and how long the training thread is blocked by the step that closes a window (raw torch.profiler with
 ``tensorboard_trace_handler`` vs kprof), with the part of it spent inside torch, and the trace size. Every
-measurement runs in a fresh process pinned to the same cores (``_isolated.py``), in interleaved rounds; kprof's
-cost is the ratio to its reference *within* each round (median and range over rounds), so drift between rounds
-cancels.
+measurement runs in a fresh process pinned to the same cores (``_isolated.py``), in interleaved rounds.
+
+A host-bound step's speed differs between fresh processes of the same code by up to 30% on an H100 host (memory
+layout, which core the driver's threads share), far more than the 1% to be measured. So each process first trains
+with no profiler (its own baseline), then runs its mode: its *relative* step time is the mode's median over the
+baseline's. kprof's cost is the ratio of relative step times within each round (kprof outside vs none, kprof
+inside vs raw inside), reported as the median and range over rounds: a process's own speed and drift between
+rounds both cancel.
 
     python benchmarks/overhead.py [--quick] [--rounds N] [--seconds S] [--out results.json]
 """
@@ -129,13 +134,15 @@ def _activities():
     return acts
 
 
-MODES = ("none", "raw-outside", "kprof-outside", "kprof-outside-cupti-kept", "raw-inside", "kprof-inside")
-ENV = {"kprof-outside-cupti-kept": {"TEARDOWN_CUPTI": "0"}}  # kineto's default, which kprof overrides
+MODES = ("none", "raw-outside", "kprof-outside", "raw-inside", "kprof-inside")
 MODELS = {  # sizes -> model -> (width, depth, batch, steps)
     "cuda": {"launch-bound": (256, 24, 64, 60), "compute-bound": (8192, 4, 1024, 25)},
     "cpu": {"launch-bound": (256, 24, 64, 60), "compute-bound": (2048, 2, 512, 25)},
     "quick": {"launch-bound": (64, 4, 16, 20), "compute-bound": (256, 2, 64, 20)},
 }
+# A compute-bound step is the GPU's: its modes agree within 0.3% in every process, so one round tells all and the
+# time budget goes to the launch-bound model's rounds, whose host-bound steps are noisy.
+ONE_ROUND = {"compute-bound"}
 
 
 def one(sizes: str, model: str, mode: str | None = None, tool: str | None = None, active: int = 0) -> dict:
@@ -146,7 +153,10 @@ def one(sizes: str, model: str, mode: str | None = None, tool: str | None = None
     with tempfile.TemporaryDirectory() as tmp:
         if tool is not None:
             return blocking(loop, tool, active, Path(tmp))
-        return measure(loop, mode.replace("-cupti-kept", ""), steps, Path(tmp))
+        baseline, _ = loop.run(steps)  # this process's own speed with no profiler
+        result = measure(loop, mode, steps, Path(tmp))
+        baseline_ms = statistics.median(baseline[5:]) * 1e3
+        return {**result, "baseline_ms": baseline_ms, "relative": result["median_ms"] / baseline_ms}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -168,20 +178,30 @@ def main(argv: list[str] | None = None) -> dict:
                                        for tool in ("raw", "kprof")}
         print(f"  blocked at the end of {active} active steps: {results['blocking'][active]}", file=sys.stderr, flush=True)
     per_mode = {name: {m: [] for m in MODES} for name in MODELS[sizes]}
+
+    def one_round(done: int, names: list[str]) -> None:
+        for name in names:
+            for mode in MODES:
+                called = time.monotonic()
+                r = isolated(one, sizes, name, mode=mode)
+                per_mode[name][mode].append(r)
+                print(f"  round {done} {name} {mode}: {r['median_ms']:.3f} ms, its baseline {r['baseline_ms']:.3f} ms "
+                      f"(x{r['relative']:.3f}); {time.monotonic() - called:.1f} s", file=sys.stderr, flush=True)
+
+    one_round(1, [name for name in MODELS[sizes] if name in ONE_ROUND])
     left = None if args.seconds is None else args.seconds - (time.monotonic() - started)
     for done in budget_rounds(rounds, left):
-        for name in MODELS[sizes]:
-            for mode in MODES:
-                r = isolated(one, sizes, name, mode=mode, env=ENV.get(mode, {}))
-                per_mode[name][mode].append(r["median_ms"])
-                print(f"  round {done} {name} {mode}: {r['median_ms']:.3f} ms", file=sys.stderr, flush=True)
+        one_round(done, [name for name in MODELS[sizes] if name not in ONE_ROUND])
     results["rounds"] = done
     for name, mine in per_mode.items():
-        results["step"][name] = {m: statistics.median(v) for m, v in mine.items()}
+        relative = {m: [r["relative"] for r in runs] for m, runs in mine.items()}
+        results["step"][name] = {m: statistics.median(r["median_ms"] for r in runs) for m, runs in mine.items()}
+        results["step"][name]["relative"] = {m: statistics.median(v) for m, v in relative.items()}
         results["step"][name]["rounds"] = mine
-        results["step"][name]["ratios"] = {  # paired within each round, so drift between rounds cancels
-            "outside": [k / n for k, n in zip(mine["kprof-outside"], mine["none"])],
-            "inside": [k / r for k, r in zip(mine["kprof-inside"], mine["raw-inside"])],
+        results["step"][name]["ratios"] = {  # paired within each round, each process against its own baseline
+            "outside": [k / n for k, n in zip(relative["kprof-outside"], relative["none"])],
+            "inside": [k / r for k, r in zip(relative["kprof-inside"], relative["raw-inside"])],
+            "none": relative["none"],  # no profiler vs its own baseline: the noise the two ratios above sit in
         }
     print(render(results))
     if args.out:
@@ -191,13 +211,15 @@ def main(argv: list[str] | None = None) -> dict:
 
 def render(results: dict) -> str:
     lines = [f"device: {results['device']}, torch {results['torch']} (CUDA {results['cuda']}), {results['date']}; "
-             f"median of {results['rounds']} interleaved rounds, each mode in a fresh process", ""]
-    lines += ["| model | " + " | ".join(MODES) + " | kprof outside vs none | kprof inside vs raw inside |",
-              "|---" * (len(MODES) + 3) + "|"]
+             "median of interleaved rounds, each mode in a fresh process; "
+             "step time (x that process's own no-profiler baseline)", ""]
+    lines += ["| model | rounds | " + " | ".join(MODES) + " | kprof outside vs none | kprof inside vs raw inside | "
+              "none vs its own baseline (noise) |", "|---" * (len(MODES) + 5) + "|"]
     for name, row in results["step"].items():
-        cells = " | ".join(f"{row[m]:.3f} ms" for m in MODES)
+        cells = " | ".join(f"{row[m]:.3f} ms (x{row['relative'][m]:.3f})" for m in MODES)
         ratios = row["ratios"]
-        lines.append(f"| {name} | {cells} | {change_cell(ratios['outside'])} | {change_cell(ratios['inside'])} |")
+        lines.append(f"| {name} | {len(ratios['none'])} | {cells} | {change_cell(ratios['outside'])} | "
+                     f"{change_cell(ratios['inside'])} | {change_cell(ratios['none'])} |")
     lines += ["", "| active steps | raw + tensorboard_trace_handler: blocked (in `_disable_profiler`) | "
               "kprof: blocked (in `_disable_profiler`) | trace MB |", "|---|---|---|---|"]
     for active, row in results["blocking"].items():

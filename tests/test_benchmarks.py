@@ -69,3 +69,21 @@ def test_rounds_stop_when_the_next_would_pass_the_budget(monkeypatch):
         now[0] += 10.0  # after round 2 (20 s), a third would end at 30 s: past the budget
     assert done == [1, 2]
     assert list(rounds(3, 0.0)) == [1]  # one round always runs
+
+
+def test_window_end_breakdown_groups_samples_under_the_deepest_disable_profiler_frame():
+    from window_end import breakdown, short
+
+    assert short("torch::profiler::impl::(anonymous namespace)::build_tree<std::vector<int>> (libtorch_cpu.so)") == "impl::build_tree"
+    root = "profile.__exit__ (torch/profiler.py:10);torch::autograd::profiler::disableProfiler (libtorch_cpu.so)"
+    folded = [
+        f"{root};ns::State::finalizeTrace (libtorch_cpu.so);ns::RecordQueue::getRecords (libtorch_cpu.so);x (a.so) 6",
+        f"{root};ns::State::finalizeTrace (libtorch_cpu.so);ns::RecordQueue::getRecords (libtorch_cpu.so) 2",
+        f"{root};ns::State::finalizeTrace (libtorch_cpu.so);ns::KinetoEvent::KinetoEvent (libtorch_cpu.so) 2",
+        f"{root} 1",
+        "train_step (loop.py:3);at::addmm (libtorch_cpu.so) 40",  # not inside the window end: left out
+    ]
+    total, parts = breakdown(folded)
+    assert total == 11
+    assert parts == {"State::finalizeTrace > RecordQueue::getRecords": 8,
+                     "State::finalizeTrace > KinetoEvent::KinetoEvent": 2, "(in disableProfiler itself)": 1}
