@@ -15,7 +15,7 @@ cores (``_isolated.py``), in interleaved rounds. Per variant:
 A step is timed between consecutive ``on_train_batch_end`` calls, with a device sync there (CUDA events on GPU).
 The sync is for measurement only: it keeps one step's GPU tail out of the next step's time.
 
-    python benchmarks/lightning_overhead.py [--quick] [--steps N] [--rounds N] [--seconds S] [--out results.json]
+    python benchmarks/lightning_overhead.py [--quick] [--steps N] [--rounds N] [--seconds S] [--variants ...] [--out F]
 """
 
 from __future__ import annotations
@@ -175,8 +175,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="batches per variant (default 300, 40 with --quick)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds, each variant in a fresh process")
     parser.add_argument("--seconds", type=float, help="start no round that would end past this budget (one round always runs)")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                        help="the variants to run (default: all; 'none' is needed, the others are compared with it)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
+    if "none" not in args.variants:
+        parser.error("--variants must include 'none': the others are compared with it")
     steps = args.steps or (40 if args.quick else 300)
     rounds = 1 if args.quick else args.rounds
     if steps < 20:
@@ -186,7 +190,7 @@ def main() -> None:
 
     env = environment()
     isolated = Isolated(preload=("torch", "lightning", "kprof_callbacks"))
-    names = [n for n in VARIANTS if torch.cuda.is_available() or n not in CUDA_ONLY]
+    names = [n for n in args.variants if torch.cuda.is_available() or n not in CUDA_ONLY]
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for done in budget_rounds(rounds, args.seconds):
         for name in names:

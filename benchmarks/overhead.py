@@ -8,12 +8,12 @@ and how long the training thread is blocked by the step that closes a window (ra
 ``tensorboard_trace_handler`` vs kprof), with the part of it spent inside torch, and the trace size. Every
 measurement runs in a fresh process pinned to the same cores (``_isolated.py``), in interleaved rounds.
 
-A host-bound step's speed differs between fresh processes of the same code by up to 30% on an H100 host (memory
-layout, which core the driver's threads share), far more than the 1% to be measured. So each process first trains
-with no profiler (its own baseline), then runs its mode: its *relative* step time is the mode's median over the
-baseline's. kprof's cost is the ratio of relative step times within each round (kprof outside vs none, kprof
-inside vs raw inside), reported as the median and range over rounds: a process's own speed and drift between
-rounds both cancel.
+A host-bound step's speed differs between fresh processes of the same code by up to 30% on an H100 host (why, we
+have not found), far more than the 1% to be measured. So each process first trains with no profiler (its own
+baseline), then runs its mode: its *relative* step time is the mode's median over the baseline's. kprof's cost is
+the ratio of relative step times within each round (kprof outside vs none, kprof inside vs raw inside), reported
+as the median and range over rounds, so a process's own speed and drift between rounds cancel. Drift *within* a
+process does not; the "none vs its own baseline" column shows how large it is.
 
     python benchmarks/overhead.py [--quick] [--rounds N] [--seconds S] [--out results.json]
 """
