@@ -20,8 +20,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.profilers import Profiler, PyTorchProfiler
 
+from . import layout, scalars
 from .config import ProfileConfig
-from .session import Session, _shared_run_name
+from .session import Session
 
 STAGES = ("train", "validate", "test", "predict")
 # Stages that can run inside one trainer call, in the order their loops start.
@@ -38,11 +39,12 @@ class ProfilerCallback(Callback):
             step is still one batch (the optimizer steps every ``accumulate_grad_batches`` of them).
             torch records one profiler at a time, so inside ``fit`` validation is profiled only when
             ``"train"`` is not; profile it with ``trainer.validate()`` otherwise.
-        logdir: where traces go. By default the TensorBoard logger's version folder
+        logdir: where traces go, as Lightning's own callbacks choose their folders: an explicit ``logdir`` wins
+            (``<logdir>/<run>/<stage>``); else the TensorBoard logger's version folder
             (``lightning_logs/version_N/<run>/<stage>``, ``run`` defaulting to ``"kprof"``), so
             ``tensorboard --logdir lightning_logs`` shows the scalars and the traces of one version together;
-            without a TensorBoard logger ``log/<run>/<stage>`` (``run`` defaulting to a timestamp shared by
-            all ranks). An explicit ``logdir`` wins: ``<logdir>/<run>/<stage>``.
+            else ``<trainer.default_root_dir>/log/<run>/<stage>`` (``run`` defaulting to a timestamp shared by all
+            ranks).
         summary: print a short summary of each profiled stage (top operators, labels, step time) on rank 0
             when the trainer call ends.
         \**options: the keywords of ``kprof.session`` (``skip_first, wait, warmup, active, repeat,
@@ -77,7 +79,7 @@ class ProfilerCallback(Callback):
         self._labels: _ActionLabels | None = None
         self._session: Session | None = None
         self._stage: str | None = None
-        self._ready: dict[str, Session] = {}  # created at setup (so a bad logdir fails there), entered later
+        self._ready: dict[str, Session] = {}  # created at setup (so a bad logdir fails there), started later
         self._used: dict[str, Session] = {}  # the last session of each stage this call, for the summary
         self._hooks: list[Any] = []
         self._steps = _StepLog()
@@ -214,7 +216,7 @@ class ProfilerCallback(Callback):
         if self._session is not None or stage not in self._call_stages:
             return False
         session = self._ready.pop(stage, None) or Session(self._stage_config(stage))
-        session.__enter__()
+        session.start()
         self._session, self._stage = session, stage
         self._used[stage] = session
         self._sync_labels(trainer)
@@ -232,8 +234,7 @@ class ProfilerCallback(Callback):
         session, self._session, stage, self._stage = self._session, None, self._stage, None
         if session is None:
             return
-        exc_info = (type(exception), exception, exception.__traceback__) if exception is not None else (None,) * 3
-        session.__exit__(*exc_info)
+        session.stop(exception)
         if stage == "train" and self._steps.loggers:
             self._steps.log(session.step_times[self._steps.logged :])  # waits for the last CUDA events
 
@@ -255,12 +256,12 @@ class ProfilerCallback(Callback):
         if self._logdir is None and tb is not None:
             version_dir = Path(trainer.strategy.broadcast(tb.log_dir))
             return version_dir / (self.config.run or "kprof"), Path(tb.root_dir), tb
-        root = Path(self.config.logdir)
-        return root / (self.config.run or _shared_run_name(root)), root, None
+        root = Path(self._logdir) if self._logdir is not None else Path(trainer.default_root_dir) / "log"
+        return root / (self.config.run or layout.shared_run_name(root)), root, None
 
     def _print_summaries(self) -> None:
         for stage, session in self._used.items():
-            if not any(session.run_dir.glob("*.pt.trace.json*")):  # every rank's; a failed write was warned of
+            if not layout.contents(session.run_dir).traces:  # every rank's; a failed write was warned of
                 print(f"kprof: no {stage} traces in {session.run_dir} (no profiling window was completed or saved)")
                 continue
             try:
@@ -334,7 +335,7 @@ def _label_for(action_name: str) -> str | None:
 
 
 class _StepLog:
-    """Training step times -> ``kprof/step_time_ms`` and ``kprof/throughput_samples_per_s`` on ``loggers``.
+    """Training step times -> ``scalars.step_metrics`` on ``loggers``.
 
     Tags and step numbers are the session's own scalars': step N is ``ProfilerStep#N`` in the traces, batch N of
     this fit counted from 0, timed from the end of batch N-1 to the end of batch N.
@@ -347,9 +348,7 @@ class _StepLog:
 
     def log(self, times: list[float]) -> None:
         for step, seconds in enumerate(times, start=self.logged):
-            metrics = {"kprof/step_time_ms": seconds * 1e3}
-            if step < len(self.samples) and self.samples[step]:
-                metrics["kprof/throughput_samples_per_s"] = self.samples[step] / seconds
+            metrics = scalars.step_metrics(seconds, self.samples[step] if step < len(self.samples) else None)
             for logger in self.loggers:
                 logger.log_metrics(metrics, step=step)
         self.logged += len(times)

@@ -17,27 +17,13 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity
 
+from . import torch_compat
+
 SCHEDULE_FIELDS = ("skip_first", "wait", "warmup", "active", "repeat")
 TRIGGERS = ("schedule", "on_demand", "slow_step")
 # Environment overrides, e.g. ``KPROF_ACTIVE=5`` or ``KPROF_TRIGGER=on_demand``; ``KPROF=0`` disables profiling.
 _ENV_INTS = {name: f"KPROF_{name.upper()}" for name in SCHEDULE_FIELDS}
-
-
-def _trace_only_config():
-    """torch >= 2.12's ``trace_only`` mode, else None.
-
-    kprof reads the exported trace, never the profiler's Python event objects, so it lets torch skip building
-    them when a window closes: that work runs on the training thread (20 MB CPU trace: 270-380 -> 175-180 ms). torch
-    turns it off itself for ``with_stack`` (stacks need those objects); kprof also leaves it off for
-    ``with_modules``, whose module hierarchy comes from the same pass.
-    """
-    try:
-        return torch._C._profiler._ExperimentalConfig(trace_only=True)
-    except TypeError:  # torch without the keyword
-        return None
-
-
-_TRACE_ONLY = _trace_only_config()
+_TRACE_ONLY = torch_compat.trace_only_config()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +94,7 @@ class ProfileConfig:
         if self.run is not None and (self.run in ("", ".", "..") or Path(self.run).name != self.run):
             raise ValueError(f"run must be a plain folder name (no '/' or '..'), got {self.run!r}")
         if self.activities is not None:
-            object.__setattr__(self, "activities", _check_activities(self.activities))
+            object.__setattr__(self, "activities", check_activities(self.activities))
         if self.memory_snapshot and not torch.cuda.is_available():
             warnings.warn("kprof: memory_snapshot=True needs a CUDA device; no snapshot will be saved", RuntimeWarning, stacklevel=4)
 
@@ -145,6 +131,8 @@ class ProfileConfig:
             with_flops=self.with_flops,
             with_modules=self.with_modules,
         )
+        # torch turns trace_only off itself for with_stack (stacks need the Python event objects); the module
+        # hierarchy of with_modules comes from the same pass
         if not (self.with_stack or self.with_modules) and _TRACE_ONLY is not None:
             kwargs["experimental_config"] = _TRACE_ONLY
         return kwargs
@@ -175,7 +163,7 @@ def _check_types(cfg: ProfileConfig) -> None:
         raise TypeError(f"logdir must be a str or path, got {type(cfg.logdir).__name__}")
 
 
-def _check_activities(activities: Iterable) -> tuple[ProfilerActivity, ...]:
+def check_activities(activities: Iterable) -> tuple[ProfilerActivity, ...]:
     if isinstance(activities, (str, bytes)) or not isinstance(activities, Iterable):
         raise TypeError(f"activities must be a list of torch.profiler.ProfilerActivity, got {activities!r}")
     acts = tuple(activities)

@@ -14,22 +14,20 @@ import logging
 import numbers
 import os
 import signal
-import tempfile
 import threading
-import time
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from .config import ProfileConfig, _check_activities
+from . import layout, scalars, torch_compat
+from .config import ProfileConfig, check_activities
 from .timing import StepTimer
 from .triggers import make_trigger
-from .writer import Capture, TraceWriter, worker_name
+from .writer import Capture, TraceWriter
 
 if TYPE_CHECKING:
     from .analysis import Summary
@@ -119,7 +117,7 @@ class Session:
         self._read_new_times = self._timer.reader()
         self._prof = None
         self._writer: TraceWriter | None = None
-        self._scalar_sink: _ScalarSink | None = None
+        self._scalars: scalars.EventFile | None = None
         self._state = "new"
         self._activities: list[ProfilerActivity] = []
         self.run_dir: Path | None = None
@@ -127,10 +125,10 @@ class Session:
         if config.nvtx and not self._nvtx:
             warnings.warn("kprof: nvtx=True needs a CUDA device; no NVTX ranges will be emitted", RuntimeWarning, stacklevel=3)
         if config.enabled:
-            self.run_dir = _make_run_dir(Path(config.logdir), config.run)
+            self.run_dir = layout.make_run_dir(Path(config.logdir), config.run)
             self._activities = _usable_activities(config.resolved_activities())
         self._plan = _Plan(config, self._may_capture)
-        self._trigger = make_trigger(config, self) if config.enabled else None
+        self._trigger = make_trigger(config, self.arm, self._timer.reader(), self.run_dir) if config.enabled else None
 
     # -- public surface ---------------------------------------------------------------------------------------
     @property
@@ -147,10 +145,6 @@ class Session:
     def new_step_times(self) -> list[float]:
         """Seconds per step for the steps completed since the last call, without waiting for the GPU."""
         return self._read_new_times()[1]
-
-    def step_time_reader(self) -> Callable[[], tuple[int, list[float]]]:
-        """A private cursor over completed step times (``StepTimer.reader``), for triggers and loggers."""
-        return self._timer.reader()
 
     @property
     def recording(self) -> bool:
@@ -218,7 +212,7 @@ class Session:
             return
         if not hasattr(self._prof, "toggle_collection_dynamic"):
             raise NotImplementedError(f"pause/resume need torch.profiler.toggle_collection_dynamic (torch {torch.__version__} lacks it)")
-        acts = self._activities if activities is None else _check_activities(activities)
+        acts = self._activities if activities is None else check_activities(activities)
         if self.recording:
             self._prof.toggle_collection_dynamic(enable, list(acts))
 
@@ -242,6 +236,14 @@ class Session:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.stop(exc)
+        return False
+
+    def start(self) -> Session:
+        """Start profiling (what ``with`` does on entry); front doors without a ``with`` block call it directly."""
         if self._state != "new":
             raise RuntimeError("a kprof Session can be entered only once; create a new one with kprof.session()")
         self._state = "running"
@@ -250,7 +252,7 @@ class Session:
             torch.cuda.nvtx.range_push("step 0")
         if not self.config.enabled:
             return self
-        if Session._active is not None or torch.autograd.profiler._is_profiler_enabled:
+        if Session._active is not None or torch_compat.profiler_enabled():
             self._state = "failed"
             raise RuntimeError(
                 "another profiler is already running in this process (a kprof session, torch.profiler, or "
@@ -258,7 +260,7 @@ class Session:
             )
         self._writer = TraceWriter(
             self.run_dir,
-            worker_name(_rank()),
+            layout.worker_name(layout.rank()),
             compress=self.config.gzip,
             max_bytes=None if self.config.max_trace_mb is None else int(self.config.max_trace_mb * 2**20),
             on_trace=self.on_trace,
@@ -276,9 +278,9 @@ class Session:
         )
         if self.config.scalars:  # import now: an import mid-training would hold the GIL for ~0.1 s
             importlib.import_module("torch.utils.tensorboard")
-            self._scalar_sink = _ScalarSink(self.run_dir, self._writer.worker)
+            self._scalars = scalars.EventFile(layout.scalars_path(self.run_dir, self._writer.worker))
         if self.config.memory_snapshot and torch.cuda.is_available():
-            torch.cuda.memory._record_memory_history(max_entries=100_000)
+            torch_compat.record_memory_history(True)
         if self._trigger is not None:
             self._trigger.start()
         Session._active = self
@@ -289,16 +291,19 @@ class Session:
         self._prof.__enter__()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def stop(self, exception: BaseException | None = None) -> None:
+        """Stop profiling and finish the trace writes (what ``with`` does on exit); ``exception`` is what ended
+        the loop, if anything: a window it cut short is still saved, and after Ctrl-C the writes are bounded."""
         if self._state != "running":
-            return False
+            return
         self._state = "closed"
         if self._nvtx:
             torch.cuda.nvtx.range_pop()
         if self._prof is None:
-            return False
+            return
+        exc_type = None if exception is None else type(exception)
         try:
-            self._prof.__exit__(exc_type, exc, tb)  # saves a window cut short by an exception too
+            self._prof.__exit__(exc_type, exception, None if exception is None else exception.__traceback__)
         finally:
             Session._active = None
             if self._trigger is not None:
@@ -308,7 +313,7 @@ class Session:
             if self.config.scalars:
                 self._timer.drain()
                 self._send_scalars()
-                self._writer.submit_call(self._scalar_sink.close)
+                self._writer.submit_call(self._scalars.close)
             interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
             timeout = self.config.write_timeout
             if interrupted:
@@ -316,7 +321,6 @@ class Session:
             self._writer.close(timeout)
             if signal.getsignal(signal.SIGTERM) == self._on_sigterm:  # kept until here: SIGTERM drains this close too
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        return False
 
     # -- internals ---------------------------------------------------------------------------------------------
     def _on_sigterm(self, signum: int, frame) -> None:
@@ -329,30 +333,20 @@ class Session:
         os.kill(os.getpid(), signum)
 
     def _mark_steps_only_in_windows(self, step: int) -> None:
-        """Let torch open its ``ProfilerStep#N`` range only for a step a window may record.
-
-        torch.profiler opens that range (a ``record_function``) on every step, recording or not; outside windows it
-        is most of what ``prof.step()`` costs (~10 of ~12 us per call on the 2-core box) and nothing collects it.
-        """
-        prof = self._prof
-        idle = self._plan.planned(step) is ProfilerAction.NONE
-        if idle and prof.step_rec_fn is not None:  # the range of a window's last step: torch would close it first too
-            prof.step_rec_fn.__exit__(None, None, None)
-            prof.step_rec_fn = None
-        prof.record_steps = not idle
+        """Let torch open its ``ProfilerStep#N`` range only for a step a window may record (``step_ranges``)."""
+        torch_compat.step_ranges(self._prof, self._plan.planned(step) is not ProfilerAction.NONE)
 
     def _may_capture(self) -> bool:
         return not (self._writer is not None and self._writer.over_budget)
 
     def _dump_memory_snapshot(self) -> None:
         """Save the CUDA allocator history beside the traces (open it at https://pytorch.org/memory_viz)."""
-        path = self.run_dir / f"{self._writer.worker}.memory_snapshot.pickle"
         try:
-            torch.cuda.memory._dump_snapshot(str(path))
+            torch_compat.dump_memory_snapshot(layout.snapshot_path(self.run_dir, self._writer.worker))
         except Exception as exc:  # a snapshot is a bonus: never fail the run for it
             warnings.warn(f"kprof: could not save the memory snapshot: {exc}", RuntimeWarning, stacklevel=3)
         finally:
-            torch.cuda.memory._record_memory_history(enabled=None)
+            torch_compat.record_memory_history(False)
 
     def _trace_ready(self, prof) -> None:
         last = prof.step_num - 1 if self._state == "running" else prof.step_num
@@ -368,85 +362,9 @@ class Session:
         start, times = self._scalar_times()
         if not times:
             return
-        # scalar step i is ProfilerStep#i: both count the session's steps from 0
-        batch = [(i, t, self._samples[i] if i < len(self._samples) else None) for i, t in enumerate(times, start)]
-        self._writer.submit_call(self._scalar_sink.bind(batch))
-
-
-class _ScalarSink:
-    """Step time and throughput as TensorBoard scalars beside the traces, one event file per session.
-
-    Records are written on the trace writer's thread with tensorboard's RecordWriter. A SummaryWriter would add
-    a thread of its own that outlives the session and dies with a traceback when the disk fills up.
-    """
-
-    def __init__(self, run_dir: Path, worker: str) -> None:
-        self.path = run_dir / f"events.out.tfevents.{time.time_ns()}.{worker}"
-        self._records = None
-
-    def bind(self, batch: list[tuple[int, float, int | None]]) -> Callable[[], None]:
-        def write() -> None:
-            from tensorboard.compat.proto.event_pb2 import Event
-            from tensorboard.compat.proto.summary_pb2 import Summary
-            from tensorboard.summary.writer.record_writer import RecordWriter
-
-            if self._records is None:
-                self._records = RecordWriter(open(self.path, "wb"))
-                self._records.write(Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
-            for step, seconds, samples in batch:
-                values = [Summary.Value(tag="kprof/step_time_ms", simple_value=seconds * 1e3)]
-                if samples:
-                    values.append(Summary.Value(tag="kprof/throughput_samples_per_s", simple_value=samples / seconds))
-                event = Event(wall_time=time.time(), step=step, summary=Summary(value=values))
-                self._records.write(event.SerializeToString())
-            self._records.flush()
-
-        write.__qualname__ = "writing step-time scalars"
-        return write
-
-    def close(self) -> None:
-        """Close the event file (on the writer thread, after the last batch)."""
-        if self._records is not None:
-            self._records.close()
-            self._records = None
-
-
-def _rank() -> int | None:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ["RANK"]) if "RANK" in os.environ else None
-
-
-def _make_run_dir(logdir: Path, run: str | None) -> Path:
-    """Create ``logdir/run`` (a fresh timestamped name when ``run`` is None) and check it is writable now."""
-    if run is None:
-        run = _shared_run_name(logdir)
-    run_dir = logdir / run
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".kprof-write-check-"):
-            pass
-    except OSError as exc:
-        raise PermissionError(f"kprof cannot write traces to {run_dir}: {exc.strerror or exc}") from exc
-    return run_dir
-
-
-def _shared_run_name(logdir: Path) -> str:
-    """A readable, unused run name (``YYYYmmdd-HHMMSS[-N]``), the same on every rank of a distributed job."""
-    name = None
-    if _rank() in (None, 0):
-        base = time.strftime("%Y%m%d-%H%M%S")
-        name, n = base, 1
-        while (logdir / name).exists():
-            n += 1
-            name = f"{base}-{n}"
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        box = [name]
-        dist.broadcast_object_list(box, src=0)
-        name = box[0]
-    if name is None:
-        raise RuntimeError("RANK is set but torch.distributed is not initialized: pass run= explicitly")
-    return name
+        samples = self._samples
+        rows = ((i, scalars.step_metrics(t, samples[i] if i < len(samples) else None)) for i, t in enumerate(times, start))
+        self._writer.submit_call(self._scalars.writer(rows))
 
 
 def _usable_activities(requested: list[ProfilerActivity]) -> list[ProfilerActivity]:

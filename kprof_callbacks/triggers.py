@@ -1,6 +1,6 @@
 """Triggers that arm a capture while training runs: on demand (signal or a PROFILE file) or after a slow step.
 
-A trigger only calls ``session.arm(reason)``; the session's plan then records the next warm-up + ``active``
+A trigger only calls ``arm(reason)`` (``Session.arm``); the session's plan then records the next warm-up + ``active``
 steps exactly as a scheduled window would, and budgets (``max_captures``, ``max_trace_mb``) still apply.
 """
 
@@ -11,24 +11,24 @@ import statistics
 import threading
 import warnings
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
 
+from . import layout
 from .config import ProfileConfig
 
-if TYPE_CHECKING:
-    from .session import Session
-
-PROFILE_FILE = "PROFILE"
+Arm = Callable[[str], bool]  # start a capture for this reason; False if one is running
+StepTimes = Callable[[], tuple[int, list[float]]]  # a StepTimer.reader(): the step times completed since last call
 
 
 class OnDemand:
     """Arms a capture when the process gets ``signal`` (default SIGUSR1) or ``<run_dir>/PROFILE`` appears."""
 
-    def __init__(self, cfg: ProfileConfig, session: Session) -> None:
-        self.session = session
+    def __init__(self, cfg: ProfileConfig, arm: Arm, run_dir: Path) -> None:
+        self.arm = arm
         self.poll_every = cfg.poll_every
         self.signum = signal.SIGUSR1 if cfg.signal is None else cfg.signal
-        self.request = session.run_dir / PROFILE_FILE
+        self.request = run_dir / layout.PROFILE_FILE
         self._signalled = False
         self._previous = None
         self._installed = False
@@ -58,18 +58,18 @@ class OnDemand:
     def on_step(self, step: int) -> None:
         if self._signalled:
             self._signalled = False
-            self.session.arm(f"signal {signal.Signals(self.signum).name} at step {step}")
+            self.arm(f"signal {signal.Signals(self.signum).name} at step {step}")
         elif step % self.poll_every == 0 and self.request.exists():
             self.request.unlink(missing_ok=True)  # consumed: one file, one capture
-            self.session.arm(f"{PROFILE_FILE} file at step {step}")
+            self.arm(f"{layout.PROFILE_FILE} file at step {step}")
 
 
 class SlowStep:
     """Arms a capture when a step takes more than ``slow_factor`` times the running median step time."""
 
-    def __init__(self, cfg: ProfileConfig, session: Session) -> None:
-        self.session = session
-        self.read = session.step_time_reader()
+    def __init__(self, cfg: ProfileConfig, arm: Arm, read: StepTimes) -> None:
+        self.arm = arm
+        self.read = read
         self.factor = cfg.slow_factor
         self.min_steps = cfg.slow_min_steps
         self.cooldown = cfg.cooldown
@@ -91,7 +91,7 @@ class SlowStep:
             self.seen += 1
             if self.seen > self.min_steps and self.seen >= self.quiet_until and seconds > self.factor * self.median:
                 reason = f"slow step {self.seen}: {seconds * 1e3:.2f} ms = {seconds / self.median:.1f}x median"
-                if self.session.arm(reason):
+                if self.arm(reason):
                     self.fired.append((self.seen, seconds, self.median))
                     self.quiet_until = self.seen + self.cooldown
             self.recent.append(seconds)
@@ -99,6 +99,10 @@ class SlowStep:
                 self.median = statistics.median(self.recent)
 
 
-def make_trigger(cfg: ProfileConfig, session: Session) -> OnDemand | SlowStep | None:
+def make_trigger(cfg: ProfileConfig, arm: Arm, read: StepTimes, run_dir: Path) -> OnDemand | SlowStep | None:
     """The trigger object for ``cfg.trigger`` (None for the fixed schedule)."""
-    return {"on_demand": OnDemand, "slow_step": SlowStep}.get(cfg.trigger, lambda *_: None)(cfg, session)
+    if cfg.trigger == "on_demand":
+        return OnDemand(cfg, arm, run_dir)
+    if cfg.trigger == "slow_step":
+        return SlowStep(cfg, arm, read)
+    return None

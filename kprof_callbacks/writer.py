@@ -17,7 +17,6 @@ import queue
 import re
 import shutil
 import signal
-import socket
 import threading
 import time
 import warnings
@@ -30,17 +29,11 @@ try:
 except ImportError:  # optional here: validation falls back to the json module
     msgspec = None
 
+from . import layout, torch_compat
+
 log = logging.getLogger(__name__)
 
-PARTIAL = ".partial"
-TRACE_SUFFIX = ".pt.trace.json"
 _NAME_LINE = re.compile(rb'^(\s*"name": ")(.*)(",?)\s*$')  # torch's exporter writes one field per line
-
-
-def worker_name(rank: int | None = None) -> str:
-    """``<host>_<pid>`` as torch's tensorboard_trace_handler names workers, prefixed ``rank<R>_`` when distributed."""
-    name = f"{socket.gethostname()}_{os.getpid()}"
-    return name if rank is None else f"rank{rank}_{name}"
 
 
 @dataclass
@@ -53,15 +46,6 @@ class Capture:
     path: Path | None = None
     bytes: int = 0
     error: str | None = None
-
-
-def _raw_name(partial: Path) -> Path:
-    return partial.with_name(partial.name + ".raw")
-
-
-def _temp_files(partial: Path) -> list[Path]:
-    """Every temp file one write may leave: ours, and the ``<name>.tmp`` torch's exporter writes before renaming."""
-    return [p.with_name(p.name + tmp) for p in (partial, _raw_name(partial)) for tmp in ("", ".tmp")]
 
 
 def _not_written(path: Path) -> str:
@@ -116,9 +100,10 @@ def _check_json(path: Path) -> None:
     path.write_bytes(data)
 
 
-def _export(results, dest: Path, compress: bool) -> None:
-    """Write one capture's chrome-trace JSON to ``dest`` (gzip-compressed when asked)."""
-    json_path = _raw_name(dest) if compress else dest
+def _export(results, final: Path, compress: bool) -> None:
+    """Write one capture's chrome-trace JSON (gzip-compressed when asked) to ``final``'s partial file."""
+    dest = layout.partial_path(final)
+    json_path = layout.raw_json_path(final) if compress else dest
     results.export_chrome_trace(str(json_path))
     if not json_path.is_file():
         raise OSError(_not_written(json_path))
@@ -130,7 +115,7 @@ def _export(results, dest: Path, compress: bool) -> None:
     json_path.unlink()
 
 
-def _export_in_child(results, dest: Path, compress: bool, timeout: float, running: set[int]) -> None:
+def _export_in_child(results, final: Path, compress: bool, timeout: float, running: set[int]) -> None:
     """``_export`` in a forked child process, whose pid is in ``running`` while it runs.
 
     torch's exporter is C++ that holds the GIL for the whole write (~0.3 s for 20 MB), which would freeze the
@@ -146,7 +131,7 @@ def _export_in_child(results, dest: Path, compress: bool, timeout: float, runnin
         try:
             os.close(read_end)
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # torch logs each failed write there; ours is one warning
-            _export(results, dest, compress)
+            _export(results, final, compress)
         except BaseException as exc:
             os.write(write_end, f"{type(exc).__name__}: {exc}".encode()[:4000])
             code = 1
@@ -213,13 +198,12 @@ class TraceWriter:
 
     def submit(self, prof, capture: Capture) -> None:
         """Queue a finished capture (called on the training thread: never blocks, never raises)."""
-        suffix = TRACE_SUFFIX + (".gz" if self.compress else "")
-        capture.path = self.run_dir / f"{self.worker}.{time.time_ns()}{suffix}"
+        capture.path = layout.new_trace_path(self.run_dir, self.worker, self.compress)
         if not self._slots.acquire(blocking=False):
             self._fail(capture, "busy", "the writer is still busy with earlier captures; a capture was dropped")
             return
-        # ``prof.profiler`` holds this window's results; the next window gets a new one, so it is ours now.
-        self._jobs.put((prof.profiler, capture))
+        # the window's results: the next window gets new ones, so these are ours now
+        self._jobs.put((torch_compat.window_results(prof), capture))
 
     def submit_call(self, fn: Callable[[], None]) -> None:
         """Run a small piece of disk work (e.g. scalar logging) on the writer thread, in order with traces.
@@ -254,7 +238,7 @@ class TraceWriter:
         self._thread.join(1.0)  # time to remove the killed export's temp files
         warnings.warn(
             f"kprof: trace writing did not finish within {timeout:.0f} s; unwritten captures were dropped "
-            f"(a '*{PARTIAL}' file left in {self.run_dir} is ignored by readers)",
+            f"(a '*{layout.PARTIAL}' file left in {self.run_dir} is ignored by readers)",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -276,16 +260,15 @@ class TraceWriter:
 
     def _write(self, results, capture: Capture) -> None:
         final = capture.path
-        partial = final.with_name(final.name + PARTIAL)
         try:
             if self.fork and hasattr(os, "fork"):
-                _export_in_child(results, partial, self.compress, self.child_timeout, self._exports)
+                _export_in_child(results, final, self.compress, self.child_timeout, self._exports)
             else:
-                _export(results, partial, self.compress)
-            os.replace(partial, final)
+                _export(results, final, self.compress)
+            os.replace(layout.partial_path(final), final)
             capture.bytes = final.stat().st_size  # fails too if the folder was removed a moment ago
         except Exception as exc:  # disk full, logdir removed, read-only: drop this capture, keep training
-            for leftover in _temp_files(partial):
+            for leftover in layout.temp_paths(final):
                 with contextlib.suppress(OSError):  # a read-only file system refuses even to unlink a missing file
                     leftover.unlink(missing_ok=True)
             self._fail(capture, "write", f"writing {final.name} failed: {exc}")

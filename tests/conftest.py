@@ -56,7 +56,7 @@ def _profile_tiny_model(logdir: Path, run: str, steps: int, batch: int):
 @pytest.fixture(scope="session")
 def profiled_logdir(tmp_path_factory) -> ProfiledLogdir:
     """Both runs are complete before any TensorBoard sees the logdir (torch-tb-profiler loads a run once)."""
-    from kprof_callbacks.writer import worker_name
+    from kprof_callbacks.layout import worker_name
 
     logdir = tmp_path_factory.mktemp("tb-logdir")
     demo = subprocess.Popen(  # the README's demo command, in parallel with the in-process run

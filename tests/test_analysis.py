@@ -202,15 +202,15 @@ def test_bad_files_each_get_one_line(tmp_path, run, summary, caplog):
     (run_dir / "host_1.6.pt.trace.json.partial.raw").write_bytes(good[:100])  # the writer's other temp file
     with caplog.at_level(logging.WARNING):
         mixed = summarize(run_dir)
-    assert len(mixed.problems) == len(bad) + 1
-    for name in [*bad, "host_1.6.pt.trace.json.partial"]:
-        (line,) = [p for p in mixed.problems if name in p]
-        assert "\n" not in line and line in caplog.text
-    assert "truncated or corrupt JSON" in next(p for p in mixed.problems if "truncated.1" in p)
-    assert "gzip" in next(p for p in mixed.problems if "truncatedgz" in p)
-    assert "not a torch.profiler trace" in next(p for p in mixed.problems if "notatrace" in p)
-    assert "still being written" in next(p for p in mixed.problems if ".partial" in p)
-    assert "not a torch.profiler trace" in next(p for p in mixed.problems if "wrongtypes" in p)
+    reasons = {p.path.name: p.reason for p in mixed.problems}
+    assert set(reasons) == {*bad, "host_1.6.pt.trace.json.partial"}
+    for problem in mixed.problems:
+        assert problem.path.parent == run_dir and "\n" not in problem.reason and str(problem) in caplog.text
+    assert "truncated or corrupt JSON" in reasons["truncated.1.pt.trace.json"]
+    assert "gzip" in reasons["truncatedgz.2.pt.trace.json.gz"]
+    assert "not a torch.profiler trace" in reasons["notatrace.3.pt.trace.json"]
+    assert "still being written" in reasons["host_1.6.pt.trace.json.partial"]
+    assert "not a torch.profiler trace" in reasons["wrongtypes.4.pt.trace.json"]
     assert mixed.files == [trace]
     assert mixed.ops == summary.ops
     assert "Problems" in mixed.render()

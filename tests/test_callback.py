@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import kprof_callbacks as kprof
 from kprof_callbacks.session import Session
-from kprof_callbacks.writer import PARTIAL
+from kprof_callbacks.layout import PARTIAL
 
 BATCH = 8
 LIGHTNING_LABELS = {"training_step", "backward", "optimizer_step", "zero_grad", "data_loading"}

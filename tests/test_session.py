@@ -16,7 +16,7 @@ from torch import nn
 
 import kprof_callbacks as kprof
 from kprof_callbacks import config as kprof_config
-from kprof_callbacks.writer import PARTIAL
+from kprof_callbacks.layout import PARTIAL
 
 
 def _train(s, steps: int, region: str | None = "forward", sleep_at: dict[int, float] | None = None) -> None:

@@ -121,7 +121,7 @@ def _summary_html(s: Summary, top: int) -> str:
         parts.append("<h2>Memory snapshots</h2><ul>" + "".join(
             f"<li>{escape(str(p))}: open it at {escape(MEMORY_VIEWER)}</li>" for p in s.memory_snapshots) + "</ul>")
     if s.problems:
-        parts.append("<h2>Problems</h2><ul>" + "".join(f'<li class="warning">{escape(p)}</li>' for p in s.problems) + "</ul>")
+        parts.append("<h2>Problems</h2><ul>" + "".join(f'<li class="warning">{escape(str(p))}</li>' for p in s.problems) + "</ul>")
     return "<section>" + "".join(parts) + "</section>"
 
 

@@ -1,4 +1,4 @@
-"""Find and decode torch.profiler trace files (`.pt.trace.json[.gz]`), fast.
+"""Decode torch.profiler trace files, fast (``layout`` says which files are traces).
 
 msgspec decodes straight into typed Structs that declare only the fields the analysis
 uses; everything else in the file (flows, kernel launch parameters, metadata) is skipped
@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import re
 import zlib
 from pathlib import Path
 
 import msgspec
 
-TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
-JSON_SUFFIXES = (".json", ".json.gz")
-_PARTIAL = re.compile(r"^(?P<final>.+\.pt\.trace\.json(?:\.gz)?)\.partial(?:\..*)?$")  # the writer's temp files
-SNAPSHOT_SUFFIX = ".pickle"
-_WORKER = re.compile(r"^(?P<worker>.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
-_RANK = re.compile(r"(?:^|[_.-])rank(\d+)(?:[_.-]|$)")
+from ..layout import rank_of, worker_of
+
 _NO_RAW = msgspec.Raw()
 
 
@@ -87,18 +82,6 @@ class TraceFile:
     events: list[Event]
 
 
-def worker_of(path: Path) -> str:
-    """The worker name in tensorboard_trace_handler's `<worker>.<time_ns>.pt.trace.json[.gz]`."""
-    match = _WORKER.match(path.name)
-    return match["worker"] if match else path.name.split(".")[0]
-
-
-def rank_of(worker: str) -> int | None:
-    """The rank in a worker name such as `rank3_host_123`, else None."""
-    match = _RANK.search(worker)
-    return int(match[1]) if match else None
-
-
 def read_trace(path: Path) -> TraceFile:
     """Decode one trace file; raise TraceError with a one-line reason if it is not a usable trace."""
     try:
@@ -127,35 +110,3 @@ def read_trace(path: Path) -> TraceFile:
     worker = worker_of(path)
     rank = info.rank if info is not None and info.rank is not None else rank_of(worker)
     return TraceFile(path, worker, rank, info.world_size if info else None, events)
-
-
-def _has_suffix(path: Path, suffixes: tuple[str, ...]) -> bool:
-    return path.is_file() and path.name.endswith(suffixes)
-
-
-def run_contents(folder: Path, *, any_json: bool) -> tuple[list[Path], list[Path], list[Path]]:
-    """(trace files, traces still being written, memory snapshots) directly inside `folder`.
-
-    Trace files are the `.pt.trace.json[.gz]` files; with `any_json`, a folder without them
-    falls back to every `.json[.gz]` (traces saved with `export_chrome_trace("x.json")`).
-    A trace being written shows as `<final name>.partial` (plus the writer's `.partial.*` temps):
-    one entry per trace.
-    """
-    entries = sorted(folder.iterdir())
-    traces = [p for p in entries if _has_suffix(p, TRACE_SUFFIXES)]
-    if not traces and any_json:
-        traces = [p for p in entries if _has_suffix(p, JSON_SUFFIXES)]
-    in_flight = {m["final"] for p in entries if (m := _PARTIAL.match(p.name))}
-    partial = [folder / f"{final}.partial" for final in sorted(in_flight)]
-    snapshots = [p for p in entries if _has_suffix(p, (SNAPSHOT_SUFFIX,))]
-    return traces, partial, snapshots
-
-
-def find_runs(logdir: Path) -> dict[str, Path]:
-    """Run folders below `logdir` (folders holding trace files), by path relative to `logdir`."""
-    runs = {}
-    for folder in sorted(p for p in logdir.rglob("*") if p.is_dir()):
-        traces, partial, _ = run_contents(folder, any_json=False)
-        if traces or partial:
-            runs[folder.relative_to(logdir).as_posix()] = folder
-    return runs

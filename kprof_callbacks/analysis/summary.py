@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from . import diagnostics, html, ops, ranks, report, stacks, steps
-from .reader import TraceError, TraceFile, find_runs, read_trace, run_contents
-from .tables import Diagnostic, KernelStats, LabelStats, OpStats, RankStats, StepSkew, StepStats
+from .. import layout
+from .reader import TraceError, TraceFile, read_trace
+from .tables import Diagnostic, KernelStats, LabelStats, OpStats, Problem, RankStats, StepSkew, StepStats
 from .timeline import PYTHON, build
 from .tree import nest
 
@@ -43,7 +44,7 @@ class Summary:
     ranks: list[RankStats]  # one per rank/worker; more than one for multi-process runs
     step_skew: list[StepSkew]  # per step, the slowest rank (distributed runs)
     diagnostics: list[Diagnostic]
-    problems: list[str]  # one line per file that could not be read
+    problems: list[Problem]  # one per file that could not be read
     memory_snapshots: list[Path]
     _stacks: list[stacks.StackSource] = dataclasses.field(repr=False, default_factory=list)
 
@@ -84,7 +85,7 @@ class Summary:
             "ranks": [dict(dataclasses.asdict(r), comm_share=r.comm_share, overlap_share=r.overlap_share) for r in self.ranks],
             "step_skew": rows(self.step_skew),
             "diagnostics": rows(self.diagnostics),
-            "problems": list(self.problems),
+            "problems": [{"path": str(p.path), "reason": p.reason} for p in self.problems],
             "memory_snapshots": [str(p) for p in self.memory_snapshots],
         }
 
@@ -166,21 +167,21 @@ def _with_progress(paths: list[Path], progress: bool, desc: str) -> Iterator[Pat
     yield from tqdm(paths, desc=desc, unit="file", file=sys.stderr)
 
 
-def _summarize_run(name: str, traces: list[Path], partial: list[Path], snapshots: list[Path], progress: bool) -> Summary:
-    problems = [f"{p}: skipped, still being written (*.partial)" for p in partial]
+def _summarize_run(name: str, found: layout.RunContents, progress: bool) -> Summary:
+    problems = [Problem(p, f"skipped, still being written (*{layout.PARTIAL})") for p in found.partial]
     results: list[_FileResult] = []
     files: list[Path] = []
-    for path in _with_progress(traces, progress, f"summarizing {name}"):
+    for path in _with_progress(found.traces, progress, f"summarizing {name}"):
         try:
             results.append(_analyze(read_trace(path)))
         except TraceError as exc:
-            problems.append(f"{path}: {exc}")
+            problems.append(Problem(path, str(exc)))
             continue
         files.append(path)
-    for line in problems:
-        log.warning("%s", line)
+    for problem in problems:
+        log.warning("%s", problem)
     if not results:
-        raise ValueError(f"nothing readable in {name}: " + ("; ".join(problems) or "no trace files"))
+        raise ValueError(f"nothing readable in {name}: " + ("; ".join(map(str, problems)) or "no trace files"))
 
     workers: dict[tuple, ranks.Worker] = {}
     for r in results:
@@ -205,7 +206,7 @@ def _summarize_run(name: str, traces: list[Path], partial: list[Path], snapshots
         step_skew=skew,
         diagnostics=diagnostics.diagnose(step_rows, rank_rows, skew, evidence),
         problems=problems,
-        memory_snapshots=snapshots,
+        memory_snapshots=found.snapshots,
         _stacks=[r.stack for r in results],
     )
 
@@ -224,20 +225,18 @@ def summarize(path: str | Path, *, progress: bool = False) -> Summary | dict[str
     if not root.exists():
         raise FileNotFoundError(f"no such trace file or folder: {root}")
     if root.is_file():
-        snapshots = sorted(root.parent.glob("*.pickle"))
-        return _summarize_run(root.name, [root], [], snapshots, progress)
-    traces, partial, snapshots = run_contents(root, any_json=False)
-    runs = {} if traces or partial else find_runs(root)
+        found = layout.RunContents([root], [], layout.contents(root.parent).snapshots, None)
+        return _summarize_run(root.name, found, progress)
+    runs = {} if layout.contents(root).is_run else layout.find_runs(root)
     if not runs:  # a run folder; without *.pt.trace.json files, any *.json[.gz] (export_chrome_trace names)
-        traces, partial, snapshots = run_contents(root, any_json=True)
-        if not (traces or partial):
-            raise ValueError(f"no trace files (*.pt.trace.json, *.pt.trace.json.gz) in {root}")
-        return _summarize_run(root.resolve().name, traces, partial, snapshots, progress)
+        found = layout.contents(root, any_json=True)
+        if not found.is_run:
+            raise ValueError(f"no trace files ({', '.join('*' + s for s in layout.TRACE_SUFFIXES)}) in {root}")
+        return _summarize_run(root.resolve().name, found, progress)
     out, failures = {}, []
     for name, folder in runs.items():
-        traces, partial, snapshots = run_contents(folder, any_json=False)
         try:
-            out[name] = _summarize_run(name, traces, partial, snapshots, progress)
+            out[name] = _summarize_run(name, layout.contents(folder), progress)
         except ValueError as exc:
             failures.append(str(exc))
             log.warning("%s", exc)

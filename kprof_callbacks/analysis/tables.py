@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,3 +106,14 @@ class Diagnostic:
     kind: str
     severity: str  # "warning" or "info"
     message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """A file that could not be summarized, and why; the rest of the run is summarized without it."""
+
+    path: Path
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"

@@ -1,20 +1,16 @@
 """Find kprof runs and comparisons under a TensorBoard logdir by listing folders and stat-ing files only.
 
-A run is a folder holding at least one finished trace file (`*.pt.trace.json[.gz]`); files still being
-written (`*.partial`) never make a folder a run. A comparison is a `compare.json` written by `kprof.compare`.
-Nothing here opens a trace, so listing a logdir with a hundred runs stays quick.
+A run is a folder holding at least one finished trace file; files still being written never make a folder a run.
+A comparison is a ``compare.json`` written by ``kprof.compare``. ``layout`` says which file is which. Nothing here
+opens a trace, so listing a logdir with a hundred runs stays quick.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
-from ..analysis.reader import run_contents
-
-COMPARE_FILE = "compare.json"
+from .. import layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,53 +57,43 @@ def _stat(paths: list[Path]) -> tuple[FileStat, ...]:
     return tuple(out)
 
 
-def _folders(logdir: Path) -> Iterator[tuple[Path, list[str]]]:
-    for dirpath, dirnames, filenames in os.walk(logdir):
-        dirnames.sort()
-        yield Path(dirpath), filenames
-
-
-def run_name(logdir: Path, folder: Path) -> str:
-    """`folder`'s name as the tab and TensorBoard's run list show it: its path relative to `logdir`."""
-    return folder.relative_to(logdir).as_posix()
-
-
 def run_files(logdir: Path, folder: Path) -> RunFiles | None:
-    """The run in `folder` (below `logdir`), or None when it holds no finished trace file (or is gone)."""
+    """The run in ``folder`` (below ``logdir``), or None when it holds no finished trace file (or is gone)."""
     try:
-        traces, partial, snapshots = run_contents(folder, any_json=False)
+        found = layout.contents(folder)
     except (FileNotFoundError, NotADirectoryError):  # removed since it was listed, or a variant that never ran
         return None
-    stats = _stat(traces)
+    return _run(logdir, folder, found)
+
+
+def _run(logdir: Path, folder: Path, found: layout.RunContents) -> RunFiles | None:
+    stats = _stat(found.traces)
     if not stats:
         return None
-    return RunFiles(run_name(logdir, folder), folder, stats, _stat(partial), _stat(snapshots))
+    return RunFiles(layout.run_name(logdir, folder), folder, stats, _stat(found.partial), _stat(found.snapshots))
 
 
 def scan(logdir: Path) -> tuple[list[RunFiles], list[Path]]:
-    """Every run below `logdir` and every `compare.json`, in one walk (parents first, siblings by name)."""
+    """Every run below ``logdir`` and every ``compare.json``, in one walk (parents first, siblings by name)."""
     runs, comparisons = [], []
-    for folder, files in _folders(logdir):
-        run = run_files(logdir, folder)
+    for folder, found in layout.walk(logdir):
+        run = _run(logdir, folder, found)
         if run is not None:
             runs.append(run)
-        if COMPARE_FILE in files:
-            comparisons.append(folder / COMPARE_FILE)
+        if found.comparison is not None:
+            comparisons.append(found.comparison)
     return runs, comparisons
 
 
 def has_data(logdir: Path) -> bool:
-    """Whether `logdir` holds any run or comparison; stops at the first one found."""
-    for folder, files in _folders(logdir):
-        if COMPARE_FILE in files or run_files(logdir, folder) is not None:
-            return True
-    return False
+    """Whether ``logdir`` holds any run or comparison; stops at the first one found."""
+    return any(found.traces or found.comparison for _, found in layout.walk(logdir))
 
 
 def inside(logdir: Path, name: str) -> Path | None:
-    """The folder `name` (relative, as `run_name` gives it) below the resolved `logdir`, or None.
+    """The folder ``name`` (relative, as ``layout.run_name`` gives it) below the resolved ``logdir``, or None.
 
-    Names that lead out of the logdir (`..`, absolute paths, symlinks pointing elsewhere) give None.
+    Names that lead out of the logdir (``..``, absolute paths, symlinks pointing elsewhere) give None.
     """
     folder = (logdir / name).resolve()
     if folder != logdir and logdir not in folder.parents:

@@ -20,12 +20,12 @@ from tensorboard.plugins import base_plugin
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 from werkzeug import wrappers
 
+from .. import layout
 from ..analysis import summarize
 from . import logdir
 from .cache import SummaryCache
 
 PLUGIN_NAME = "kprof"
-STEP_TIME_TAG = "kprof/step_time_ms"
 STATIC = Path(__file__).parent / "static"
 _STATIC_TYPES = {"index.js": "text/javascript", "charts.js": "text/javascript", "style.css": "text/css"}
 _MAX_POINTS = 10_000  # step-time points per run: TensorBoard keeps fewer by default, so this means "all it has"
@@ -33,22 +33,13 @@ _JSON = "application/json"
 
 
 def summarize_run(run: logdir.RunFiles) -> dict[str, Any]:
-    """`summarize(run).to_dict()`, plus its problems as (file, reason) pairs for the page."""
+    """`summarize(run).to_dict()`, plus its problems as (file name, reason) pairs for the page."""
     try:
         summary = summarize(run.folder)
     except ValueError as exc:  # not one readable trace file: the message names each file and why
         return {"summary": None, "error": str(exc), "problems": []}
-    data = summary.to_dict()
-    return {"summary": data, "error": None, "problems": [_by_file(run, line) for line in data["problems"]]}
-
-
-def _by_file(run: logdir.RunFiles, problem: str) -> dict[str, str]:
-    """Split a `Summary.problems` line (`<path>: <reason>`) into the file's name and the reason."""
-    for f in run.traces + run.partial:
-        prefix = f"{run.folder / f.name}: "
-        if problem.startswith(prefix):
-            return {"file": f.name, "problem": problem[len(prefix):]}
-    return {"file": "", "problem": problem}
+    problems = [{"file": p.path.name, "problem": p.reason} for p in summary.problems]
+    return {"summary": summary.to_dict(), "error": None, "problems": problems}
 
 
 class KprofPlugin(base_plugin.TBPlugin):
@@ -93,7 +84,7 @@ class KprofPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, {
             "logdir": str(self._logdir or ""),
             "runs": [r.to_dict() for r in runs],
-            "comparisons": [{"dir": logdir.run_name(self._logdir, c.parent), "modified": c.stat().st_mtime}
+            "comparisons": [{"dir": layout.run_name(self._logdir, c.parent), "modified": c.stat().st_mtime}
                             for c in comparisons],
         }, _JSON)
 
@@ -114,10 +105,10 @@ class KprofPlugin(base_plugin.TBPlugin):
                 experiment_id=plugin_util.experiment_id(request.environ),
                 plugin_name=scalar_metadata.PLUGIN_NAME,
                 downsample=_MAX_POINTS,
-                run_tag_filter=provider.RunTagFilter(runs=[name], tags=[STEP_TIME_TAG]),
+                run_tag_filter=provider.RunTagFilter(runs=[name], tags=[layout.STEP_TIME_TAG]),
             )
-            series = data.get(name, {}).get(STEP_TIME_TAG, [])
-        return http_util.Respond(request, {"run": name, "tag": STEP_TIME_TAG,
+            series = data.get(name, {}).get(layout.STEP_TIME_TAG, [])
+        return http_util.Respond(request, {"run": name, "tag": layout.STEP_TIME_TAG,
                                            "points": [[d.step, d.value] for d in series]}, _JSON)
 
     @wrappers.Request.application
@@ -125,9 +116,9 @@ class KprofPlugin(base_plugin.TBPlugin):
         """A `compare.json` (folder `dir`, relative to the logdir), with each variant's run name where it has traces."""
         name = request.args.get("dir", ".")
         folder = self._folder(name)
-        path = folder / logdir.COMPARE_FILE
+        path = folder / layout.COMPARE_FILE
         if not path.is_file():
-            raise errors.NotFoundError(f"no {logdir.COMPARE_FILE} in {name!r}")
+            raise errors.NotFoundError(f"no {layout.COMPARE_FILE} in {name!r}")
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as exc:

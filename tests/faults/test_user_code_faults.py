@@ -60,8 +60,8 @@ def test_summary_of_a_run_with_a_corrupted_trace_reports_it_and_summarizes_the_r
     damaged, intact = s.trace_files
     damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
     summary = s.summary()
-    assert [line for line in summary.problems if damaged.name in line and "truncated or corrupt JSON" in line]
-    assert not [line for line in summary.problems if intact.name in line]
+    assert [p.path.name for p in summary.problems] == [damaged.name]
+    assert "truncated or corrupt JSON" in summary.problems[0].reason
     assert summary.to_dict()
 
 

@@ -1,0 +1,194 @@
+"""The on-disk layout of a kprof logdir: every file name, pattern and folder rule is spelled here, once.
+
+    <logdir>/<run>/                                   one session (under Lightning: <run>/<stage>)
+        <worker>.<time_ns>.pt.trace.json[.gz]         a finished capture: complete by construction
+        <finished name>.partial[.raw][.tmp]           a capture being written: every reader skips it
+        events.out.tfevents.<time_ns>.<worker>        step-time scalars (tags below)
+        <worker>.memory_snapshot.pickle               CUDA allocator history (memory_snapshot=True)
+        PROFILE                                       a request for an on-demand capture
+    <logdir>/compare.json                             a ``kprof.compare`` result
+
+A worker is ``<host>_<pid>``, ``rank<R>_<host>_<pid>`` in distributed jobs (torch's tensorboard_trace_handler
+names workers the same way). Every file is written under a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch.distributed as dist
+
+TRACE_SUFFIX = ".pt.trace.json"
+TRACE_SUFFIXES = (TRACE_SUFFIX, TRACE_SUFFIX + ".gz")
+JSON_SUFFIXES = (".json", ".json.gz")  # traces saved by hand with export_chrome_trace("x.json")
+PARTIAL = ".partial"
+COMPARE_FILE = "compare.json"
+PROFILE_FILE = "PROFILE"
+SNAPSHOT_SUFFIX = ".pickle"  # readers take any pickle in a run folder as a memory snapshot, as the tab shows them
+STEP_TIME_TAG = "kprof/step_time_ms"
+THROUGHPUT_TAG = "kprof/throughput_samples_per_s"
+
+_PARTIAL = re.compile(r"^(?P<final>.+\.pt\.trace\.json(?:\.gz)?)\.partial(?:\..*)?$")
+_WORKER = re.compile(r"^(?P<worker>.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
+_RANK = re.compile(r"(?:^|[_.-])rank(\d+)(?:[_.-]|$)")
+
+
+# -- names -------------------------------------------------------------------------------------------------------
+def rank() -> int | None:
+    """This process's rank in a distributed job (torch.distributed, else ``$RANK``), None when not distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ["RANK"]) if "RANK" in os.environ else None
+
+
+def worker_name(rank: int | None = None) -> str:
+    """``<host>_<pid>``, prefixed ``rank<R>_`` when distributed."""
+    name = f"{socket.gethostname()}_{os.getpid()}"
+    return name if rank is None else f"rank{rank}_{name}"
+
+
+def worker_of(path: Path) -> str:
+    """The worker name in ``<worker>.<time_ns>.pt.trace.json[.gz]``."""
+    match = _WORKER.match(path.name)
+    return match["worker"] if match else path.name.split(".")[0]
+
+
+def rank_of(worker: str) -> int | None:
+    """The rank in a worker name such as ``rank3_host_123``, else None."""
+    match = _RANK.search(worker)
+    return int(match[1]) if match else None
+
+
+def new_trace_path(run_dir: Path, worker: str, compress: bool) -> Path:
+    """The final name of the next capture of ``worker``."""
+    return run_dir / f"{worker}.{time.time_ns()}{TRACE_SUFFIXES[compress]}"
+
+
+def partial_path(final: Path) -> Path:
+    """The temporary name ``final`` is written under; readers never open it."""
+    return final.with_name(final.name + PARTIAL)
+
+
+def temp_paths(final: Path) -> list[Path]:
+    """Every temporary file a write of ``final`` may leave: the partial file, the raw JSON of a gzip write, and the
+    ``.tmp`` files torch's exporter writes before its own rename."""
+    partial = partial_path(final)
+    raw = partial.with_name(partial.name + ".raw")
+    return [p.with_name(p.name + tmp) for p in (partial, raw) for tmp in ("", ".tmp")]
+
+
+def raw_json_path(final: Path) -> Path:
+    """Where a gzip-compressed capture's JSON is exported before compression (one of ``temp_paths``)."""
+    return temp_paths(final)[2]
+
+
+def scalars_path(run_dir: Path, worker: str) -> Path:
+    """The TensorBoard event file of one session's step-time scalars."""
+    return run_dir / f"events.out.tfevents.{time.time_ns()}.{worker}"
+
+
+def snapshot_path(run_dir: Path, worker: str) -> Path:
+    """The CUDA allocator history of one worker (open it at https://pytorch.org/memory_viz)."""
+    return run_dir / f"{worker}.memory_snapshot{SNAPSHOT_SUFFIX}"
+
+
+# -- run folders -------------------------------------------------------------------------------------------------
+def make_run_dir(logdir: Path, run: str | None) -> Path:
+    """Create ``logdir/run`` (a fresh timestamped name when ``run`` is None) and check it is writable now."""
+    run_dir = logdir / (shared_run_name(logdir) if run is None else run)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".kprof-write-check-"):
+            pass
+    except OSError as exc:
+        raise PermissionError(f"kprof cannot write traces to {run_dir}: {exc.strerror or exc}") from exc
+    return run_dir
+
+
+def shared_run_name(logdir: Path) -> str:
+    """A readable, unused run name (``YYYYmmdd-HHMMSS[-N]``), the same on every rank of a distributed job."""
+    name = None
+    if rank() in (None, 0):
+        base = time.strftime("%Y%m%d-%H%M%S")
+        name, n = base, 1
+        while (logdir / name).exists():
+            n += 1
+            name = f"{base}-{n}"
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [name]
+        dist.broadcast_object_list(box, src=0)
+        name = box[0]
+    if name is None:
+        raise RuntimeError("RANK is set but torch.distributed is not initialized: pass run= explicitly")
+    return name
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` under a temporary name and rename it into place: a reader never sees half a file."""
+    tmp = path.with_name(path.name + PARTIAL)
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+# -- reading -----------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RunContents:
+    """The kprof files directly inside one folder."""
+
+    traces: list[Path]  # finished trace files
+    partial: list[Path]  # captures still being written: one ``<final>.partial`` entry per capture
+    snapshots: list[Path]  # memory snapshots
+    comparison: Path | None  # a compare.json
+
+    @property
+    def is_run(self) -> bool:
+        return bool(self.traces or self.partial)
+
+
+def _is_file(path: Path, suffixes: tuple[str, ...]) -> bool:
+    return path.name.endswith(suffixes) and path.is_file()
+
+
+def contents(folder: Path, *, any_json: bool = False) -> RunContents:
+    """What ``folder`` holds. With ``any_json``, a folder without ``.pt.trace.json[.gz]`` files takes every
+    ``.json[.gz]`` file as a trace (traces saved with ``export_chrome_trace``)."""
+    entries = sorted(folder.iterdir())
+    traces = [p for p in entries if _is_file(p, TRACE_SUFFIXES)]
+    if not traces and any_json:
+        traces = [p for p in entries if _is_file(p, JSON_SUFFIXES) and p.name != COMPARE_FILE]
+    in_flight = {m["final"] for p in entries if (m := _PARTIAL.match(p.name))}
+    compare = folder / COMPARE_FILE
+    return RunContents(
+        traces=traces,
+        partial=[partial_path(folder / final) for final in sorted(in_flight)],
+        snapshots=[p for p in entries if _is_file(p, (SNAPSHOT_SUFFIX,))],
+        comparison=compare if compare in entries else None,
+    )
+
+
+def walk(logdir: Path) -> Iterator[tuple[Path, RunContents]]:
+    """Every folder below ``logdir`` (itself first, then parents before children, siblings by name) with its
+    contents; folders that vanish while walking are skipped."""
+    for dirpath, dirnames, _ in os.walk(logdir):
+        dirnames.sort()
+        try:
+            yield Path(dirpath), contents(Path(dirpath))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+
+
+def find_runs(logdir: Path) -> dict[str, Path]:
+    """Run folders below ``logdir`` (folders holding trace files), by path relative to ``logdir``."""
+    return {run_name(logdir, folder): folder for folder, found in walk(logdir) if found.is_run}
+
+
+def run_name(logdir: Path, folder: Path) -> str:
+    """A run's name as the tab and TensorBoard's run list show it: its path relative to ``logdir``, '/'-separated."""
+    return folder.relative_to(logdir).as_posix()
