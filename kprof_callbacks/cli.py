@@ -1,26 +1,96 @@
-"""The ``kprof`` command (also ``python -m kprof_callbacks``): one subcommand per front door."""
+"""The ``kprof`` command (also ``python -m kprof_callbacks``): every subcommand's arguments, wired here.
+
+Each subcommand's work is a plain function beside the feature it drives; this module only parses.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+from pathlib import Path
 
-# (module, function) pairs; each function registers one subcommand and sets ``func(args) -> exit code``.
-SUBCOMMANDS = (
-    ("kprof_callbacks.demo", "add_parser"),
-    ("kprof_callbacks.analysis.cli", "add_summary_parser"),
-    ("kprof_callbacks.tb", "add_parser"),
-    ("kprof_callbacks.compare", "add_parser"),
-    ("kprof_callbacks.kernels.bench", "add_parser"),
-)
+from . import demo
+from .analysis import cli as analysis_cli
+from .analysis.summary import SORT_KEYS
+from .compare import cli as compare_cli
+from .kernels import bench
+from .tensorboard import launch
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="train a small model under the profiler and print where the time went")
+    p.add_argument("--logdir", default="log", help="where traces go (default: log)")
+    p.add_argument("--steps", type=int, default=60, help="training steps (default: 60)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.set_defaults(func=lambda a: demo.run_demo(a.logdir, a.steps, a.device) and 0)
+
+
+def _summary(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("summary", help="summarize torch.profiler traces (a file, a run folder or a logdir)",
+                       description=analysis_cli.SUMMARY_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("logdir", type=Path, help="trace file (.pt.trace.json[.gz]), run folder, or logdir of runs")
+    p.add_argument("--json", action="store_true", help="print the tables as JSON instead of text")
+    p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
+    p.add_argument("--top", type=_positive, default=10, metavar="N", help="rows per table (default 10)")
+    p.add_argument("--sort", choices=SORT_KEYS, default="cuda",
+                   help="sort operators by self CUDA time, self CPU time or self memory (default cuda; cpu without "
+                   "GPU events)")
+    p.add_argument("--stacks", type=Path, metavar="OUT.folded",
+                   help="write flamegraph folded stacks of self CPU time (one file per run when several)")
+    p.set_defaults(func=lambda a: analysis_cli.run_summary(
+        a.logdir, as_json=a.json, html=a.html, top=a.top, sort=a.sort, stacks=a.stacks))
+
+
+def _tensorboard(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tensorboard", help="serve LOGDIR with TensorBoard on 127.0.0.1 and print the URL")
+    p.add_argument("logdir", nargs="?", default="log", help="the logdir kprof wrote (default: log)")
+    p.add_argument("--port", type=int, default=6006, help="port on 127.0.0.1 (default: 6006; 0 picks a free one)")
+    p.set_defaults(func=lambda a: launch.serve(a.logdir, a.port))
+
+
+def _compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="time a model with and without kprof.swap (custom kernels) and check they agree",
+        description="Train a model and its kprof.swap copy on the same batches, check that outputs and gradients "
+        "agree, and print step times with a bootstrap confidence interval on the speedup.",
+    )
+    p.add_argument("--model", default="builtin", help="'builtin' (the demo ToyModel) or MODULE:ATTR naming a "
+                   "function f(device) that returns (model, step_fn, batches) (default: builtin)")
+    p.add_argument("--steps", type=int, default=50, help="timed steps per variant (default: 50)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps per variant (default: 5)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--logdir", default=None, help="also profile each variant into LOGDIR/<variant>/")
+    p.add_argument("--check", choices=("raise", "warn", "off"), default="raise",
+                   help="numerical check (default: raise)")
+    builtin = p.add_argument_group("builtin model size")
+    builtin.add_argument("--width", type=int, default=128, help="hidden width (default: 128)")
+    builtin.add_argument("--depth", type=int, default=4, help="number of blocks (default: 4)")
+    builtin.add_argument("--batch-size", type=int, default=64, help="batch size (default: 64)")
+    p.set_defaults(func=lambda a: compare_cli.run_cli(
+        a.model, steps=a.steps, warmup=a.warmup, device=a.device, logdir=a.logdir, check=a.check, width=a.width,
+        depth=a.depth, batch_size=a.batch_size))
+
+
+def _bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="time every custom layer against eager PyTorch and torch.compile",
+                       description=bench.__doc__.split("\n\n")[0])
+    bench.add_arguments(p)
+    p.set_defaults(func=lambda a: bench.run(a, p))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kprof", description="Profile PyTorch training and read the results.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module, function in SUBCOMMANDS:
-        getattr(importlib.import_module(module), function)(sub)
+    for add in (_demo, _summary, _tensorboard, _compare, _bench):
+        add(sub)
     return parser
 
 

@@ -6,7 +6,6 @@ classification task, so it trains for real in seconds on a CPU and has layers ``
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,11 +87,3 @@ def run_demo(logdir: str = "log", steps: int = 60, device: str | None = None) ->
     print(f"open the traces:  tensorboard --logdir {logdir}   (PyTorch Profiler tab; Perfetto also reads them)")
     print(f"summary again:    kprof summary {s.run_dir}")
     return s.run_dir
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="train a small model under the profiler and print where the time went")
-    p.add_argument("--logdir", default="log", help="where traces go (default: log)")
-    p.add_argument("--steps", type=int, default=60, help="training steps (default: 60)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.set_defaults(func=lambda args: run_demo(args.logdir, args.steps, args.device) and 0)

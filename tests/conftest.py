@@ -116,7 +116,7 @@ def group_leftovers():
 @pytest.fixture(scope="session")
 def tensorboard(profiled_logdir, group_leftovers):
     """One real TensorBoard (with torch-tb-profiler) over ``profiled_logdir``, shared by the TensorBoard tests."""
-    from kprof_callbacks.tb import TensorBoardServer
+    from kprof_callbacks.tensorboard.launch import TensorBoardServer
 
     with TensorBoardServer(profiled_logdir.logdir) as tb:
         tb.wait_for_profiler_runs([profiled_logdir.run, profiled_logdir.demo_run], timeout=90)

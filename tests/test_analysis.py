@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import logging
@@ -22,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule,
 
 from kprof_callbacks.analysis import Summary, summarize
 from kprof_callbacks.analysis import intervals as iv
-from kprof_callbacks.analysis.cli import add_summary_parser
+from kprof_callbacks.cli import main
 from kprof_callbacks.analysis.tree import nest
 
 ACTIVE = 3
@@ -240,10 +239,7 @@ def test_logdir_of_runs_and_memory_snapshot(tmp_path, run):
 
 
 def _cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="kprof")
-    add_summary_parser(parser.add_subparsers())
-    args = parser.parse_args(["summary", *argv])
-    return args.func(args)
+    return main(["summary", *argv])
 
 
 def test_cli(tmp_path, run, capsys):

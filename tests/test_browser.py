@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from html.parser import HTMLParser
 
-from kprof_callbacks.tb import PROFILER_TAB
+from kprof_callbacks.tensorboard.launch import PROFILER_TAB
 
 
 class _VisibleText(HTMLParser):

@@ -1,4 +1,4 @@
-"""The top-level package: public names stay what DESIGN.md promises, whatever was imported before."""
+"""The top-level package: the public names the README documents stay functions, whatever was imported before."""
 
 import importlib
 

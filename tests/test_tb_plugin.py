@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import kprof_callbacks as kprof
-from kprof_callbacks.tb import TensorBoardServer
+from kprof_callbacks.tensorboard.launch import TensorBoardServer
 from kprof_callbacks.tensorboard.logdir import has_data, scan
 
 PLUGIN = "data/plugin/kprof/"

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from kprof_callbacks import cli
-from kprof_callbacks.tb import HOST, TensorBoardError, TensorBoardServer
+from kprof_callbacks.tensorboard.launch import HOST, TensorBoardError, TensorBoardServer
 
 PROFILER = "data/plugin/pytorch_profiler/"
 

@@ -1,5 +1,2 @@
-"""The "kprof" TensorBoard tab, registered through the `tensorboard_plugins` entry point."""
-
-from .plugin import KprofPlugin
-
-__all__ = ["KprofPlugin"]
+"""TensorBoard: the "kprof" tab (``plugin``, registered through the ``tensorboard_plugins`` entry point) and the
+``kprof tensorboard`` launcher (``launch``). Nothing is imported here, so the launcher loads without TensorBoard."""

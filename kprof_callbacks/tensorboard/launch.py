@@ -6,7 +6,6 @@ so stopping it ends every process it started, also when the code using it fails 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gzip
 import json
@@ -197,10 +196,10 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def serve(args: argparse.Namespace) -> int:
-    """``kprof tensorboard``: run TensorBoard for ``args.logdir`` on 127.0.0.1 until Ctrl-C."""
+def serve(logdir: str | Path, port: int = 6006) -> int:
+    """``kprof tensorboard``: run TensorBoard for ``logdir`` on 127.0.0.1 until Ctrl-C; returns the exit status."""
     try:
-        server = TensorBoardServer(args.logdir, port=args.port)
+        server = TensorBoardServer(logdir, port=port)
     except ValueError as exc:
         print(f"kprof tensorboard: {exc} (write traces first, e.g. `kprof demo`)", file=sys.stderr)
         return 2
@@ -215,10 +214,3 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tensorboard", help="serve LOGDIR with TensorBoard on 127.0.0.1 and print the URL")
-    p.add_argument("logdir", nargs="?", default="log", help="the logdir kprof wrote (default: log)")
-    p.add_argument("--port", type=int, default=6006, help="port on 127.0.0.1 (default: 6006; 0 picks a free one)")
-    p.set_defaults(func=serve)

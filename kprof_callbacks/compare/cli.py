@@ -1,0 +1,72 @@
+"""``kprof compare``: a model with and without ``kprof.swap``, timed and checked (the command's arguments are in
+``kprof_callbacks/cli.py``)."""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+from torch import nn
+
+from .check import ComparisonError
+from .run import compare
+
+
+def run_cli(
+    model: str, *, steps: int, warmup: int, device: str | None, logdir: str | None, check: str, width: int,
+    depth: int, batch_size: int,
+) -> int:
+    """Compare ``model`` ('builtin' or MODULE:ATTR) with its ``kprof.swap`` copy and print the table; exit status."""
+    from ..swap import swap
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if model == "builtin":
+        net, step_fn, batches = _builtin_setup(device, width, depth, batch_size)
+    else:
+        net, step_fn, batches = _user_setup(model, device)
+    try:
+        result = compare(
+            {"torch": net, "kprof.swap": lambda: swap(net)},
+            step_fn,
+            batches,
+            steps=steps,
+            warmup=warmup,
+            check={"raise": True, "warn": "warn", "off": False}[check],
+            logdir=logdir,
+            optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+        )
+    except ComparisonError as exc:
+        print(f"kprof compare: check failed, nothing timed: {exc}")
+        return 1
+    print(result)
+    if logdir:
+        print(f"traces: tensorboard --logdir {logdir}  (Profiler tab; its Diff view compares two runs)")
+    return 0 if all(v.status == "ok" for v in result.variants.values()) else 1
+
+
+def _builtin_setup(device: str, width: int, depth: int, batch_size: int):
+    """The demo's ToyModel on its synthetic task: 8 distinct batches, cycled."""
+    from ..demo import ToyModel, synthetic_batches
+
+    torch.manual_seed(0)
+    model = ToyModel(width=width, depth=depth).to(device)
+    return model, _cross_entropy_step, list(synthetic_batches(8, batch=batch_size, device=device))
+
+
+def _cross_entropy_step(model: nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def _user_setup(spec: str, device: str):
+    """Import MODULE:ATTR and call it with the device; it must return (model, step_fn, batches)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"kprof compare: --model must be 'builtin' or MODULE:ATTR, got {spec!r}")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    setup = obj(device)
+    if not (isinstance(setup, tuple) and len(setup) == 3 and isinstance(setup[0], nn.Module)):
+        raise SystemExit(f"kprof compare: {spec}(device) must return (model, step_fn, batches)")
+    return setup

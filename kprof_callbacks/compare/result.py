@@ -1,0 +1,166 @@
+"""What ``kprof.compare`` returns: one ``VariantResult`` per variant inside a ``Comparison``, and their text form."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import platform
+
+import numpy as np
+import torch
+
+from ..timing import Timing
+
+BASELINE = "baseline"
+ERROR = "error"
+
+
+@dataclasses.dataclass
+class VariantResult:
+    """One variant's numbers; ``timing`` is None when the variant failed (``status == "error"``)."""
+
+    name: str
+    status: str = "ok"
+    error: str | None = None
+    timing: Timing | None = None
+    speedup: float | None = None  # median(baseline) / median(this): above 1 is faster
+    ci: tuple[float, float] | None = None
+    verdict: str | None = None
+    peak_mem_mb: float | None = None
+    check_against: str | None = None  # the reference variant of the numerical check
+    check_max_rel_err: float | None = None
+    check_tol: float | None = None
+    check_worst: str | None = None  # the first tensor out of tolerance (None when all agree)
+    trace_dir: str | None = None
+
+    @property
+    def check_ok(self) -> bool | None:
+        """True/False once checked against a reference; None for the reference itself or without a check."""
+        return None if self.check_against is None else self.check_worst is None
+
+    def to_dict(self) -> dict:
+        t = self.timing
+        return {
+            "name": self.name,
+            "status": self.status,
+            "error": self.error,
+            "median_ms": t.median_ms if t else None,
+            "p10_ms": t.p10_ms if t else None,
+            "p90_ms": t.p90_ms if t else None,
+            "speedup": self.speedup,
+            "ci_low": self.ci[0] if self.ci else None,
+            "ci_high": self.ci[1] if self.ci else None,
+            "verdict": self.verdict,
+            "peak_mem_mb": self.peak_mem_mb,
+            "check_against": self.check_against,
+            "check_ok": self.check_ok,
+            "check_max_rel_err": _finite(self.check_max_rel_err),
+            "check_tol": self.check_tol,
+            "check_worst": self.check_worst,
+            "trace_dir": self.trace_dir,
+            "times_ms": list(t.times_ms) if t else [],
+        }
+
+
+def _finite(x: float | None) -> float | None:
+    """JSON has no infinity: an infinite error (missing gradient, shape mismatch) becomes null."""
+    return x if x is None or math.isfinite(x) else None
+
+
+@dataclasses.dataclass
+class Comparison:
+    """The result of ``kprof.compare``: print it for the table, or take ``to_pandas()`` / ``to_dict()``."""
+
+    variants: dict[str, VariantResult]
+    baseline: str | None
+    settings: dict
+    device: str
+    versions: dict
+
+    def __getitem__(self, name: str) -> VariantResult:
+        return self.variants[name]
+
+    def to_dict(self) -> dict:
+        return {
+            "baseline": self.baseline,
+            "device": self.device,
+            "versions": self.versions,
+            "settings": self.settings,
+            "variants": [v.to_dict() for v in self.variants.values()],
+        }
+
+    def to_pandas(self):
+        """One row per variant, indexed by name (the raw step times stay in ``to_dict()``)."""
+        import pandas as pd
+
+        rows = [{k: v for k, v in r.to_dict().items() if k != "times_ms"} for r in self.variants.values()]
+        return pd.DataFrame(rows).set_index("name")
+
+    def __str__(self) -> str:
+        s = self.settings
+        head = ["variant", "median ms", "p10", "p90", f"speedup [{100 * s['confidence']:g}% CI]", "verdict",
+                "peak MB", "check max rel err"]
+        rows = [head] + [_row(v) for v in self.variants.values()]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+
+        def line(cells: list[str]) -> str:
+            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+        out = [
+            f"kprof compare on {self.device}: {s['steps']} timed steps per variant after {s['warmup']} warm-up, "
+            f"in rounds of {s['block']} step(s) per variant, in a random order per round (seed {s['seed']})",
+            line(head),
+            line(["-" * w for w in widths]),
+            *(line(r) for r in rows[1:]),
+        ]
+        if self.baseline is not None:
+            out.append(
+                f"speedup = median({self.baseline}) / median(variant); 'no significant difference' when the CI "
+                f"includes 1.0 or the change is under {100 * s['noise_threshold']:g}%"
+            )
+        if any(v.peak_mem_mb is not None for v in self.variants.values()):
+            out.append("peak MB: CUDA memory allocated during the variant's steps above what was resident before")
+        for v in self.variants.values():
+            if v.error:
+                out.append(f"{v.name}: {v.error}")
+            elif v.check_ok is False:
+                out.append(f"{v.name}: CHECK FAILED at {v.check_worst} (tolerance {v.check_tol:.0e})")
+        out.append("versions: " + ", ".join(f"{k} {val}" for k, val in self.versions.items() if val))
+        return "\n".join(out)
+
+
+def _row(v: VariantResult) -> list[str]:
+    if v.check_max_rel_err is None:
+        check = "-"
+    elif v.check_against is None:
+        check = "reference"
+    else:
+        check = f"{v.check_max_rel_err:.1e}" + ("" if v.check_ok else " FAIL")
+    t = v.timing
+    if t is None:
+        return [v.name, "-", "-", "-", "-", v.verdict or ERROR, "-", check]
+    speedup = "-" if v.speedup is None else f"{v.speedup:.3f}"
+    if v.ci is not None:
+        speedup += f" [{v.ci[0]:.3f}, {v.ci[1]:.3f}]"
+    peak = "-" if v.peak_mem_mb is None else f"{v.peak_mem_mb:.1f}"
+    return [v.name, f"{t.median_ms:.3f}", f"{t.p10_ms:.3f}", f"{t.p90_ms:.3f}", speedup, v.verdict, peak, check]
+
+
+def device_name(device: torch.device) -> str:
+    """The device the variants ran on, as the table's heading names it."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} ({device})"
+    return f"{device.type} ({platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def versions() -> dict:
+    """The versions written next to every figure."""
+    from .. import __version__
+
+    return {
+        "kprof_callbacks": __version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }

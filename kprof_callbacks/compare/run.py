@@ -1,0 +1,127 @@
+"""``kprof.compare``: is my variant of a model faster, and does it still compute the same thing?
+
+Every variant trains on the same batches. Before timing, ``check`` gives all variants the first one's weights,
+runs one step on the same batch under the same RNG seed and compares forward outputs, loss and every gradient.
+Timing then runs the variants in interleaved blocks, in a seeded random order per round, so clock, thermal and
+background-load drift hits all of them alike; each step is timed with ``StepTimer`` (CUDA events on a GPU).
+With ``logdir``, each variant is also profiled through ``kprof.session`` into ``logdir/<name>/``, so
+TensorBoard's Profiler tab shows each run and its Diff view compares two, and ``logdir/compare.json`` holds the
+numbers for the kprof tab.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import layout, stats
+from ..timing import Timing
+from .check import check_agreement
+from .result import BASELINE, Comparison, device_name, versions
+from .steps import make_sessions, profile as profile_variant, run_steps, timed_rounds
+from .variants import (OptimizerFactory, StepFn, Variant, build_variants, check_options, cycle, device_of,
+                       load_same_weights, make_optimizer, take_batches)
+
+
+def compare(
+    variants: Mapping[str, nn.Module | Callable[[], nn.Module]],
+    step_fn: StepFn,
+    batches: Iterable,
+    *,
+    steps: int = 50,
+    warmup: int = 5,
+    block: int = 1,
+    optimizer: OptimizerFactory | None = None,
+    check: bool | str = True,
+    tol: float | None = None,
+    logdir: str | os.PathLike | None = None,
+    profile: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    confidence: float = 0.95,
+    noise_threshold: float = 0.02,
+) -> Comparison:
+    """Time model variants on the same batches and check that they agree.
+
+    The first variant that runs is the baseline of the speedups and the reference of the check.
+
+    ``variants`` maps names to models, or to zero-argument factories (``lambda: kprof.swap(model)``) so that a
+    variant that fails to build is reported instead of stopping the others. ``step_fn(model, batch)`` runs the
+    forward pass and returns the scalar loss tensor; the harness does the rest of a training step:
+    ``zero_grad(set_to_none=True)``, ``loss.backward()`` and, when ``optimizer`` is a factory such as
+    ``lambda params: torch.optim.AdamW(params)``, ``step()`` of one optimizer per variant. A timed step covers
+    all of that.
+
+    ``steps`` timed steps per variant follow ``warmup`` untimed ones. Timing runs in rounds: each round, every
+    variant runs ``block`` steps, in a random order (seeded by ``seed``); the confidence interval on the speedup
+    resamples whole rounds (``stats.speedup_interval``), so more, shorter rounds give a better interval, and a
+    longer ``block`` measures steady-state throughput with fewer device syncs. Step ``i`` of every variant uses
+    ``batches[i % len(batches)]`` (an iterator is read once, up to ``warmup + steps`` batches).
+
+    ``check=True`` loads the first variant's weights into the others (in place; names and shapes must match),
+    compares forward outputs, loss and every gradient on the first batch, and raises ``ComparisonError`` when a
+    max relative error exceeds ``tol`` (default per dtype, ``TOLERANCES``); ``check="warn"`` warns instead,
+    ``check=False`` skips it all. A variant whose code raises gets ``status="error"``; the others still run.
+    ``logdir`` also profiles each variant into ``logdir/<name>/`` with a short ``kprof.session`` schedule
+    (``profile`` overrides its options) and writes ``logdir/compare.json``.
+    """
+    check_options(step_fn, steps, warmup, block, seed, check, tol, confidence, noise_threshold, optimizer)
+    runs = build_variants(variants)
+    data = take_batches(batches, warmup + steps)
+    device = device_of(runs, data[0])
+    if check:
+        load_same_weights(runs)
+    for run in runs:
+        run.optimizer = make_optimizer(optimizer, run)
+    sessions = make_sessions(runs, logdir, profile)
+
+    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+        if check:
+            check_agreement(runs, step_fn, data[0], seed, tol, check)
+        for run in runs:
+            run_steps(run, step_fn, cycle(data, 0, warmup))
+        timed_rounds(runs, step_fn, data, steps=steps, warmup=warmup, block=block, seed=seed, device=device)
+        for run, sess in zip(runs, sessions):
+            profile_variant(run, sess, step_fn, data)
+
+    settings = dict(
+        steps=steps, warmup=warmup, block=block, seed=seed, confidence=confidence, noise_threshold=noise_threshold,
+        check=check, optimizer=optimizer is not None, logdir=None if logdir is None else str(logdir),
+    )
+    result = _results(runs, settings, device)
+    if logdir is not None:
+        data = json.dumps(result.to_dict(), indent=2, allow_nan=False).encode()
+        layout.atomic_write(Path(logdir) / layout.COMPARE_FILE, data)
+    return result
+
+
+def _results(runs: list[Variant], settings: dict, device: torch.device) -> Comparison:
+    base = next((r for r in runs if r.ok), None)
+    for run in runs:
+        res = run.result
+        if not run.ok:
+            continue
+        res.timing = Timing(tuple(t * 1e3 for r in run.rounds for t in r), str(device))
+        if device.type == "cuda":
+            res.peak_mem_mb = run.peak_bytes / 2**20
+        if run is base:
+            res.speedup, res.verdict = 1.0, BASELINE
+            continue
+        speedup, low, high = stats.speedup_interval(
+            base.rounds, run.rounds, confidence=settings["confidence"], seed=settings["seed"]
+        )
+        res.speedup, res.ci = speedup, (low, high)
+        res.verdict = stats.verdict(speedup, low, high, threshold=settings["noise_threshold"])
+    return Comparison(
+        variants={r.name: r.result for r in runs},
+        baseline=base.name if base else None,
+        settings=settings,
+        device=device_name(device),
+        versions=versions(),
+    )

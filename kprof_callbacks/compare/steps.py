@@ -1,0 +1,127 @@
+"""Running the variants: one training step, the interleaved timed rounds, and the profiled steps."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from ..timing import StepTimer
+from .variants import StepFn, Variant, VariantFailed, cycle
+
+# Profiling schedule for the logdir traces, unless ``profile=`` says otherwise.
+PROFILE_DEFAULTS = dict(wait=1, warmup=1, active=3, repeat=1, record_shapes=True, scalars=False)
+
+
+def _no_region(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+def train_step(run: Variant, batch, step_fn: StepFn, *, update: bool = True, region=_no_region) -> torch.Tensor:
+    """One training step of one variant; errors in the variant's own code come out as ``VariantFailed``."""
+    run.model.zero_grad(set_to_none=True)
+    try:
+        with region("forward"):
+            loss = step_fn(run.model, batch)
+    except Exception as exc:
+        raise VariantFailed() from exc
+    _check_loss(loss)
+    try:
+        with region("backward"):
+            loss.backward()
+        if update and run.optimizer is not None:
+            with region("optimizer"):
+                run.optimizer.step()
+    except Exception as exc:
+        raise VariantFailed() from exc
+    return loss
+
+
+def _check_loss(loss) -> None:
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"step_fn must return the loss as a torch.Tensor, got {type(loss).__name__}")
+    if loss.numel() != 1:
+        raise ValueError(f"step_fn must return a scalar loss, got a tensor of shape {tuple(loss.shape)}")
+    if not loss.requires_grad:
+        raise ValueError("step_fn returned a loss that does not require grad: compare times training steps")
+
+
+def run_steps(run: Variant, step_fn: StepFn, batches: Iterable, **kwargs) -> None:
+    if not run.ok:
+        return
+    try:
+        for batch in batches:
+            train_step(run, batch, step_fn, **kwargs)
+    except VariantFailed as failed:
+        run.fail(failed.__cause__)
+
+
+def timed_rounds(runs, step_fn, data, *, steps, warmup, block, seed, device) -> None:
+    """Each round, every variant runs one block of steps; the order of variants is shuffled per round."""
+    order = random.Random(seed)
+    for start in range(0, steps, block):
+        count = min(block, steps - start)
+        for run in order.sample(runs, len(runs)):
+            if run.ok:
+                _timed_block(run, step_fn, list(cycle(data, warmup + start, count)), device)
+
+
+def _timed_block(run: Variant, step_fn: StepFn, batches: list, device: torch.device) -> None:
+    cuda = device.type == "cuda"
+    run.model.zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        resident = torch.cuda.memory_allocated(device)
+    timer = StepTimer(cuda=cuda)
+    try:
+        timer.mark()
+        for batch in batches:
+            train_step(run, batch, step_fn)
+            timer.mark()
+        timer.drain()
+    except VariantFailed as failed:
+        run.fail(failed.__cause__)
+        return
+    except RuntimeError as exc:  # an asynchronous CUDA error surfaces at the synchronize in drain()
+        run.fail(exc)
+        return
+    run.rounds.append(timer.times)
+    run.model.zero_grad(set_to_none=True)
+    if cuda:
+        run.peak_bytes = max(run.peak_bytes, torch.cuda.max_memory_allocated(device) - resident)
+
+
+def profile(run: Variant, sess, step_fn: StepFn, data: list) -> None:
+    """Profile a few more steps of ``run`` through its kprof session (schedule from its config)."""
+    if sess is None or not run.ok:
+        return
+    cfg = sess.config
+    count = cfg.skip_first + (cfg.wait + cfg.warmup + cfg.active) * cfg.repeat
+    with sess:
+        try:
+            for batch in cycle(data, 0, count):
+                train_step(run, batch, step_fn, region=sess.region)
+                sess.step()
+        except VariantFailed as failed:
+            run.fail(failed.__cause__)
+    run.result.trace_dir = None if sess.run_dir is None else str(sess.run_dir)
+
+
+def make_sessions(runs: list[Variant], logdir, profile: Mapping | None) -> list:
+    """One ``kprof.session`` per variant (run folder created now, so an unwritable logdir fails before any step)."""
+    if logdir is None:
+        if profile is not None:
+            raise ValueError("profile options need a logdir to write the traces to")
+        return [None] * len(runs)
+    from ..session import session
+
+    options = {**PROFILE_DEFAULTS, **(profile or {})}
+    taken = {"logdir", "run"} & set(options)
+    if taken:
+        raise ValueError(f"profile must not set {sorted(taken)}: compare writes each variant to logdir/<name>")
+    if options.get("trigger", "schedule") != "schedule" or options["repeat"] < 1:
+        raise ValueError("profile must use a finite schedule (trigger='schedule', repeat >= 1)")
+    return [session(logdir, run=run.name, **options) if run.ok else None for run in runs]
