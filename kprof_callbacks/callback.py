@@ -19,8 +19,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.profilers import Profiler, PyTorchProfiler
+from lightning.pytorch.trainer.states import RunningStage
 
 from . import layout, scalars
+from .checks import check_bool
 from .config import ProfileConfig
 from .session import Session
 
@@ -28,6 +30,7 @@ STAGES = ("train", "validate", "test", "predict")
 # Stages that can run inside one trainer call, in the order their loops start.
 _CALL_STAGES = {"fit": ("train", "validate"), "validate": ("validate",), "test": ("test",), "predict": ("predict",)}
 OPTIMIZER_LABEL = "optimizer_step"
+_EVAL_STAGES = {RunningStage.VALIDATING: "validate", RunningStage.TESTING: "test", RunningStage.PREDICTING: "predict"}
 
 
 class ProfilerCallback(Callback):
@@ -64,9 +67,7 @@ class ProfilerCallback(Callback):
         **options: Any,
     ) -> None:
         self.stages = _check_stages(stages)
-        if not isinstance(summary, bool):
-            raise TypeError(f"summary must be a bool, got {type(summary).__name__} {summary!r}")
-        self.summary = summary
+        self.summary = check_bool("summary", summary)
         self._logdir = logdir
         self.config = ProfileConfig.from_kwargs(logdir="log" if logdir is None else logdir, **options)
         self._reset()
@@ -163,52 +164,27 @@ class ProfilerCallback(Callback):
         if self._stage == "train":
             self._close(trainer)
 
-    # -- evaluation ----------------------------------------------------------------------------------------------
+    # -- evaluation: one route for the validate, test and predict loops ------------------------------------------
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:
-            self._open(trainer, "validate")
+        stage = _EVAL_STAGES.get(trainer.state.stage)  # None while sanity checking
+        if stage is not None:
+            self._open(trainer, stage)
 
     def on_validation_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._eval_step(trainer, "validate", batch)
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._close_stage(trainer, "validate")
-
-    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._open(trainer, "test")
-
-    def on_test_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._eval_step(trainer, "test", batch)
-
-    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._close_stage(trainer, "test")
-
-    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._open(trainer, "predict")
-
-    def on_predict_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._eval_step(trainer, "predict", batch)
-
-    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._close_stage(trainer, "predict")
-
-    def _eval_step(self, trainer: pl.Trainer, stage: str, batch: Any) -> None:
-        if self._stage == stage:
+        if self._stage is not None and self._stage == _EVAL_STAGES.get(trainer.state.stage):
             self._session.step(_batch_size(batch))
             self._sync_labels(trainer)
 
-    def _close_stage(self, trainer: pl.Trainer, stage: str) -> None:
-        if self._stage == stage:
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._stage is not None and self._stage == _EVAL_STAGES.get(trainer.state.stage):
             self._close(trainer)
+
+    on_test_start = on_predict_start = on_validation_start
+    on_test_batch_end = on_predict_batch_end = on_validation_batch_end
+    on_test_end = on_predict_end = on_validation_end
 
     # -- sessions ------------------------------------------------------------------------------------------------
     def _open(self, trainer: pl.Trainer, stage: str) -> bool:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 
 from torch import nn
 
+from .checks import check_bool
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_LAYERS: dict[type[nn.Module], str] = {
@@ -72,9 +74,8 @@ def swap(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    for flag, value in (("inplace", inplace), ("fallback", fallback)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{flag} must be True or False, got {value!r}")
+    check_bool("inplace", inplace)
+    check_bool("fallback", fallback)
     factories = _factories(DEFAULT_LAYERS if mapping is None else mapping)
     from .kernels import KernelBuildError
 

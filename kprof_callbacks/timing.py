@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import check_bool, check_int
+
 
 class StepTimer:
     """Times the interval between consecutive ``mark()`` calls (CUDA events on GPU, ``perf_counter`` on CPU)."""
@@ -126,11 +128,9 @@ def time_cuda(
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    for name, value, low in (("warmup", warmup, 0), ("iters", iters, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    if not isinstance(flush_l2, bool):
-        raise TypeError(f"flush_l2 must be a bool, got {flush_l2!r}")
+    check_int("warmup", warmup, 0)
+    check_int("iters", iters, 1)
+    check_bool("flush_l2", flush_l2)
     if device is not None and (not isinstance(device, str) or device.split(":")[0] not in ("cpu", "cuda")):
         raise ValueError(f"device must be None, 'cpu' or 'cuda[:N]', got {device!r}")
     cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")

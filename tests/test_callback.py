@@ -144,6 +144,16 @@ def test_step_time_and_throughput_reach_the_trainers_logger_for_every_step(tmp_p
     assert len(traces(tmp_path / "traces" / "csv" / "train")) == 1  # explicit logdir wins: <logdir>/<run>/<stage>
 
 
+def test_without_a_tensorboard_logger_traces_go_under_the_trainers_default_root_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a trace written relative to the working directory would land here
+    root = tmp_path / "root"
+    cb = kprof.ProfilerCallback(wait=1, warmup=1, active=2, summary=False)
+    trainer(root, [cb], max_steps=6, logger=CSVLogger(root)).fit(TinyModel(), loader())
+    (run,) = (root / "log").iterdir()  # <default_root_dir>/log/<timestamp shared by the ranks>/<stage>
+    assert len(traces(run / "train")) == 1
+    assert not (tmp_path / "log").exists()
+
+
 def test_a_step_is_a_batch_under_gradient_accumulation(tmp_path):
     cb = kprof.ProfilerCallback(wait=1, warmup=1, active=4, summary=False)
     trainer(tmp_path, [cb], max_steps=4, accumulate_grad_batches=2).fit(TinyModel(), loader())
@@ -263,7 +273,7 @@ def test_disabled_by_environment(tmp_path, monkeypatch):
         (dict(stages="train"), TypeError, "stages must be a tuple"),
         (dict(stages=("training",)), ValueError, "stages must be a non-empty subset"),
         (dict(stages=()), ValueError, "stages must be a non-empty subset"),
-        (dict(summary="yes"), TypeError, "summary must be a bool"),
+        (dict(summary="yes"), TypeError, "summary must be True or False"),
     ],
 )
 def test_bad_input_fails_at_construction(kwargs, error, match):

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checks import check_int
 from .result import ERROR, VariantResult
 
 StepFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -45,8 +46,7 @@ def check_options(step_fn, steps, warmup, block, seed, check, tol, confidence, n
     if not callable(step_fn):
         raise TypeError(f"step_fn must be callable as step_fn(model, batch) -> loss, got {type(step_fn).__name__}")
     for name, value, low in (("steps", steps, 3), ("warmup", warmup, 0), ("block", block, 1), ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        check_int(name, value, low)
     if not (check is True or check is False or check == "warn"):
         raise ValueError(f"check must be True, False or 'warn', got {check!r}")
     if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):

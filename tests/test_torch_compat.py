@@ -1,0 +1,75 @@
+"""Each private torch API in kprof_callbacks/torch_compat.py works on the installed torch (CI: the CPU build; the GPU
+machine's torch runs the CUDA cases): a torch upgrade that breaks one fails here, by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity
+
+from kprof_callbacks import torch_compat
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_trace_only_config_is_accepted_by_the_profiler_where_torch_has_it():
+    config = torch_compat.trace_only_config()
+    if config is None:
+        pytest.skip(f"torch {torch.__version__} has no trace_only mode")
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU], experimental_config=config):
+        torch.ones(3).sum()
+
+
+def test_profiler_enabled_follows_a_running_profiler():
+    assert not torch_compat.profiler_enabled()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU]):
+        assert torch_compat.profiler_enabled()
+    assert not torch_compat.profiler_enabled()
+
+
+def _profiled_steps(tmp_path, enabled: bool) -> list[str]:
+    """Names of the ProfilerStep ranges torch records while step ranges are on or off."""
+    out = tmp_path / "trace.json"
+    prof = torch.profiler.profile(
+        activities=[ProfilerActivity.CPU], schedule=torch.profiler.schedule(wait=0, warmup=0, active=3),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(out)),
+    )
+    with prof:
+        for _ in range(3):
+            torch_compat.step_ranges(prof, enabled)
+            torch.ones(4).sum()
+            prof.step()
+    return [e["name"] for e in json.loads(out.read_text())["traceEvents"] if e.get("name", "").startswith("ProfilerStep")]
+
+
+def test_step_ranges_turn_torchs_profilerstep_ranges_on_and_off(tmp_path):
+    assert _profiled_steps(tmp_path, True)
+    assert _profiled_steps(tmp_path, False) == []
+
+
+def test_window_results_export_a_chrome_trace(tmp_path):
+    exported = []
+
+    def ready(prof):
+        path = tmp_path / "window.json"
+        torch_compat.window_results(prof).export_chrome_trace(str(path))
+        exported.append(json.loads(path.read_text()))
+
+    sched = torch.profiler.schedule(wait=0, warmup=0, active=1)
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU], schedule=sched, on_trace_ready=ready) as prof:
+        torch.ones(2).sum()
+        prof.step()
+    assert exported and exported[0]["traceEvents"]
+
+
+@cuda
+def test_memory_history_is_recorded_and_dumped(tmp_path):
+    torch_compat.record_memory_history(True)
+    try:
+        torch.ones(1024, device="cuda").sum()
+        torch_compat.dump_memory_snapshot(tmp_path / "snap.pickle")
+    finally:
+        torch_compat.record_memory_history(False)
+    assert (tmp_path / "snap.pickle").stat().st_size > 0
