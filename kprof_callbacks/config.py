@@ -12,12 +12,11 @@ import os
 import signal
 import warnings
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity
 
-from . import torch_compat
+from . import layout, torch_compat
 
 SCHEDULE_FIELDS = ("skip_first", "wait", "warmup", "active", "repeat")
 TRIGGERS = ("schedule", "on_demand", "slow_step")
@@ -54,13 +53,14 @@ class ProfileConfig:
     signal: int | None = None
     max_captures: int | None = None
     max_trace_mb: float | None = None
+    max_pending_mb: float = 512.0
     nvtx: bool = False
     memory_snapshot: bool = False
     write_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         _check_types(self)
-        for name in ("slow_factor", "max_trace_mb", "write_timeout"):  # nan passes every comparison below
+        for name in ("slow_factor", "max_trace_mb", "max_pending_mb", "write_timeout"):  # nan passes every comparison below
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value}")
@@ -82,6 +82,8 @@ class ProfileConfig:
             raise ValueError(f"max_captures must be >= 1 or None, got {self.max_captures}")
         if self.max_trace_mb is not None and self.max_trace_mb <= 0:
             raise ValueError(f"max_trace_mb must be > 0 or None, got {self.max_trace_mb}")
+        if self.max_pending_mb <= 0:
+            raise ValueError(f"max_pending_mb must be > 0, got {self.max_pending_mb}")
         if self.write_timeout <= 0:
             raise ValueError(f"write_timeout must be > 0, got {self.write_timeout}")
         if self.signal is not None:
@@ -91,8 +93,8 @@ class ProfileConfig:
                 raise ValueError(f"signal must be a valid signal number, got {self.signal}") from None
             if self.signal in (signal.SIGKILL, signal.SIGSTOP):
                 raise ValueError(f"signal must be one a program can catch, got {signal.Signals(self.signal).name}")
-        if self.run is not None and (self.run in ("", ".", "..") or Path(self.run).name != self.run):
-            raise ValueError(f"run must be a plain folder name (no '/' or '..'), got {self.run!r}")
+        if self.run is not None:
+            layout.check_name("run", self.run)
         if self.activities is not None:
             object.__setattr__(self, "activities", check_activities(self.activities))
         if self.memory_snapshot and not torch.cuda.is_available():
@@ -106,10 +108,12 @@ class ProfileConfig:
             raise TypeError(f"unknown profiling option(s): {', '.join(sorted(unknown))}")
         for name, var in _ENV_INTS.items():
             if var in os.environ:
-                kwargs[name] = _env_int(var)
+                kwargs[name] = _env_int(var, low=1 if name == "active" else 0)
         if "KPROF_TRIGGER" in os.environ:
             kwargs["trigger"] = os.environ["KPROF_TRIGGER"]
-        if os.environ.get("KPROF", "1").strip().lower() in ("0", "false", "off", "no"):
+            if kwargs["trigger"] not in TRIGGERS:
+                raise ValueError(f"environment variable KPROF_TRIGGER must be one of {TRIGGERS}, got {kwargs['trigger']!r}")
+        if not _env_switch("KPROF"):
             kwargs["enabled"] = False
         return cls(**kwargs)
 
@@ -138,12 +142,27 @@ class ProfileConfig:
         return kwargs
 
 
-def _env_int(var: str) -> int:
+def _env_int(var: str, low: int) -> int:
     raw = os.environ[var]
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
-        raise ValueError(f"environment variable {var} must be an integer, got {raw!r}") from None
+        value = None
+    if value is None or value < low:
+        raise ValueError(f"environment variable {var} must be an integer >= {low}, got {raw!r}")
+    return value
+
+
+_SWITCH = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
+
+
+def _env_switch(var: str) -> bool:
+    """``$var`` read as on/off (unset: on); anything else is a ValueError naming the variable."""
+    raw = os.environ.get(var, "1")
+    try:
+        return _SWITCH[raw.strip().lower()]
+    except KeyError:
+        raise ValueError(f"environment variable {var} must be 1/true/on/yes or 0/false/off/no, got {raw!r}") from None
 
 
 _KINDS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}

@@ -18,7 +18,6 @@ import dataclasses
 import os
 import re
 import socket
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,16 +98,52 @@ def snapshot_path(run_dir: Path, worker: str) -> Path:
     return run_dir / f"{worker}.memory_snapshot{SNAPSHOT_SUFFIX}"
 
 
+def check_name(what: str, name: str) -> str:
+    """``name`` if it can be one folder's name and sit in a trace file (torch writes paths into traces unescaped),
+    else a ValueError naming the character."""
+    if name in ("", ".", "..") or Path(name).name != name:
+        raise ValueError(f"{what} must be a plain folder name (no '/' or '..'), got {name!r}")
+    for char in name:
+        if char in '"\\' or not char.isprintable():  # control characters, lone surrogates, line separators
+            raise ValueError(f"{what} {name!r} contains {char!r}, which cannot be written into a trace file: use "
+                             "letters, digits, spaces and -_.")
+    return name
+
+
 # -- run folders -------------------------------------------------------------------------------------------------
 def make_run_dir(logdir: Path, run: str | None) -> Path:
-    """Create ``logdir/run`` (a fresh timestamped name when ``run`` is None) and check it is writable now."""
-    run_dir = logdir / (shared_run_name(logdir) if run is None else run)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".kprof-write-check-"):
-            pass
-    except OSError as exc:
-        raise PermissionError(f"kprof cannot write traces to {run_dir}: {exc.strerror or exc}") from exc
+    """Create the run folder and check it is writable now; returns it as an absolute path, so that a later
+    ``os.chdir`` changes nothing.
+
+    ``run=None`` takes a fresh timestamped name, the same on every rank. A named run is claimed per rank by one
+    process (a ``.kprof-claim-<rank>`` file, created exclusively, holding the worker name): when another process
+    (an earlier launch) already claimed this rank of ``logdir/run``, this one writes to the next free ``<run>-2``,
+    ``<run>-3``, ... and says so on stdout, so that two launches never look like ranks of one job. Every rank decides
+    alike, without communicating; later sessions of the same process reuse its folder.
+    """
+    logdir = Path(logdir).expanduser().absolute()
+    rank_now = rank()
+    worker = worker_name(rank_now).encode()
+    name, n = (shared_run_name(logdir), 1) if run is None else (run, 1)
+    while True:
+        run_dir = logdir / (name if n == 1 else f"{name}-{n}")
+        claim = run_dir / f".kprof-claim-{'single' if rank_now is None else rank_now}"
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            try:
+                os.write(fd, worker)
+            finally:
+                os.close(fd)
+            break
+        except FileExistsError:
+            if claim.read_bytes() == worker:
+                break
+            n += 1
+        except OSError as exc:
+            raise PermissionError(f"kprof cannot write traces to {run_dir}: {exc.strerror or exc}") from exc
+    if n > 1 and rank() in (None, 0):
+        print(f"kprof: {logdir / name} holds an earlier run; this one writes to {run_dir}", flush=True)
     return run_dir
 
 

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
 
 _SCALAR_EVERY = 50  # steps between hand-offs of step times to the scalar writer
+_START = threading.Lock()  # makes "is another profiler running?" and "now this one is" one step
 _INTERRUPTED_WRITE_TIMEOUT = 10.0  # at most this long to finish trace writes after Ctrl-C or SIGTERM
 
 
@@ -125,7 +126,7 @@ class Session:
         if config.nvtx and not self._nvtx:
             warnings.warn("kprof: nvtx=True needs a CUDA device; no NVTX ranges will be emitted", RuntimeWarning, stacklevel=3)
         if config.enabled:
-            self.run_dir = layout.make_run_dir(Path(config.logdir), config.run)
+            self.run_dir = layout.make_run_dir(config.logdir, config.run)
             self._activities = _usable_activities(config.resolved_activities())
         self._plan = _Plan(config, self._may_capture)
         self._trigger = make_trigger(config, self.arm, self._timer.reader(), self.run_dir) if config.enabled else None
@@ -145,6 +146,11 @@ class Session:
     def new_step_times(self) -> list[float]:
         """Seconds per step for the steps completed since the last call, without waiting for the GPU."""
         return self._read_new_times()[1]
+
+    @property
+    def writer_wait_s(self) -> float:
+        """Seconds training waited at window ends for the trace writer to make room (0 while it keeps up)."""
+        return self._writer.waited_s if self._writer else 0.0
 
     @property
     def recording(self) -> bool:
@@ -168,7 +174,7 @@ class Session:
         if self._prof is None:
             return
         if self._trigger is not None:
-            self._trigger.on_step(self.steps)
+            self._run_trigger()
         self._mark_steps_only_in_windows(self._prof.step_num + 1)
         self._prof.step()
         if self.config.scalars and self.steps % _SCALAR_EVERY == 0:
@@ -179,8 +185,8 @@ class Session:
 
         With ``nvtx=True`` it is also an NVTX range on every step, for Nsight Systems / ``ncu --nvtx``.
         """
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"region name must be a non-empty str, got {name!r}")
+        if not isinstance(name, str) or not name or not name.isprintable() and not _encodes(name):
+            raise ValueError(f"region name must be a non-empty str that UTF-8 can encode, got {name!r}")
         if not (self.recording or self._nvtx):
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
@@ -217,8 +223,9 @@ class Session:
             self._prof.toggle_collection_dynamic(enable, list(acts))
 
     def arm(self, reason: str = "manual") -> bool:
-        """Capture the next steps (warm-up + ``active``) now, whatever the trigger; False if one is running."""
-        return self._prof is not None and self._plan.arm(self.steps + 1, reason)
+        """Capture the next steps (warm-up + ``active``) now, whatever the trigger; False if one is running or the
+        session is not running."""
+        return self._state == "running" and self._prof is not None and self._plan.arm(self.steps + 1, reason)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until traces handed to the writer are on disk (at most ``timeout``, default ``write_timeout``)."""
@@ -226,11 +233,13 @@ class Session:
             self._writer.flush(self.config.write_timeout if timeout is None else timeout)
 
     def summary(self) -> Summary:
-        """Summarize this run's trace files (``kprof.summarize``), after any pending writes land."""
-        from .analysis import summarize
+        """Summarize this run's trace files (``kprof.summarize``), after any pending writes land; a disabled session
+        gives an empty Summary that says so."""
+        from .analysis import Summary, summarize
 
         if self.run_dir is None:
-            raise RuntimeError("this session was disabled (enabled=False or KPROF=0): there is nothing to summarize")
+            return Summary.empty(self.config.run or "disabled", "profiling was disabled (enabled=False or KPROF=0): "
+                                 "nothing was recorded")
         self.flush()
         return summarize(self.run_dir)
 
@@ -246,23 +255,35 @@ class Session:
         """Start profiling (what ``with`` does on entry); front doors without a ``with`` block call it directly."""
         if self._state != "new":
             raise RuntimeError("a kprof Session can be entered only once; create a new one with kprof.session()")
+        if self.config.enabled:
+            with _START:
+                if Session._active is not None or torch_compat.profiler_enabled():
+                    self._state = "failed"
+                    raise RuntimeError(
+                        "another profiler is already running in this process (a kprof session, torch.profiler, or "
+                        "Lightning's profiler='pytorch'); torch can run only one at a time"
+                    )
+                Session._active = self
+            try:
+                self._start_profiling()
+            except BaseException as exc:
+                self._state = "failed"
+                self._undo_start()
+                raise RuntimeError(f"kprof: the profiler could not start ({type(exc).__name__}: {exc}); nothing "
+                                   "was left running, so training without it or a new session both work") from exc
         self._state = "running"
         self._timer.mark()
         if self._nvtx:
             torch.cuda.nvtx.range_push("step 0")
-        if not self.config.enabled:
-            return self
-        if Session._active is not None or torch_compat.profiler_enabled():
-            self._state = "failed"
-            raise RuntimeError(
-                "another profiler is already running in this process (a kprof session, torch.profiler, or "
-                "Lightning's profiler='pytorch'); torch can run only one at a time"
-            )
+        return self
+
+    def _start_profiling(self) -> None:
         self._writer = TraceWriter(
             self.run_dir,
             layout.worker_name(layout.rank()),
             compress=self.config.gzip,
             max_bytes=None if self.config.max_trace_mb is None else int(self.config.max_trace_mb * 2**20),
+            max_pending_bytes=int(self.config.max_pending_mb * 2**20),
             on_trace=self.on_trace,
         )
         if ProfilerActivity.CUDA in self._activities:
@@ -283,13 +304,27 @@ class Session:
             torch_compat.record_memory_history(True)
         if self._trigger is not None:
             self._trigger.start()
-        Session._active = self
         on_main_thread = threading.current_thread() is threading.main_thread()
         if on_main_thread and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self._mark_steps_only_in_windows(0)
         self._prof.__enter__()
-        return self
+
+    def _undo_start(self) -> None:
+        """Leave nothing of a start that failed half-way: profiler, signal handlers, trigger, writer thread."""
+        if self._prof is not None and torch_compat.profiler_enabled():
+            with contextlib.suppress(Exception):
+                self._prof.__exit__(None, None, None)
+        self._prof = None
+        if self._trigger is not None:
+            self._trigger.stop()
+        if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if self.config.memory_snapshot and torch.cuda.is_available():
+            torch_compat.record_memory_history(False)
+        if self._writer is not None:
+            self._writer.close(1.0)
+        Session._active = None
 
     def stop(self, exception: BaseException | None = None) -> None:
         """Stop profiling and finish the trace writes (what ``with`` does on exit); ``exception`` is what ended
@@ -336,6 +371,17 @@ class Session:
         """Let torch open its ``ProfilerStep#N`` range only for a step a window may record (``step_ranges``)."""
         torch_compat.step_ranges(self._prof, self._plan.planned(step) is not ProfilerAction.NONE)
 
+    def _run_trigger(self) -> None:
+        """The trigger's bookkeeping for this step; an error in it turns the trigger off with one warning (training
+        code never sees an exception from the profiler's bookkeeping)."""
+        try:
+            self._trigger.on_step(self.steps)
+        except Exception as exc:
+            warnings.warn(f"kprof: the {self.config.trigger} trigger failed ({type(exc).__name__}: {exc}); it is off "
+                          "for the rest of the session (training continues)", RuntimeWarning, stacklevel=4)
+            self._trigger.stop()
+            self._trigger = None
+
     def _may_capture(self) -> bool:
         return not (self._writer is not None and self._writer.over_budget)
 
@@ -353,7 +399,7 @@ class Session:
         first = last - self.config.active + 1
         start = self._plan.window_start  # already the next window's start when one follows with no wait
         if start is not None and start <= last:
-            first = max(start, first)
+            first = max(start + self.config.warmup, first)  # a window cut short recorded from its warm-up's end
         capture = Capture(first_step=first, last_step=last, reason=self._plan.reason)
         self.captures.append(capture)
         self._writer.submit(prof, capture)
@@ -365,6 +411,14 @@ class Session:
         samples = self._samples
         rows = ((i, scalars.step_metrics(t, samples[i] if i < len(samples) else None)) for i, t in enumerate(times, start))
         self._writer.submit_call(self._scalars.writer(rows))
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _usable_activities(requested: list[ProfilerActivity]) -> list[ProfilerActivity]:

@@ -46,9 +46,10 @@ class OnDemand:
         self._installed = True
 
     def stop(self) -> None:
-        if self._installed:
+        """Put the program's handler back, unless the program has installed another one since (then it stays)."""
+        if self._installed and signal.getsignal(self.signum) == self._on_signal:
             signal.signal(self.signum, self._previous)
-            self._installed = False
+        self._installed = False
 
     def _on_signal(self, signum, frame) -> None:
         self._signalled = True
@@ -89,7 +90,8 @@ class SlowStep:
     def on_step(self, step: int) -> None:
         for seconds in self.read()[1]:
             self.seen += 1
-            if self.seen > self.min_steps and self.seen >= self.quiet_until and seconds > self.factor * self.median:
+            slow = self.median > 0 and seconds > self.factor * self.median  # a coarse clock can give a median of 0
+            if self.seen > self.min_steps and self.seen >= self.quiet_until and slow:
                 reason = f"slow step {self.seen}: {seconds * 1e3:.2f} ms = {seconds / self.median:.1f}x median"
                 if self.arm(reason):
                     self.fired.append((self.seen, seconds, self.median))

@@ -1,9 +1,13 @@
 """Trace writer: takes finished captures off the training thread and writes them safely.
 
-``on_trace_ready`` only hands the finished capture to a background thread; that thread exports it to
-``<run_dir>/<worker>.<time_ns>.pt.trace.json[.gz].partial`` and renames it into place, so a file with the final
-name (the name TensorBoard and ``kprof summary`` read) is always complete. Write errors (disk full, logdir gone)
-drop that capture with one warning; they never reach the training loop.
+``on_trace_ready`` only hands the finished capture to a background thread; that thread exports it to its partial
+name (``layout.partial_path``) and renames it into place, so a file with the final name (the name TensorBoard and
+``kprof summary`` read) is always complete. Write errors (disk full, logdir gone) drop that capture with one warning;
+they never reach the training loop.
+
+A capture is never dropped because the writer is behind. Finished captures wait in memory, up to a budget
+(``max_pending_bytes``, each held capture counted as the largest trace written so far); past it, the training thread
+waits at the end of its window until the writer has made room, and that wait is reported (``Capture.waited_s``).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Capture:
     path: Path | None = None
     bytes: int = 0
     error: str | None = None
+    waited_s: float = 0.0  # how long the training thread waited for the writer to make room for this capture
 
 
 def _not_written(path: Path) -> str:
@@ -100,22 +105,24 @@ def _check_json(path: Path) -> None:
     path.write_bytes(data)
 
 
-def _export(results, final: Path, compress: bool) -> None:
-    """Write one capture's chrome-trace JSON (gzip-compressed when asked) to ``final``'s partial file."""
+def _export(results, final: Path, compress: bool) -> int:
+    """Write one capture's chrome-trace JSON (gzip-compressed when asked) to ``final``'s partial file; returns the
+    size of the JSON (what the capture weighs before compression)."""
     dest = layout.partial_path(final)
     json_path = layout.raw_json_path(final) if compress else dest
     results.export_chrome_trace(str(json_path))
     if not json_path.is_file():
         raise OSError(_not_written(json_path))
     _check_json(json_path)
-    if not compress:
-        return
-    with open(json_path, "rb") as src, gzip.open(dest, "wb", compresslevel=3) as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    json_path.unlink()
+    size = json_path.stat().st_size
+    if compress:
+        with open(json_path, "rb") as src, gzip.open(dest, "wb", compresslevel=3) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        json_path.unlink()
+    return size
 
 
-def _export_in_child(results, final: Path, compress: bool, timeout: float, running: set[int]) -> None:
+def _export_in_child(results, final: Path, compress: bool, timeout: float, running: set[int]) -> int:
     """``_export`` in a forked child process, whose pid is in ``running`` while it runs.
 
     torch's exporter is C++ that holds the GIL for the whole write (~0.3 s for 20 MB), which would freeze the
@@ -131,7 +138,7 @@ def _export_in_child(results, final: Path, compress: bool, timeout: float, runni
         try:
             os.close(read_end)
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # torch logs each failed write there; ours is one warning
-            _export(results, final, compress)
+            os.write(write_end, b"%d" % _export(results, final, compress))
         except BaseException as exc:
             os.write(write_end, f"{type(exc).__name__}: {exc}".encode()[:4000])
             code = 1
@@ -156,10 +163,11 @@ def _export_in_child(results, final: Path, compress: bool, timeout: float, runni
         os.close(read_end)
     if os.waitstatus_to_exitcode(status) != 0:
         raise OSError(message or f"trace export process exited with status {status}")
+    return int(message)
 
 
 class TraceWriter:
-    """Background exporter for finished ``torch.profiler`` captures (one daemon thread, bounded queue)."""
+    """Background exporter for finished ``torch.profiler`` captures (one daemon thread, memory-bounded queue)."""
 
     def __init__(
         self,
@@ -168,7 +176,7 @@ class TraceWriter:
         *,
         compress: bool = False,
         max_bytes: int | None = None,
-        max_pending: int = 2,
+        max_pending_bytes: int = 512 * 2**20,
         on_trace: Callable[[Path], None] | None = None,
         fork: bool = True,
         child_timeout: float = 300.0,
@@ -177,47 +185,75 @@ class TraceWriter:
         self.worker = worker
         self.compress = compress
         self.max_bytes = max_bytes
+        self.max_pending_bytes = max_pending_bytes
         self.on_trace = on_trace
         self.fork = fork
         self.child_timeout = child_timeout
         self.written_bytes = 0
+        self.waited_s = 0.0  # the training thread's total wait for room (see the module docstring)
         self.files: list[Path] = []
         self.errors: list[str] = []
         self._warned: set[str] = set()
         self._exports: set[int] = set()  # pids of export processes running now
         self._abandoned = False
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._slots = threading.BoundedSemaphore(max_pending)  # captures held in memory, waiting to be written
+        self._room = threading.Condition()  # guards the three below
+        self._held = 0  # captures held in memory, waiting to be written
+        self._held_bytes = 0  # their estimated size
+        self._largest = 0  # the largest capture written so far (bytes of JSON): the estimate of the next one
         self._thread = threading.Thread(target=self._loop, name="kprof-trace-writer", daemon=True)
         self._thread.start()
 
     @property
     def over_budget(self) -> bool:
-        """True once the traces written reach ``max_bytes``: later captures are skipped (oldest traces win)."""
-        return self.max_bytes is not None and self.written_bytes >= self.max_bytes
+        """True once the traces written and held reach ``max_bytes``: no new window starts (oldest traces win)."""
+        return self.max_bytes is not None and self.written_bytes + self._held_bytes >= self.max_bytes
 
     def submit(self, prof, capture: Capture) -> None:
-        """Queue a finished capture (called on the training thread: never blocks, never raises)."""
+        """Queue a finished capture (on the training thread: waits only while held captures fill the budget)."""
         capture.path = layout.new_trace_path(self.run_dir, self.worker, self.compress)
-        if not self._slots.acquire(blocking=False):
-            self._fail(capture, "busy", "the writer is still busy with earlier captures; a capture was dropped")
-            return
+        estimate = self._largest
+        capture.waited_s = self._make_room(estimate)
+        if capture.waited_s > 0:
+            self.waited_s += capture.waited_s
+            self._warn_once("wait", f"the trace writer was behind: training waited {capture.waited_s:.2f} s at the "
+                            f"end of the window of steps {capture.first_step}-{capture.last_step} for earlier captures "
+                            "to be written (Session.writer_wait_s has the total)")
         # the window's results: the next window gets new ones, so these are ours now
-        self._jobs.put((torch_compat.window_results(prof), capture))
+        self._jobs.put((torch_compat.window_results(prof), capture, estimate))
+
+    def _make_room(self, estimate: int) -> float:
+        """Hold one more capture of ``estimate`` bytes, waiting while the held ones fill the budget; seconds waited."""
+        start = time.perf_counter()
+        waited = False
+        with self._room:
+            while self._held and self._held_bytes + estimate > self.max_pending_bytes and self._thread.is_alive():
+                waited = True
+                self._room.wait(0.05)
+            self._held += 1
+            self._held_bytes += estimate
+        return time.perf_counter() - start if waited else 0.0
+
+    def _release(self, estimate: int, written: int) -> None:
+        with self._room:
+            self._held -= 1
+            self._held_bytes -= estimate
+            self._largest = max(self._largest, written)
+            self._room.notify_all()
 
     def submit_call(self, fn: Callable[[], None]) -> None:
         """Run a small piece of disk work (e.g. scalar logging) on the writer thread, in order with traces.
 
         Its errors count as write errors: one full disk is one warning, whether a trace or scalars hit it first.
         """
-        self._jobs.put((fn, None))
+        self._jobs.put((fn, None, 0))
 
     def flush(self, timeout: float) -> bool:
         """Wait (at most ``timeout`` seconds) until everything queued so far is written."""
         if not self._thread.is_alive():  # closed: close() already waited for what was queued
             return True
         done = threading.Event()
-        self._jobs.put((done.set, None))
+        self._jobs.put((done.set, None, 0))
         return done.wait(timeout)
 
     def close(self, timeout: float) -> bool:
@@ -249,22 +285,24 @@ class TraceWriter:
             job = self._jobs.get()
             if job is None or self._abandoned:
                 return
-            work, capture = job
+            work, capture, estimate = job
             if capture is None:
                 self._run_quietly(work, "write")
                 continue
+            written = 0
             try:
-                self._write(work, capture)
+                written = self._write(work, capture)
             finally:
-                self._slots.release()
+                self._release(estimate, written)
 
-    def _write(self, results, capture: Capture) -> None:
+    def _write(self, results, capture: Capture) -> int:
+        """Export one capture; returns the size of its JSON (0 when the write failed)."""
         final = capture.path
         try:
             if self.fork and hasattr(os, "fork"):
-                _export_in_child(results, final, self.compress, self.child_timeout, self._exports)
+                size = _export_in_child(results, final, self.compress, self.child_timeout, self._exports)
             else:
-                _export(results, final, self.compress)
+                size = _export(results, final, self.compress)
             os.replace(layout.partial_path(final), final)
             capture.bytes = final.stat().st_size  # fails too if the folder was removed a moment ago
         except Exception as exc:  # disk full, logdir removed, read-only: drop this capture, keep training
@@ -272,12 +310,13 @@ class TraceWriter:
                 with contextlib.suppress(OSError):  # a read-only file system refuses even to unlink a missing file
                     leftover.unlink(missing_ok=True)
             self._fail(capture, "write", f"writing {final.name} failed: {exc}")
-            return
+            return 0
         self.written_bytes += capture.bytes
         self.files.append(final)
         if self.on_trace is not None:
             name = getattr(self.on_trace, "__qualname__", self.on_trace)
             self._run_quietly(lambda: self.on_trace(final), "callback", f"your on_trace callback {name}")
+        return size
 
     def _run_quietly(self, fn: Callable[[], None], kind: str, what: str | None = None) -> None:
         try:

@@ -93,7 +93,8 @@ class CountingStep:
         self.calls: list[tuple[int, int]] = []  # (id(model), index of the batch in BATCHES)
 
     def __call__(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        self.calls.append((id(model), next(i for i, b in enumerate(BATCHES) if b is x)))
+        self.calls.append((id(model), next(i for i, b in enumerate(BATCHES) if torch.equal(b, x))))
+        assert all(b is not x for b in BATCHES)  # each variant steps on its own copy, never on the caller's tensors
         return loss_fn(model, x)
 
 
@@ -120,6 +121,19 @@ def test_slowed_variant_is_detected_as_slower_with_about_the_right_ratio():
     # sleep dominates both steps: about 3 ms / 9 ms; a loaded machine adds the same latency to both
     assert 0.2 < slow.speedup < 0.6
     assert slow.timing.median_ms > result["fast"].timing.median_ms
+
+
+def test_a_step_fn_that_changes_its_batch_in_place_fails_no_correct_variant():
+    """Each variant gets its own copy of the batches: the in-place change of one never reaches another (or the caller)."""
+    originals = [b.clone() for b in BATCHES]
+
+    def scaling_step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2.0)  # e.g. normalization done in place by the user's code
+        return loss_fn(model, x)
+
+    result = compare({"a": mlp(), "b": mlp()}, scaling_step, BATCHES, steps=4, warmup=1)
+    assert result["b"].check_ok and result["b"].check_max_rel_err == 0.0
+    assert all(torch.equal(b, o) for b, o in zip(BATCHES, originals))
 
 
 def test_every_variant_sees_the_same_batches_and_variants_are_interleaved():
@@ -343,7 +357,10 @@ def _never_called(model, batch):
         ({}, {}, ValueError, "variants is empty"),
         ({"a": 3}, {}, TypeError, r"variants\['a'\]"),
         ({"a": lambda: 3}, {}, TypeError, r"variants\['a'\]\(\) must return an nn.Module"),
-        ({"a/b": mlp()}, {}, ValueError, "folder names"),
+        ({"a/b": mlp()}, {}, ValueError, "plain folder name"),
+        ({'say "hi"': mlp()}, {}, ValueError, "cannot be written into a trace"),
+        ({"tab\there": mlp()}, {}, ValueError, "cannot be written into a trace"),
+        ({"surrogate\udc80": mlp()}, {}, ValueError, "cannot be written into a trace"),
         ({"a": mlp()}, {"steps": 2}, ValueError, "steps must be an int >= 3"),
         ({"a": mlp()}, {"steps": True}, ValueError, "steps"),
         ({"a": mlp()}, {"warmup": -1}, ValueError, "warmup"),

@@ -128,7 +128,8 @@ def test_step_times_cover_every_step(tmp_path):
         _train(s, 7, sleep_at={4: 0.05})
     times = s.step_times
     assert len(times) == 7
-    assert times[4] > 0.05 and max(times[:4]) < times[4]
+    # steps 1-2 are the window: its start initializes the profiler (~2 s the first time in a process)
+    assert times[4] > 0.05 and max(times[0], times[3], times[5], times[6]) < times[4]
 
 
 def test_gzip_traces_are_valid(tmp_path):

@@ -48,6 +48,13 @@ class Summary:
     memory_snapshots: list[Path]
     _stacks: list[stacks.StackSource] = dataclasses.field(repr=False, default_factory=list)
 
+    @classmethod
+    def empty(cls, name: str, why: str) -> Summary:
+        """A Summary of nothing, saying ``why`` (e.g. profiling was disabled): every table empty, one finding."""
+        return cls(name=name, files=[], steps=[], ops=[], ops_by_shape=[], kernels=[], labels=[], ranks=[],
+                   step_skew=[], diagnostics=[Diagnostic("nothing recorded", "info", why)], problems=[],
+                   memory_snapshots=[])
+
     @property
     def has_gpu(self) -> bool:
         """Whether the traces recorded any GPU activity."""

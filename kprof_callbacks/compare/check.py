@@ -20,11 +20,12 @@ class ComparisonError(RuntimeError):
     """A variant's outputs, loss or gradients differ from the reference by more than the tolerance."""
 
 
-def check_agreement(runs: list[Variant], step_fn: StepFn, batch, seed: int, tol: float | None, mode) -> None:
-    """One step without the optimizer per variant, same seed; compare outputs, loss and gradients to the first."""
+def check_agreement(runs: list[Variant], step_fn: StepFn, seed: int, tol: float | None, mode) -> None:
+    """One step without the optimizer per variant on its copy of the first batch, same seed; compare outputs, loss
+    and gradients to the first variant's."""
     reference, ref_name = None, None
     for run in runs:
-        seen = _observe(run, step_fn, batch, seed) if run.ok else None
+        seen = _observe(run, step_fn, run.data[0], seed) if run.ok else None
         if seen is None:
             continue
         if reference is None:

@@ -12,6 +12,7 @@ numbers for the kprof tab.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -79,16 +80,17 @@ def compare(
         load_same_weights(runs)
     for run in runs:
         run.optimizer = make_optimizer(optimizer, run)
+        run.data = copy.deepcopy(data)
     sessions = make_sessions(runs, logdir, profile)
 
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         if check:
-            check_agreement(runs, step_fn, data[0], seed, tol, check)
+            check_agreement(runs, step_fn, seed, tol, check)
         for run in runs:
-            run_steps(run, step_fn, cycle(data, 0, warmup))
-        timed_rounds(runs, step_fn, data, steps=steps, warmup=warmup, block=block, seed=seed, device=device)
+            run_steps(run, step_fn, cycle(run.data, 0, warmup))
+        timed_rounds(runs, step_fn, steps=steps, warmup=warmup, block=block, seed=seed, device=device)
         for run, sess in zip(runs, sessions):
-            profile_variant(run, sess, step_fn, data)
+            profile_variant(run, sess, step_fn)
 
     settings = dict(
         steps=steps, warmup=warmup, block=block, seed=seed, confidence=confidence, noise_threshold=noise_threshold,

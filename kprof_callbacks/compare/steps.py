@@ -58,14 +58,15 @@ def run_steps(run: Variant, step_fn: StepFn, batches: Iterable, **kwargs) -> Non
         run.fail(failed.__cause__)
 
 
-def timed_rounds(runs, step_fn, data, *, steps, warmup, block, seed, device) -> None:
-    """Each round, every variant runs one block of steps; the order of variants is shuffled per round."""
+def timed_rounds(runs, step_fn, *, steps, warmup, block, seed, device) -> None:
+    """Each round, every variant runs one block of steps on its own batches; the order of variants is shuffled per
+    round."""
     order = random.Random(seed)
     for start in range(0, steps, block):
         count = min(block, steps - start)
         for run in order.sample(runs, len(runs)):
             if run.ok:
-                _timed_block(run, step_fn, list(cycle(data, warmup + start, count)), device)
+                _timed_block(run, step_fn, list(cycle(run.data, warmup + start, count)), device)
 
 
 def _timed_block(run: Variant, step_fn: StepFn, batches: list, device: torch.device) -> None:
@@ -94,7 +95,7 @@ def _timed_block(run: Variant, step_fn: StepFn, batches: list, device: torch.dev
         run.peak_bytes = max(run.peak_bytes, torch.cuda.max_memory_allocated(device) - resident)
 
 
-def profile(run: Variant, sess, step_fn: StepFn, data: list) -> None:
+def profile(run: Variant, sess, step_fn: StepFn) -> None:
     """Profile a few more steps of ``run`` through its kprof session (schedule from its config)."""
     if sess is None or not run.ok:
         return
@@ -102,7 +103,7 @@ def profile(run: Variant, sess, step_fn: StepFn, data: list) -> None:
     count = cfg.skip_first + (cfg.wait + cfg.warmup + cfg.active) * cfg.repeat
     with sess:
         try:
-            for batch in cycle(data, 0, count):
+            for batch in cycle(run.data, 0, count):
                 train_step(run, batch, step_fn, region=sess.region)
                 sess.step()
         except VariantFailed as failed:

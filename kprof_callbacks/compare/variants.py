@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from .. import layout
 from ..checks import check_int
 from .result import ERROR, VariantResult
 
@@ -27,6 +27,7 @@ class Variant:
         self.result = VariantResult(name)
         self.rounds: list[list[float]] = []  # seconds per timed step, one list per round
         self.peak_bytes = 0
+        self.data: list = []  # this variant's own copy of the batches: a step_fn may change a batch in place
 
     @property
     def ok(self) -> bool:
@@ -66,8 +67,9 @@ def build_variants(variants) -> list[Variant]:
     if not variants:
         raise ValueError("variants is empty: pass at least one, e.g. {'torch': model, 'kernels': kprof.swap(model)}")
     for name, value in variants.items():
-        if not isinstance(name, str) or not name or Path(name).name != name:
-            raise ValueError(f"variant names must be plain non-empty strings usable as folder names, got {name!r}")
+        if not isinstance(name, str):
+            raise ValueError(f"variant names must be strings usable as folder names, got {name!r}")
+        layout.check_name("variant name", name)
         if not callable(value):
             raise TypeError(f"variants[{name!r}] must be an nn.Module or a factory of one, got {type(value).__name__}")
     runs = []

@@ -12,20 +12,36 @@ import kprof_callbacks as kprof
 from kprof_callbacks.session import Session
 
 
-def test_two_processes_writing_one_run_do_not_clobber(tmp_path, spawn, check_traces):
-    """Two training processes share logdir and run: each writes its own files under its own worker name, all valid."""
+def test_two_processes_given_one_run_name_write_two_runs(tmp_path, spawn, check_traces):
+    """Two launches with the same logdir and run= at once: each gets its own run folder (never two "ranks" of one
+    job), the second says where it went, every trace is valid."""
     options = ["--steps", "12", "--step-sleep", "0.1", *("--option", "wait=1", "--option", "warmup=1"),
                *("--option", "active=1", "--option", "repeat=4")]
     children = [spawn(tmp_path / "log", *options) for _ in range(2)]
     assert [child.finish() for child in children] == [0, 0], [child.stderr() for child in children]
-    traces = check_traces(tmp_path / "log")
-    by_worker = {}
-    for path in traces:
-        by_worker.setdefault(path.name.rsplit(".", 4)[0], []).append(path)  # <worker>.<time_ns>.pt.trace.json
-    assert sorted(w.rsplit("_", 1)[1] for w in by_worker) == sorted(str(c.pid) for c in children)
-    assert [len(files) for files in by_worker.values()] == [4, 4]
+    check_traces(tmp_path / "log")
+    runs = sorted(p.name for p in (tmp_path / "log").iterdir())
+    assert runs == ["r", "r-2"]
+    for run in runs:
+        files = sorted((tmp_path / "log" / run).glob("*.pt.trace.json"))
+        assert len(files) == 4 and len({p.name.rsplit(".", 4)[0] for p in files}) == 1  # one worker per run
+        assert len(list((tmp_path / "log" / run).glob("events.out.tfevents.*"))) == 1
+    moved = [line for child in children for line in child.lines if "holds an earlier run" in line]
+    assert len(moved) == 1 and str(tmp_path / "log" / "r-2") in moved[0]
     assert [child.lines[-1] for child in children] == ["done 4", "done 4"]
-    assert len(list((tmp_path / "log" / "r").glob("events.out.tfevents.*"))) == 2
+
+
+def test_a_rerun_with_the_same_run_name_gets_a_fresh_folder_and_a_process_reuses_its_own(tmp_path, train, capsys):
+    """The same script run twice (two processes) never merges into one folder; sessions of one process share it."""
+    for _ in range(2):
+        with kprof.session(tmp_path, run="baseline", wait=0, warmup=1, active=1) as s:
+            train(s, 3)
+    assert s.run_dir == tmp_path / "baseline" and capsys.readouterr().out == ""
+    (tmp_path / "baseline" / ".kprof-claim-single").write_bytes(b"otherhost_1")  # as an earlier launch leaves it
+    with kprof.session(tmp_path, run="baseline", wait=0, warmup=1, active=1) as s:
+        train(s, 3)
+    assert s.run_dir == tmp_path / "baseline-2" and len(s.trace_files) == 1
+    assert f"this one writes to {tmp_path / 'baseline-2'}" in capsys.readouterr().out
 
 
 def _resources() -> dict:
