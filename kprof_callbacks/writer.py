@@ -6,7 +6,7 @@ name (``layout.partial_path``) and renames it into place, so a file with the fin
 they never reach the training loop.
 
 A capture is never dropped because the writer is behind. Finished captures wait in memory, up to a budget
-(``max_pending_bytes``, each held capture counted as the largest trace written so far); past it, the training thread
+(``max_pending_bytes``, each held capture counted as the largest trace written so far, at least 1 MB); past it, the training thread
 waits at the end of its window until the writer has made room, and that wait is reported (``Capture.waited_s``).
 """
 
@@ -37,6 +37,7 @@ from . import layout, torch_compat
 
 log = logging.getLogger(__name__)
 
+_MIN_ESTIMATE = 2**20  # what a held capture counts before any trace has been written
 _NAME_LINE = re.compile(rb'^(\s*"name": ")(.*)(",?)\s*$')  # torch's exporter writes one field per line
 
 
@@ -212,7 +213,7 @@ class TraceWriter:
     def submit(self, prof, capture: Capture) -> None:
         """Queue a finished capture (on the training thread: waits only while held captures fill the budget)."""
         capture.path = layout.new_trace_path(self.run_dir, self.worker, self.compress)
-        estimate = self._largest
+        estimate = max(self._largest, _MIN_ESTIMATE)
         capture.waited_s = self._make_room(estimate)
         if capture.waited_s > 0:
             self.waited_s += capture.waited_s

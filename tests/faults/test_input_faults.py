@@ -32,6 +32,13 @@ EXTRA = [  # right type, wrong value
     ("run", ".."),
     ("run", "."),
     ("run", "a/b"),
+    ("run", 'say "hi"'),  # torch writes the run folder's path into the trace unescaped
+    ("run", "back\\slash"),
+    ("run", "new\nline"),
+    ("run", "tab\there"),
+    ("run", "bell\x07"),
+    ("run", "surrogate\udc80"),
+    ("max_pending_mb", 0.0),
     ("logdir", 5),
     ("logdir", None),
     ("activities", "cpu"),
@@ -195,3 +202,51 @@ def test_summarize_missing_path_is_a_clear_file_not_found(tmp_path):
     """kprof.summarize on a path that does not exist: FileNotFoundError naming it (not an empty Summary)."""
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "nope")):
         kprof.summarize(tmp_path / "nope")
+
+
+@pytest.mark.parametrize(
+    "env, value, match",
+    [
+        ("KPROF", "maybe", "KPROF must be 1/true/on/yes or 0/false/off/no, got 'maybe'"),
+        ("KPROF_ACTIVE", "-1", "KPROF_ACTIVE must be an integer >= 1, got '-1'"),
+        ("KPROF_WAIT", "soon", "KPROF_WAIT must be an integer >= 0, got 'soon'"),
+        ("KPROF_TRIGGER", "sometimes", "KPROF_TRIGGER must be one of"),
+    ],
+)
+def test_bad_environment_variable_is_named_before_anything_runs(tmp_path, monkeypatch, env, value, match):
+    monkeypatch.setenv(env, value)
+    with pytest.raises(ValueError, match=match):
+        kprof.session(tmp_path / "log")
+    assert not (tmp_path / "log").exists()
+
+
+def test_a_disabled_session_is_a_no_op_whose_summary_says_so(tmp_path, monkeypatch, train):
+    """KPROF=0 and the README's snippet: it runs, and print(s.summary()) says profiling was off (it raised before)."""
+    monkeypatch.setenv("KPROF", "off")
+    with kprof.session(tmp_path / "log", run="r") as s:
+        train(s, 3)
+    summary = s.summary()
+    assert "profiling was disabled" in str(summary) and summary.files == [] and summary.steps == []
+    assert not (tmp_path / "log").exists()
+
+
+def test_a_home_relative_logdir_is_expanded(tmp_path, monkeypatch, train):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    with kprof.session("~/log", run="r", wait=0, warmup=1, active=1) as s:
+        train(s, 2)
+    assert s.run_dir == tmp_path / "home" / "log" / "r" and len(s.trace_files) == 1
+    assert not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize("label", ["surrogate\udc80", "\ud800"])
+def test_a_region_label_utf8_cannot_encode_fails_at_the_call_in_and_outside_windows(tmp_path, train, label):
+    """A surrogate-escaped file name as a label crashed training at the first profiled step; now the call says so."""
+    with kprof.session(tmp_path, run="r", wait=1, warmup=1, active=1) as s:
+        for _ in range(4):
+            with pytest.raises(ValueError, match="UTF-8"):
+                s.region(label)
+            with s.region("ok"):
+                pass
+            s.step()
+    assert len(s.trace_files) == 1

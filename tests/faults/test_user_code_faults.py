@@ -1,11 +1,16 @@
-"""Fault 3: the user's code fails inside kprof's reach (on_trace callback, summary of a damaged run)."""
+"""Fault 3: the user's code fails inside kprof's reach (on_trace callback, summary of a damaged run), or does what
+programs do (change directory, install signal handlers, measure with a coarse clock) while a session runs."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import threading
 import time
 
 import pytest
+import torch
 
 import kprof_callbacks as kprof
 from kprof_callbacks.config import ProfileConfig
@@ -73,3 +78,104 @@ def test_summary_of_a_run_whose_only_trace_is_corrupted_fails_clearly(tmp_path, 
     path.write_bytes(b'{"traceEvents": [{"ph": "X", "na')
     with pytest.raises(ValueError, match=rf"nothing readable.*{path.name}.*truncated or corrupt JSON"):
         s.summary()
+
+
+def test_chdir_mid_run_loses_nothing(tmp_path, monkeypatch, train, check_traces):
+    """A relative logdir, then os.chdir in the loop: every capture lands in the run folder chosen at the start."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    with kprof.session("log", run="r", wait=1, warmup=1, active=1, repeat=5) as s:
+        train(s, 6)
+        os.chdir(tmp_path / "elsewhere")
+        train(s, 10)
+    assert len(s.trace_files) == 5 and all(p.is_file() for p in s.trace_files)
+    assert len(check_traces(tmp_path / "log" / "r")) == 5 and s.summary().files
+    assert list((tmp_path / "log" / "r").glob("events.out.tfevents.*"))
+    assert not (tmp_path / "elsewhere" / "log").exists()
+
+
+def test_a_sigusr1_handler_installed_during_an_on_demand_session_survives_it(tmp_path, train):
+    """A cluster's requeue handler installed mid-session stays installed after it (it was replaced by the old one)."""
+    seen = []
+    before = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        with kprof.session(tmp_path, run="r", trigger="on_demand") as s:
+            train(s, 2)
+            signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+            train(s, 2)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert seen == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
+def test_a_profiler_that_fails_to_start_leaves_nothing_behind(tmp_path, monkeypatch, train):
+    """torch's profiler raising at start: a clear error, then no stuck state (a later session and a retry work)."""
+    real_enter = torch.profiler.profile.__enter__
+    before = {"sigterm": signal.getsignal(signal.SIGTERM), "sigusr1": signal.getsignal(signal.SIGUSR1),
+              "threads": {t.name for t in threading.enumerate()}}
+
+    def failing_enter(self):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+    monkeypatch.setattr(torch.profiler.profile, "__enter__", failing_enter)
+    with pytest.raises(RuntimeError, match="could not start.*CUPTI_ERROR_NOT_INITIALIZED"):
+        with kprof.session(tmp_path, run="r", trigger="on_demand"):
+            pass
+    after = {"sigterm": signal.getsignal(signal.SIGTERM), "sigusr1": signal.getsignal(signal.SIGUSR1),
+             "threads": {t.name for t in threading.enumerate()}}
+    assert after == before and Session._active is None
+    monkeypatch.setattr(torch.profiler.profile, "__enter__", real_enter)
+    with kprof.session(tmp_path, run="again", wait=0, warmup=1, active=1) as s:
+        train(s, 2)
+    assert len(s.trace_files) == 1
+
+
+def test_two_threads_starting_sessions_at_once_get_one_session_and_one_clear_error(tmp_path, train):
+    """The check "is another profiler running?" and the claim were far apart: 4 of 6 tries crashed the process."""
+    for attempt in range(6):
+        barrier, outcomes = threading.Barrier(2), []
+
+        def run(i: int) -> None:
+            config = ProfileConfig(logdir=tmp_path / str(attempt), run=f"t{i}", wait=0, warmup=1, active=1)
+            session = Session(config)
+            barrier.wait()
+            try:
+                with session as s:
+                    train(s, 3)
+                outcomes.append("ran")
+            except RuntimeError as exc:
+                outcomes.append("refused" if "another profiler is already running" in str(exc) else repr(exc))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(outcomes) in (["ran", "refused"], ["ran", "ran"]), outcomes  # "ran" twice: one after the other
+    assert Session._active is None
+
+
+def test_slow_step_trigger_with_a_zero_median_never_raises_into_training(tmp_path, monkeypatch, train):
+    """A coarse clock gives steps of 0 s; the trigger divided by the median (ZeroDivisionError out of s.step())."""
+    clock = iter(float(i // 30) for i in range(10_000))  # 0 s steps, then one of 1 s
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    with kprof.session(tmp_path, run="r", trigger="slow_step", slow_min_steps=3, poll_every=1) as s:
+        train(s, 40)
+    assert s.steps == 40
+
+
+def test_arm_after_the_session_ended_is_refused(tmp_path, train):
+    with kprof.session(tmp_path, run="r", trigger="on_demand") as s:
+        train(s, 2)
+    assert s.arm("too late") is False
+
+
+def test_a_window_cut_short_by_a_break_reports_the_steps_its_trace_holds(tmp_path, train):
+    """wait=0, warmup=1, active=10, and the loop stops after 5 steps: the capture says steps 1-5, as its trace does."""
+    with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=10) as s:
+        train(s, 5)
+    (capture,) = s.captures
+    names = [e["name"] for e in json.loads(capture.path.read_text())["traceEvents"]]
+    recorded = sorted(int(n.removeprefix("ProfilerStep#")) for n in names if n.startswith("ProfilerStep#"))
+    assert (capture.first_step, capture.last_step) == (recorded[0], recorded[-1]) == (1, 5)

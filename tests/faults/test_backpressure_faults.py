@@ -1,0 +1,50 @@
+"""Fault 8: the writer falls behind (fast steps, back-to-back windows, a slow disk): every window the schedule started
+is written; past the memory budget training waits at the window's end, and the wait is reported."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import kprof_callbacks as kprof
+from kprof_callbacks import writer
+
+
+@pytest.mark.parametrize("wait", [0, 2])
+def test_every_scheduled_window_of_fast_steps_is_written(tmp_path, train, check_traces, wait):
+    """~1 ms CPU steps, 12 windows (back to back with wait=0): 12 traces, none dropped."""
+    with kprof.session(tmp_path, run="r", wait=wait, warmup=1, active=2, repeat=12, scalars=False) as s:
+        train(s, 12 * (wait + 3) + 2)
+    assert len(s.captures) == 12
+    assert [c.error for c in s.captures] == [None] * 12
+    assert len(check_traces(tmp_path)) == 12 == len(s.trace_files)
+
+
+def test_past_the_budget_training_waits_for_the_writer_and_says_how_long(tmp_path, train, check_traces, told,
+                                                                        monkeypatch):
+    """A disk that takes 0.3 s per trace and a budget of about one trace: the windows wait, none is lost."""
+    export = writer._export
+
+    def slow_export(results, final, compress):
+        time.sleep(0.3)
+        return export(results, final, compress)
+
+    monkeypatch.setattr(writer, "_export", slow_export)  # the forked child runs the patched function too
+    with told() as messages:
+        with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=1, repeat=6, scalars=False,
+                           max_pending_mb=0.001) as s:
+            train(s, 14)
+    assert len(check_traces(tmp_path)) == 6 == len(s.trace_files)
+    waits = [c.waited_s for c in s.captures]
+    assert s.writer_wait_s == pytest.approx(sum(waits)) and s.writer_wait_s > 0.3
+    assert waits[0] == 0.0  # the first capture always has room
+    assert len(messages) == 1 and "training waited" in messages[0], messages
+
+
+def test_lightning_fit_writes_every_cycle(fit, check_traces, tmp_path):
+    """ProfilerCallback(wait=2, warmup=1, active=3, repeat=5) on a 32-batch fit: 5 traces (4 before the fix)."""
+    callback = kprof.ProfilerCallback(logdir=tmp_path / "log", run="r", wait=2, warmup=1, active=3, repeat=5,
+                                      summary=False)
+    fit([callback], steps=32)
+    assert len(check_traces(tmp_path / "log")) == 5
