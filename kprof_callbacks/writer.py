@@ -88,12 +88,18 @@ def _check_json(path: Path) -> None:
     """Make sure the exported file is valid JSON before it gets a final name.
 
     torch's exporter does not escape the names it writes, and with ``with_stack=True`` it can write a
-    python_function name taken from stray memory (``torch/profiler/_cupti_monitor.py(0):     \"\"\"``). Such
-    name lines are re-escaped; a file still invalid after that is refused.
+    python_function name taken from stray memory (``torch/profiler/_cupti_monitor.py(0):     \"\"\"``), or bytes
+    that are not UTF-8. Bytes that are not UTF-8 become U+FFFD and such name lines are re-escaped; a file still
+    invalid after that is refused.
     """
     data = path.read_bytes()
-    if _is_json(data):
-        return
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        data = data.decode(errors="replace").encode()
+    else:
+        if _is_json(data):
+            return
     lines = data.split(b"\n")
     for i, line in enumerate(lines):
         match = _NAME_LINE.match(line)

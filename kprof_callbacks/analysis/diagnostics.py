@@ -145,7 +145,8 @@ def _slow_steps(steps: list[StepStats]) -> list[Diagnostic]:
     for mine in workers.values():
         if len(mine) >= 3:
             typical = median(s.wall_us for s in mine)
-            slow += [(s.wall_us / typical, s, typical) for s in mine if s.wall_us > SLOW_STEP_RATIO * typical]
+            if typical > 0:  # steps of zero length (a coarse clock) have no "slow"
+                slow += [(s.wall_us / typical, s, typical) for s in mine if s.wall_us > SLOW_STEP_RATIO * typical]
     if not slow:
         return []
     ratio, worst, typical = max(slow, key=lambda x: x[0])

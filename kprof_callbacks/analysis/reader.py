@@ -12,12 +12,17 @@ import dataclasses
 import gzip
 import zlib
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
 from ..layout import rank_of, worker_of
 
 _NO_RAW = msgspec.Raw()
+# Ids and byte counts become numpy int64 columns: a value outside int64 makes the file unusable, said by the decoder.
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+# Times become int64 nanoseconds: a time beyond ~100 days in microseconds is not a profile (and would overflow).
+Micros = Annotated[float, msgspec.Meta(ge=-1e14, le=1e14)]
 
 
 class Args(msgspec.Struct, frozen=True, gc=False):
@@ -26,15 +31,15 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     Missing ids are -1 (not None) so columns can be built without per-event branches.
     """
 
-    external_id: int = msgspec.field(default=-1, name="External id")
-    external_id_old: int = msgspec.field(default=-1, name="external id")
-    correlation: int = -1
+    external_id: Int64 = msgspec.field(default=-1, name="External id")
+    external_id_old: Int64 = msgspec.field(default=-1, name="external id")
+    correlation: Int64 = -1
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_dims_old: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input dims")
-    mem_bytes: int = msgspec.field(default=0, name="Bytes")
-    mem_device_type: int = msgspec.field(default=-1, name="Device Type")
-    total_allocated: int = msgspec.field(default=0, name="Total Allocated")
-    copy_bytes: int = msgspec.field(default=0, name="bytes")
+    mem_bytes: Int64 = msgspec.field(default=0, name="Bytes")
+    mem_device_type: Int64 = msgspec.field(default=-1, name="Device Type")
+    total_allocated: Int64 = msgspec.field(default=0, name="Total Allocated")
+    copy_bytes: Int64 = msgspec.field(default=0, name="bytes")
 
 
 _NO_ARGS = Args()
@@ -48,8 +53,8 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     cat: str = ""
     pid: int | str = 0
     tid: int | str = 0
-    ts: float = 0.0
-    dur: float = 0.0
+    ts: Micros = 0.0
+    dur: Annotated[float, msgspec.Meta(ge=0.0, le=1e14)] = 0.0  # negative: a broken clock, not a duration
     args: Args = _NO_ARGS
 
 
@@ -101,6 +106,8 @@ def read_trace(path: Path) -> TraceFile:
         raise TraceError(f"not a torch.profiler trace ({exc})") from exc
     except msgspec.DecodeError as exc:
         raise TraceError(f"truncated or corrupt JSON ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"not UTF-8: byte {data[exc.start]:#04x} at offset {exc.start} (a name written unescaped?)")
     events = doc if isinstance(doc, list) else doc.traceEvents
     if events is None:
         raise TraceError("not a torch.profiler trace (no 'traceEvents')")

@@ -184,6 +184,10 @@ def _summarize_run(name: str, found: layout.RunContents, progress: bool) -> Summ
         except TraceError as exc:
             problems.append(Problem(path, str(exc)))
             continue
+        except Exception as exc:  # a file no check foresaw: it is a problem of that file, never of the whole run
+            log.debug("analyzing %s failed", path, exc_info=True)
+            problems.append(Problem(path, f"could not be analyzed ({type(exc).__name__}: {exc}); please report it"))
+            continue
         files.append(path)
     for problem in problems:
         log.warning("%s", problem)

@@ -16,7 +16,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from .reader import Event, TraceFile
+from .reader import Event, TraceError, TraceFile
 
 # host event kinds
 OP, ANNOTATION, PYTHON, RUNTIME = 0, 1, 2, 3
@@ -185,6 +185,8 @@ def build(trace: TraceFile) -> Timeline:
     memory_id = names.get("[memory]", -1)
     host_rows = np.flatnonzero((code >= 0) & (code < _DEVICE_CODE))
     device_rows = np.flatnonzero(code >= _DEVICE_CODE)
+    if device_rows.size and not host_rows.size:
+        raise TraceError("GPU events but no host events: profile with ProfilerActivity.CPU too")
     memory_rows = np.flatnonzero((name == memory_id) & (code == _OTHER))
     host, device, memory = ([events[i] for i in rows.tolist()] for rows in (host_rows, device_rows, memory_rows))
 
@@ -200,6 +202,8 @@ def build(trace: TraceFile) -> Timeline:
                             _column(memory, _MEM_TOTAL, np.int64))
     table = list(names)
     step_number = {k: int(m[1]) for k, n in enumerate(table) if (m := _STEP.match(n))}
+    if any(number >= 2**62 for number in step_number.values()):
+        raise TraceError(f"a step number out of range: {max(step_number.values())}")
     is_step = np.isin(host_columns.name, list(step_number))
     steps = np.stack([np.array([step_number[k] for k in host_columns.name[is_step].tolist()], np.int64),
                       host_start[is_step], host_end[is_step]], axis=1).reshape(-1, 3)

@@ -32,9 +32,9 @@ def broken_exporter(monkeypatch):
 
         def export_then_damage(self, path):
             export(self, path)
-            with open(path) as f:
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:  # GPU traces may hold other bytes
                 text = f.read()
-            with open(path, "w") as f:
+            with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:
                 f.write(edit(text))
 
         monkeypatch.setattr(autograd_profiler.profile, "export_chrome_trace", export_then_damage)
@@ -74,3 +74,15 @@ def test_trace_torch_broke_beyond_repair_is_dropped_with_one_warning(tmp_path, t
     assert s.steps == 4 and len(s.captures) == 2 and all(c.error for c in s.captures)
     assert check_traces(tmp_path) == [] and leftovers(tmp_path) == []
     assert len(messages) == 1 and "torch's exporter wrote invalid JSON" in messages[0], messages
+
+
+def test_bytes_that_are_not_utf8_are_replaced_and_the_trace_kept(tmp_path, train, told, check_traces, broken_exporter):
+    """A name with a byte that is not UTF-8 (a kernel name from stray memory): kept, readable, summarized."""
+    broken_exporter(lambda text: text.replace('"name": "aten::addmm"', '"name": "addmm\udce9"', 1))
+    with told() as messages:
+        with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=2) as s:
+            train(s, 3)
+    (path,) = check_traces(tmp_path)
+    assert messages == [] and b"\xe9" not in path.read_bytes()
+    assert "addmm\ufffd" in {e["name"] for e in json.loads(path.read_bytes())["traceEvents"]}
+    assert s.summary().files == [path]
