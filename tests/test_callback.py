@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -252,6 +253,24 @@ def test_validation_inside_fit(tmp_path):
         trainer(tmp_path, [both], **fit).fit(TinyModel(), loader(), loader(6))
     root = tmp_path / "lightning_logs" / "version_1" / "kprof"
     assert traces(root / "train") and not (root / "validate").exists()
+
+
+def test_a_training_step_that_ran_validation_is_named_not_called_slow(tmp_path):
+    """Lightning validates inside the training batch that ends the interval: the summary says so."""
+
+    class SlowValidation(TinyModel):
+        def validation_step(self, batch, batch_idx):
+            time.sleep(0.02)
+            super().validation_step(batch, batch_idx)
+
+    cb = kprof.ProfilerCallback(wait=1, warmup=1, active=5, summary=False)
+    trainer(tmp_path, [cb], max_steps=8, val_check_interval=4, limit_val_batches=4,
+            num_sanity_val_steps=0).fit(SlowValidation(), loader(), loader(4))
+    summary = kprof.summarize(tmp_path / "lightning_logs" / "version_0" / "kprof" / "train")
+    kinds = {d.kind: d.message for d in summary.diagnostics}
+    assert "eval_in_step" in kinds and "slow_step" not in kinds, kinds
+    # validation runs after batch 3's on_train_batch_end, so inside ProfilerStep#4's range
+    assert "Step 4" in kinds["eval_in_step"] and "4 validation/test/predict steps" in kinds["eval_in_step"]
 
 
 def test_disabled_by_environment(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ import numpy as np
 from . import fmt
 from .steps import WHOLE_TRACE, Windows
 from .tables import Diagnostic, RankStats, StepSkew, StepStats
-from .timeline import KERNEL, MEMCPY, OP, RUNTIME, Timeline
+from .timeline import ANNOTATION, KERNEL, MEMCPY, OP, RUNTIME, Timeline
 
 IDLE_SHARE = 0.30
 SMALL_KERNEL_US = 10.0
@@ -27,6 +27,7 @@ STRAGGLER_LAG = 0.10
 SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
                         "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy"})
 SCALAR_READ = "aten::_local_scalar_dense"  # .item(), bool(), int() of a tensor
+EVAL_LABELS = ("validation_step", "test_step", "predict_step")  # the Lightning callback's labels of an eval loop
 
 
 @dataclasses.dataclass
@@ -44,6 +45,7 @@ class Evidence:
     small_kernels: int = 0
     small_kernel_us: float = 0.0
     files_without_steps: list[str] = dataclasses.field(default_factory=list)
+    eval_calls: Counter = dataclasses.field(default_factory=Counter)  # (rank, worker, step) -> eval-loop labels in it
 
     def add(self, other: Evidence) -> None:
         for f in dataclasses.fields(self):
@@ -75,6 +77,11 @@ def gather(tl: Timeline, win: Windows) -> Evidence:
     kernel = dev_in & (dev.kind == KERNEL)
     small = kernel & (dur < SMALL_KERNEL_US)
     ev.kernels, ev.small_kernels, ev.small_kernel_us = int(kernel.sum()), int(small.sum()), float(dur[small].sum())
+    eval_ids = [k for k, n in enumerate(names) if n in EVAL_LABELS]
+    window = win.index_of(host.start)
+    in_eval = (window >= 0) & (host.kind == ANNOTATION) & np.isin(host.name, eval_ids)
+    who = (tl.source.rank, tl.source.worker)
+    ev.eval_calls = Counter((*who, int(win.number[w])) for w in window[in_eval].tolist())
     return ev
 
 
@@ -90,7 +97,7 @@ def diagnose(steps: list[StepStats], ranks: list[RankStats], skew: list[StepSkew
             f"Data loading takes {fmt.share(loader / wall)} of step time ({fmt.duration(loader / len(steps))} per step): "
             "the training loop waits for batches; raise DataLoader num_workers, set persistent_workers=True and "
             "pin_memory=True, or move decoding/augmentation off the main process.")))
-    found += _slow_steps(steps)
+    found += _slow_steps(steps, ev.eval_calls)
     if len(ranks) > 1 and all(r.rank is not None for r in ranks):
         found += _rank_findings(ranks, skew)
     if not ev.has_gpu:
@@ -136,8 +143,11 @@ def _gpu_findings(steps: list[StepStats], wall: float, ev: Evidence) -> list[Dia
     return found
 
 
-def _slow_steps(steps: list[StepStats]) -> list[Diagnostic]:
-    """Steps slower than SLOW_STEP_RATIO x the median step of the same rank/worker; one finding for the worst."""
+def _slow_steps(steps: list[StepStats], eval_calls: Counter) -> list[Diagnostic]:
+    """Steps slower than SLOW_STEP_RATIO x the median step of the same rank/worker; one finding for the worst.
+
+    A training step that ran an evaluation loop inside it (Lightning validates mid-epoch inside the training batch
+    that ends the interval) is named as such: its time is evaluation, not a slow training step."""
     workers: dict[tuple[int | None, str], list[StepStats]] = {}
     for s in steps:
         workers.setdefault((s.rank, s.worker), []).append(s)
@@ -155,10 +165,16 @@ def _slow_steps(steps: list[StepStats]) -> list[Diagnostic]:
     if len(slow) > 1:
         spread = len({(s.rank, s.worker) for _, s, _ in slow})
         more = f" ({len(slow)} steps above {SLOW_STEP_RATIO}x" + (f" on {spread} ranks/workers)" if spread > 1 else ")")
+    head = f"Step {worst.step}{where} took {fmt.duration(worst.wall_us)}, {ratio:.1f}x the median {fmt.duration(typical)}"
+    calls = eval_calls[(worst.rank, worst.worker, worst.step)]
+    if calls:
+        return [Diagnostic("eval_in_step", "info", (
+            f"{head}{more}: it ran an evaluation loop ({calls} validation/test/predict steps) inside the training "
+            "step, so that time is evaluation, not a slow training step; profile it on its own with "
+            "ProfilerCallback(stages=('validate',)) or trainer.validate()."))]
     return [Diagnostic("slow_step", "warning", (
-        f"Step {worst.step}{where} took {fmt.duration(worst.wall_us)}, {ratio:.1f}x the median {fmt.duration(typical)}{more}: "
-        "look at what ran in it (first-iteration warm-up, allocator growth, garbage collection, checkpointing, "
-        "recompilation)."))]
+        f"{head}{more}: look at what ran in it (first-iteration warm-up, allocator growth, garbage collection, "
+        "checkpointing, recompilation)."))]
 
 
 def _rank_findings(ranks: list[RankStats], skew: list[StepSkew]) -> list[Diagnostic]:
