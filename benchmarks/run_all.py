@@ -8,7 +8,7 @@ Runs, each in its own process (so one's profiler or CUDA state cannot leak into 
 
     kprof bench --check                                   # builds the kernels (~80 s on an H100 host) and checks them
     python benchmarks/run_all.py --out results.json      # then this: ~8 min on an H100
-    python benchmarks/run_all.py --quick                  # CPU smoke test (CI)
+    python benchmarks/run_all.py --quick                  # smoke test of every script on the CPU, on any machine (CI)
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def run(name: str, quick: bool, out_dir: Path) -> dict:
     print(f"\n## {name}: {' '.join(args[1:])}\n", flush=True)
     started = time.perf_counter()
     unbuffered = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if quick:  # on a GPU machine too: fresh CUDA processes and a cold CUDA kernel build would take minutes
+        unbuffered["CUDA_VISIBLE_DEVICES"] = ""
     with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=unbuffered) as child:
         for line in child.stdout:  # as it comes: a long benchmark shows its progress, a cut-short run keeps it
             if not line.startswith("USDT:"):  # kineto's trace start/stop probes

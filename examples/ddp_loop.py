@@ -1,6 +1,6 @@
 """Profile a plain DistributedDataParallel loop started by torchrun, with kprof.session on every rank.
 
-    torchrun --nproc_per_node=2 examples/ddp_loop.py      # NCCL on GPUs, gloo on CPU
+    torchrun --nproc_per_node=2 examples/ddp_loop.py      # NCCL, one GPU per rank; else gloo on the CPU
     kprof summary log/ddp-loop                             # per-rank compute vs NCCL, overlap, straggler
 
 All ranks use the same schedule and step together, so they profile the same steps; each writes its own
@@ -18,9 +18,12 @@ import kprof_callbacks as kprof
 
 
 def main() -> None:
-    gpu = torch.cuda.is_available()
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    gpu = torch.cuda.is_available() and torch.cuda.device_count() >= ranks_here  # NCCL needs a GPU per rank
     dist.init_process_group("nccl" if gpu else "gloo")
     rank = dist.get_rank()
+    if rank == 0 and torch.cuda.is_available() and not gpu:
+        print(f"{ranks_here} ranks on {torch.cuda.device_count()} GPU(s): running on the CPU with gloo")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if gpu else torch.device("cpu")
     if gpu:
         torch.cuda.set_device(device)
