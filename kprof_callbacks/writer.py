@@ -38,7 +38,9 @@ from . import layout, torch_compat
 log = logging.getLogger(__name__)
 
 _MIN_ESTIMATE = 2**20  # what a held capture counts before any trace has been written
-_NAME_LINE = re.compile(rb'^(\s*"name": ")(.*)(",?)\s*$')  # torch's exporter writes one field per line
+# A name field as torch's exporters write it: on a line of its own (torch >= 2.12), or followed by the pid
+# (kineto's one-line events, torch 2.11 on GPU). The value may hold unescaped quotes: it ends at the last quote.
+_NAME_FIELD = re.compile(rb'("name": ")(.*?)("(?:, "pid": |,?\s*$))')
 
 
 @dataclass
@@ -100,16 +102,18 @@ def _check_json(path: Path) -> None:
     else:
         if _is_json(data):
             return
-    lines = data.split(b"\n")
-    for i, line in enumerate(lines):
-        match = _NAME_LINE.match(line)
-        if match and not _is_json(b'"' + match[2] + b'"'):
-            value = match[2].replace(b"\\", b"\\\\").replace(b'"', b'\\"')
-            lines[i] = match[1] + value + match[3]
-    data = b"\n".join(lines)
+    data = b"\n".join(_NAME_FIELD.sub(_escaped_name, line) for line in data.split(b"\n"))
     if not _is_json(data):
         raise ValueError(f"torch's exporter wrote invalid JSON to {path.name}; the capture is not kept")
     path.write_bytes(data)
+
+
+def _escaped_name(match: re.Match) -> bytes:
+    """The name field of ``match`` with its value escaped, unless it already is a valid JSON string."""
+    value = match[2]
+    if _is_json(b'"' + value + b'"'):
+        return match[0]
+    return match[1] + value.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + match[3]
 
 
 def _export(results, final: Path, compress: bool) -> int:

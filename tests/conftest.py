@@ -38,14 +38,15 @@ def _profile_tiny_model(logdir: Path, run: str, steps: int, batch: int):
     import kprof_callbacks as kprof
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # a GPU machine's traces hold kernels (the Kernel view)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with kprof.session(
         logdir, run=run, wait=1, warmup=1, active=2, repeat=2, record_shapes=True, profile_memory=True
     ) as s:
         for _ in range(steps):
             with s.region("forward"):
-                loss = model(torch.randn(batch, 32)).square().mean()
+                loss = model(torch.randn(batch, 32, device=device)).square().mean()
             loss.backward()
             opt.step()
             opt.zero_grad()

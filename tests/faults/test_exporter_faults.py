@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip as gzip_module
 import json
 import re
+from pathlib import Path
 
 import pytest
 from faultkit import leftovers
@@ -21,6 +22,7 @@ import kprof_callbacks as kprof
 from kprof_callbacks import writer
 
 STRAY_NAME = 'torch/profiler/_cupti_monitor.py(0):     """'
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 @pytest.fixture
@@ -86,3 +88,17 @@ def test_bytes_that_are_not_utf8_are_replaced_and_the_trace_kept(tmp_path, train
     assert messages == [] and b"\xe9" not in path.read_bytes()
     assert "addmm\ufffd" in {e["name"] for e in json.loads(path.read_bytes())["traceEvents"]}
     assert s.summary().files == [path]
+
+
+@pytest.mark.parametrize("fixture", ["gpu_small.pt.trace.json.gz", "gpu_mlp_h100.pt.trace.json.gz"])
+def test_a_stray_name_is_repaired_in_both_layouts_torch_writes(tmp_path, fixture):
+    """torch 2.11's kineto writes `"ph": "X", "cat": ..., "name": "...", "pid": ...` on one line (the GPU machine):
+    the repair that only knew one-field-per-line lines dropped every such capture there."""
+    text = gzip_module.decompress((FIXTURES / fixture).read_bytes()).decode()
+    broken = re.sub(r'"name": "aten::[a-z_]+"', f'"name": "{STRAY_NAME}"', text, count=1)
+    assert broken != text
+    path = tmp_path / "t.pt.trace.json"
+    path.write_text(broken)
+    writer._check_json(path)
+    names = {e.get("name") for e in json.loads(path.read_text())["traceEvents"]}
+    assert STRAY_NAME in names
