@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from . import diagnostics, html, ops, ranks, report, stacks, steps
+from . import diagnostics, html, ops, perstep, ranks, report, stacks, steps
 from .reader import TraceError, TraceFile, find_runs, read_trace, run_contents
 from .tables import Diagnostic, KernelStats, LabelStats, OpStats, RankStats, StepSkew, StepStats
 from .timeline import PYTHON, build
@@ -45,6 +45,7 @@ class Summary:
     diagnostics: list[Diagnostic]
     problems: list[str]  # one line per file that could not be read
     memory_snapshots: list[Path]
+    per_step: perstep.PerStep = dataclasses.field(repr=False)  # rows by steps, for kprof.diff
     _stacks: list[stacks.StackSource] = dataclasses.field(repr=False, default_factory=list)
 
     @property
@@ -125,6 +126,7 @@ class _FileResult:
     kernels: ops.Totals
     evidence: diagnostics.Evidence
     stack: stacks.StackSource
+    per_step: perstep.PerStep
 
 
 def _analyze(trace: TraceFile) -> _FileResult:
@@ -148,6 +150,7 @@ def _analyze(trace: TraceFile) -> _FileResult:
             self_cpu_us=costs.self_cpu, kernel_name=tl.device.name, kernel_launcher=launcher,
             kernel_us=(tl.device.end - tl.device.start) / 1000.0, has_python=bool((host.kind == PYTHON).any()),
         ),
+        per_step=perstep.from_timeline(tl, tree, costs, times),
     )
 
 
@@ -193,6 +196,7 @@ def _summarize_run(name: str, traces: list[Path], partial: list[Path], snapshots
         evidence.add(r.evidence)
     rank_rows = ranks.rank_stats(ordered)
     skew = ranks.step_skew(ordered)
+    per_step = perstep.merge([r.per_step for r in results])
     return Summary(
         name=name,
         files=files,
@@ -203,9 +207,10 @@ def _summarize_run(name: str, traces: list[Path], partial: list[Path], snapshots
         labels=ops.label_rows((r.labels for r in results), sum(s.wall_us for s in step_rows)),
         ranks=rank_rows,
         step_skew=skew,
-        diagnostics=diagnostics.diagnose(step_rows, rank_rows, skew, evidence),
+        diagnostics=diagnostics.diagnose(step_rows, rank_rows, skew, evidence, per_step),
         problems=problems,
         memory_snapshots=snapshots,
+        per_step=per_step,
         _stacks=[r.stack for r in results],
     )
 
