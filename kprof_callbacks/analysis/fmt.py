@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 def duration(us: float) -> str:
     """Microseconds as `812 us`, `12.3 ms` or `1.24 s`."""
@@ -26,3 +28,30 @@ def size(nbytes: float) -> str:
 def share(fraction: float) -> str:
     """A fraction as a percentage."""
     return f"{100 * fraction:.0f}%" if fraction >= 0.1 else f"{100 * fraction:.1f}%"
+
+
+def ranges(numbers: Iterable[int]) -> str:
+    """Step numbers as ranges: [2, 3, 4, 7] -> `2-4,7`."""
+    out: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if out and n == out[-1][1] + 1:
+            out[-1][1] = n
+        else:
+            out.append([n, n])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in out)
+
+
+def kernel_name(name: str) -> str:
+    """A demangled kernel name, shorter: no `void`, no parameter list, no `at::native::`/anonymous namespaces.
+
+    `void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(...)...>(int, ...)` becomes
+    `vectorized_elementwise_kernel<4, GeluCUDAKernelImpl(...)...>`, so clipping keeps the part that tells
+    kernels apart.
+    """
+    text = name.removeprefix("void ").replace("at::native::", "").replace("(anonymous namespace)::", "")
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch == "<") - (ch == ">")
+        if ch == "(" and depth == 0 and i > 0:
+            return text[:i]
+    return text
