@@ -34,10 +34,10 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from kprof_callbacks.analysis import summarize
 
 
-def _train_steps(n_steps: int, on_ready) -> None:
+def train_steps(n_steps: int, on_ready, width: int = 128) -> None:
     """Profile `n_steps` steps of a small MLP (one active window) and hand the profile to `on_ready`."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    model = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 128), nn.ReLU(), nn.Linear(128, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, on_trace_ready=on_ready,
@@ -64,7 +64,7 @@ def measure(n_steps: int, folder: Path) -> dict:
         row["ops"] = len(averages)
         prof.export_chrome_trace(str(path))
 
-    _train_steps(n_steps, on_ready)
+    train_steps(n_steps, on_ready)
     gc.collect()  # the profiler's event objects, so that they do not slow the collector during summarize
     wall, cpu = [], []
     for _ in range(3):
@@ -89,11 +89,11 @@ def _events(path: Path):
     return msgspec.json.decode(path.read_bytes(), type=Trace).traceEvents
 
 
-def _bytes_per_step(folder: Path) -> float:
+def bytes_per_step(folder: Path) -> float:
     sizes = {}
     for n in (10, 30):
         path = folder / f"calibrate_{n}.json"
-        _train_steps(n, lambda prof, p=path: prof.export_chrome_trace(str(p)))
+        train_steps(n, lambda prof, p=path: prof.export_chrome_trace(str(p)))
         sizes[n] = path.stat().st_size
         path.unlink()
     return (sizes[30] - sizes[10]) / 20
@@ -110,7 +110,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        per_step = _bytes_per_step(folder)
+        per_step = bytes_per_step(folder)
         for mb in sizes:
             rows.append(measure(max(2, round(mb * 2**20 / per_step)), folder))
             print(f"  {rows[-1]['trace_mb']:.1f} MB done", file=sys.stderr)
