@@ -13,23 +13,16 @@ Wall times depend on what else runs on the machine: the load average is printed 
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import gc
-import json
 import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
+from summary import rows_by_size, size_parser, train_steps, write_results
 
 from kprof_callbacks.analysis import diff, summarize
-from summary import bytes_per_step, train_steps
 
 
 def _timed(fn) -> tuple[float, float, object]:
@@ -65,20 +58,8 @@ def measure(n_steps: int, folder: Path) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=float, nargs="+", default=[50], help="target trace sizes in MB")
-    parser.add_argument("--quick", action="store_true", help="two ~1 MB traces (CI smoke test)")
-    parser.add_argument("--out", type=Path, help="write the results and versions as JSON here")
-    args = parser.parse_args()
-    sizes = [1.0] if args.quick else args.sizes
-    torch.set_num_threads(1)
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        per_step = bytes_per_step(folder)
-        for mb in sizes:
-            rows.append(measure(max(2, round(mb * 2**20 / per_step)), folder))
-            print(f"  {rows[-1]['trace_mb'][0]:.1f} MB done", file=sys.stderr)
+    args = size_parser(__doc__, [50]).parse_args()
+    rows = rows_by_size(args, measure)
     print("| trace MB (A, B) | steps | summarize A s | summarize B s | diff of Summaries s | kprof.diff s "
           "| kprof.diff CPU s | rows | significant | step time B vs A | load avg |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
@@ -89,14 +70,7 @@ def main() -> int:
     for r in rows:
         print(f"\nsignificant in the {r['trace_mb'][0]:.0f} MB pair: " + "; ".join(r["significant"]))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
-            "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
-            "rows": rows,
-        }
-        args.out.write_text(json.dumps(doc, indent=1))
+        write_results(args.out, rows)
     return 0
 
 

@@ -99,36 +99,51 @@ def bytes_per_step(folder: Path) -> float:
     return (sizes[30] - sizes[10]) / 20
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=float, nargs="+", default=[5, 15, 50], help="target trace sizes in MB")
-    parser.add_argument("--quick", action="store_true", help="one ~1 MB trace (CI smoke test)")
+def size_parser(doc: str, default: list[float]) -> argparse.ArgumentParser:
+    """The options of the trace-size benchmarks: --sizes, --quick, --out."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=float, nargs="+", default=default, help="target trace sizes in MB")
+    parser.add_argument("--quick", action="store_true", help="~1 MB traces (CI smoke test)")
     parser.add_argument("--out", type=Path, help="write the results and versions as JSON here")
-    args = parser.parse_args()
-    sizes = [1.0] if args.quick else args.sizes
+    return parser
+
+
+def rows_by_size(args: argparse.Namespace, measure) -> list[dict]:
+    """`measure(n_steps, folder)` for the number of MLP steps that makes each target size (one thread)."""
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         per_step = bytes_per_step(folder)
-        for mb in sizes:
+        for mb in [1.0] if args.quick else args.sizes:
             rows.append(measure(max(2, round(mb * 2**20 / per_step)), folder))
-            print(f"  {rows[-1]['trace_mb']:.1f} MB done", file=sys.stderr)
+            print(f"  {mb:g} MB done", file=sys.stderr)
+    return rows
+
+
+def write_results(path: Path, rows: list[dict]) -> None:
+    """The rows with the date, the machine and the versions, as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "msgspec": msgspec.__version__,
+                     "numpy": np.__version__},
+        "rows": rows,
+    }
+    path.write_text(json.dumps(doc, indent=1))
+
+
+def main() -> int:
+    args = size_parser(__doc__, [5, 15, 50]).parse_args()
+    rows = rows_by_size(args, measure)
     print("| trace MB | events | steps | key_averages() s | summarize() s | summarize() CPU s | speedup | load avg |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['trace_mb']:.1f} | {r['events']:,} | {r['steps']} | {r['key_averages_s']:.2f} | "
               f"{r['summarize_s']:.3f} | {r['summarize_cpu_s']:.3f} | {r['speedup']:.0f}x | {r['load_average']:.1f} |")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
-            "versions": {"python": platform.python_version(), "torch": torch.__version__, "msgspec": msgspec.__version__,
-                         "numpy": np.__version__},
-            "rows": rows,
-        }
-        args.out.write_text(json.dumps(doc, indent=1))
+        write_results(args.out, rows)
     return 0
 
 
