@@ -34,6 +34,7 @@ Source = str | os.PathLike | Summary
 SELECTION = re.compile(r"^(?P<path>.*)@steps=(?P<spec>[^@/]*)$")
 NEW, GONE, INCREASED, DECREASED, UNCHANGED = "new", "gone", "increased", "decreased", "unchanged"
 FEW_STEPS = 5  # below this many steps on a side, intervals are rough and the report says so
+BROAD_ROWS, BROAD_SHARE = 10, 0.5  # this many timed rows, this share of them moving one way: a note on the machine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,6 +273,8 @@ def _rows(a: PerStep, b: PerStep, confidence: float, noise: float, seed: int) ->
     low, high = stats.mean_change_interval(xa, xb, confidence=confidence, seed=seed)
     ma, mb = xa.mean(axis=1), xb.mean(axis=1)
     change = mb - ma
+    dust = 1e-9 * np.maximum(np.abs(ma), np.abs(mb))  # rounding error of the resampled means of equal values
+    low, high = np.where(np.abs(low) <= dust, 0.0, low), np.where(np.abs(high) <= dust, 0.0, high)
     clear = (np.abs(change) > noise * np.abs(ma)) & ((low > 0) | (high < 0))
     significant = stats.fdr_reject(p, 1.0 - confidence) & clear
     rows = []
@@ -283,6 +286,19 @@ def _rows(a: PerStep, b: PerStep, confidence: float, noise: float, seed: int) ->
                            float(high[i]), float(ca[i].mean()), float(cb[i].mean()), float(p[i]), bool(significant[i]),
                            status))
     return sorted(rows, key=lambda c: (not c.significant, not c.presence_changed, -abs(c.change)))
+
+
+def _broad_shift(changes: list[Change]) -> list[str]:
+    """A note when most timed rows moved the same way: that is usually the machine, not the code."""
+    timed = [c for c in changes if c.kind != "count" and not c.presence_changed]
+    for status, word in ((INCREASED, "slower"), (DECREASED, "faster")):
+        moved = sum(c.status == status for c in timed)
+        if len(timed) >= BROAD_ROWS and moved >= BROAD_SHARE * len(timed):
+            return [f"{moved} of {len(timed)} rows present in both got significantly {word} together: a shift that "
+                    "broad is usually the machine (load from other processes, clocks, a different GPU or driver) "
+                    "rather than the code; record both sides on the same machine, interleaved if you can "
+                    "(kprof.compare does that)."]
+    return []
 
 
 def _diagnostic_changes(a: Summary, b: Summary) -> list[DiagnosticChange]:
@@ -327,13 +343,15 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
                      "significant; profile more steps (active=10) for finer answers.")
     if same_run:
         notes.append("Both sides are steps of one run: its findings (diagnostics) are per run, so none are compared.")
+    changes = _rows(tables[0], tables[1], confidence, noise_threshold, seed)
+    notes += _broad_shift(changes)
     sides_out = [Side(side.source, side.summary.name, sorted({s.step for s in t.steps}), len(t.steps))
                  for side, t in zip(sides, tables)]
     return Diff(
         a=sides_out[0],
         b=sides_out[1],
         step_time=step_time,
-        changes=_rows(tables[0], tables[1], confidence, noise_threshold, seed),
+        changes=changes,
         diagnostics=[] if same_run else _diagnostic_changes(sides[0].summary, sides[1].summary),
         notes=notes,
         mean_step_change_us=float(walls[1].mean() - walls[0].mean()),
