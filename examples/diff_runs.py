@@ -16,7 +16,7 @@ from torch import nn
 
 import kprof_callbacks as kprof
 from kprof_callbacks.analysis import diff
-from plain_loop import BATCH, TinyLM, batches
+from plain_loop import BATCH, TinyLM, batches  # the model and data of examples/plain_loop.py, next to this file
 
 
 def train(run: str, dtype: torch.dtype | None, device: str) -> None:

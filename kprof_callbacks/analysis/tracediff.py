@@ -294,10 +294,10 @@ def _broad_shift(changes: list[Change]) -> list[str]:
     for status, word in ((INCREASED, "slower"), (DECREASED, "faster")):
         moved = sum(c.status == status for c in timed)
         if len(timed) >= BROAD_ROWS and moved >= BROAD_SHARE * len(timed):
-            return [f"{moved} of {len(timed)} rows present in both got significantly {word} together: a shift that "
-                    "broad is usually the machine (load from other processes, clocks, a different GPU or driver) "
-                    "rather than the code; record both sides on the same machine, interleaved if you can "
-                    "(kprof.compare does that)."]
+            return [(f"{moved} of {len(timed)} rows present in both got significantly {word} together: a shift "
+                     "that broad is usually the machine (load from other processes, clocks, a different GPU or "
+                     "driver) rather than the code; record both sides on the same machine, interleaved if you can "
+                     "(kprof.compare does that).")]
     return []
 
 
@@ -305,6 +305,38 @@ def _diagnostic_changes(a: Summary, b: Summary) -> list[DiagnosticChange]:
     kinds_a, kinds_b = {d.kind for d in a.diagnostics}, {d.kind for d in b.diagnostics}
     return ([DiagnosticChange(d.kind, "appeared", d.message) for d in b.diagnostics if d.kind not in kinds_a]
             + [DiagnosticChange(d.kind, "went away", d.message) for d in a.diagnostics if d.kind not in kinds_b])
+
+
+def _step_time(walls: list[np.ndarray], confidence: float, noise: float, seed: int) -> StepTimeChange:
+    """Medians, speedup with its bootstrap interval, and the verdict."""
+    speedup, low, high = stats.ratio_interval(walls[0], walls[1], confidence=confidence, seed=seed)
+    verdict = stats.verdict(speedup, low, high, threshold=noise)
+    # With the few steps of a profiling window the bootstrap interval is too narrow (3 against 3 steps: about 12%
+    # of noise-only pairs come out "faster" or "slower"); Welch's t-test on log step times keeps that under 5%.
+    logs = [np.log(np.maximum(w, 1e-3))[None] for w in walls]
+    if stats.welch_p(*logs)[0] >= 1.0 - confidence:
+        verdict = stats.SAME
+    return StepTimeChange(float(np.median(walls[0])), float(np.median(walls[1])), speedup, low, high, verdict)
+
+
+def _few_steps(walls: list[np.ndarray]) -> list[str]:
+    n_a, n_b = (len(w) for w in walls)
+    if min(n_a, n_b) >= FEW_STEPS:
+        return []
+    return [(f"{n_a} against {n_b} step{'s' * (n_b != 1)}: with fewer than {FEW_STEPS} steps on a side the "
+             "intervals are rough and only large, steady changes can be significant; profile more steps (active=10) "
+             "for finer answers.")]
+
+
+def _select(sides: list[_Input]) -> tuple[PerStep, PerStep]:
+    """The two sides' per-step tables over their selected steps, with one set of rows."""
+    cols = [_columns(side, label) for side, label in zip(sides, "ab")]
+    if sides[0].summary is sides[1].summary and sides[0].steps is not None and sides[1].steps is not None:
+        overlap = set(sides[0].steps) & set(sides[1].steps)
+        if overlap:
+            raise ValueError(f"the step selections overlap (steps {fmt.ranges(overlap)}): a step can be on one side")
+    both = perstep.merge([side.summary.per_step.take(c) for side, c in zip(sides, cols)])
+    return both.take(range(len(cols[0]))), both.take(range(len(cols[0]), len(both.steps)))
 
 
 def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: float = 0.02, seed: int = 0) -> Diff:
@@ -320,37 +352,19 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
         raise ValueError(f"noise_threshold must be a number >= 0, got {noise_threshold!r}")
     sides = [_parse(a, "a"), _parse(b, "b")]
     _load(sides)
-    cols = [_columns(side, label) for side, label in zip(sides, "ab")]
+    table_a, table_b = _select(sides)
+    walls = [np.array([s.wall_us for s in t.steps]) for t in (table_a, table_b)]
+    changes = _rows(table_a, table_b, confidence, noise_threshold, seed)
     same_run = sides[0].summary is sides[1].summary
-    if same_run and sides[0].steps is not None and sides[1].steps is not None:
-        overlap = set(sides[0].steps) & set(sides[1].steps)
-        if overlap:
-            raise ValueError(f"the step selections overlap (steps {fmt.ranges(overlap)}): a step can be on one side")
-    both = perstep.merge([side.summary.per_step.take(c) for side, c in zip(sides, cols)])  # one set of rows
-    tables = [both.take(range(len(cols[0]))), both.take(range(len(cols[0]), len(both.steps)))]
-    walls = [np.array([s.wall_us for s in t.steps]) for t in tables]
-    speedup, low, high = stats.ratio_interval(walls[0], walls[1], confidence=confidence, seed=seed)
-    verdict = stats.verdict(speedup, low, high, threshold=noise_threshold)
-    # With the few steps of a profiling window the bootstrap interval is too narrow (3 against 3 steps: about 12%
-    # of noise-only pairs come out "faster" or "slower"); Welch's t-test on log step times keeps that under 5%.
-    if stats.welch_p(np.log(walls[0])[None], np.log(walls[1])[None])[0] >= 1.0 - confidence:
-        verdict = stats.SAME
-    step_time = StepTimeChange(float(np.median(walls[0])), float(np.median(walls[1])), speedup, low, high, verdict)
-    notes = []
-    if min(len(w) for w in walls) < FEW_STEPS:
-        notes.append(f"{len(walls[0])} against {len(walls[1])} step{'s' * (len(walls[1]) != 1)}: with fewer than "
-                     f"{FEW_STEPS} steps on a side the intervals are rough and only large, steady changes can be "
-                     "significant; profile more steps (active=10) for finer answers.")
+    notes = _few_steps(walls) + _broad_shift(changes)
     if same_run:
         notes.append("Both sides are steps of one run: its findings (diagnostics) are per run, so none are compared.")
-    changes = _rows(tables[0], tables[1], confidence, noise_threshold, seed)
-    notes += _broad_shift(changes)
-    sides_out = [Side(side.source, side.summary.name, sorted({s.step for s in t.steps}), len(t.steps))
-                 for side, t in zip(sides, tables)]
+    a_side, b_side = (Side(side.source, side.summary.name, sorted({s.step for s in t.steps}), len(t.steps))
+                      for side, t in zip(sides, (table_a, table_b)))
     return Diff(
-        a=sides_out[0],
-        b=sides_out[1],
-        step_time=step_time,
+        a=a_side,
+        b=b_side,
+        step_time=_step_time(walls, confidence, noise_threshold, seed),
         changes=changes,
         diagnostics=[] if same_run else _diagnostic_changes(sides[0].summary, sides[1].summary),
         notes=notes,
