@@ -182,7 +182,7 @@ def _grew_in(per_step: PerStep, slow: StepStats, normal: list[StepStats]) -> str
     def item(i: int) -> str:
         calls, usual = float(per_step.calls[i, column]), float(typical_calls[i])
         count = f" ({calls:g} call{'s' * (calls != 1)}, usually {usual:g})" if calls != usual else ""
-        return f"{per_step.label(i)} +{fmt.duration(grew[i])}{count}"
+        return f"{fmt.row_label(per_step.kind[i], per_step.name[i])} +{fmt.duration(grew[i])}{count}"
 
     return f"What grew in it, {against} (extra {fmt.duration(extra)}): {', '.join(item(i) for i in top)}."
 

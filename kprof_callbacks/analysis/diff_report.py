@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 from .. import stats
 from . import fmt
+from .fmt import clip
 from .html import page, table
-from .report import NAME_WIDTH, Table, clip, text_table
+from .report import NAME_WIDTH, Table, text_table
 from .timeline import DEVICE_KINDS
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def _side(s: Side) -> str:
     return f"{s.source} (run {s.run}; steps {steps}: {len(s.steps)} step{'s' * (len(s.steps) != 1)}{per})"
 
 
-def step_line(d: Diff) -> str:
+def _step_line(d: Diff) -> str:
     """The step-time verdict in one sentence."""
     t = d.step_time
     pct = f"{100 * d.confidence:g}%"
@@ -61,7 +62,7 @@ def _table(d: Diff, title: str, kinds: Sequence[str], value: str, top: int, widt
     shown += [c for c in rows if c not in shown][: max(top - len(shown), 0)]
     body = []
     for c in shown:
-        cells = [clip(_display(c), width)] + ([c.kind] if len(kinds) > 1 else [])
+        cells = [clip(fmt.row_name(c.kind, c.name), width)] + ([c.kind] if len(kinds) > 1 else [])
         cells += [unit(c.a), unit(c.b), _signed(c.change, unit), f"[{_signed(c.low, unit)}, {_signed(c.high, unit)}]"]
         if value == "time":
             cells.append(_count(c.a_calls) if c.a_calls == c.b_calls else f"{_count(c.a_calls)} -> {_count(c.b_calls)}")
@@ -86,25 +87,15 @@ def _explained(d: Diff, top: int) -> str:
         rows = d.contributors(kinds, top, min_share=MIN_SHARE)
         if rows:
             return "Accounting for it: " + ", ".join(
-                f"{_kind_name(c)} {_signed(c.change, fmt.duration)} per step ({fmt.share(d.share_of_step_change(c))} "
-                f"of the change in mean step time)" for c in rows) + "."
+                f"{fmt.row_label(c.kind, c.name)} {_signed(c.change, fmt.duration)} per step "
+                f"({fmt.share(d.share_of_step_change(c))} of the change in mean step time)" for c in rows) + "."
     return (f"No significant change of an operator, label or GPU activity accounts for {fmt.share(MIN_SHARE)} of "
             "it or more.")
 
 
-def _display(c: Change) -> str:
-    """A row's name as shown: kernel names without their parameter lists and at::native namespaces."""
-    return fmt.kernel_name(c.name) if c.kind in ("kernel", "nccl") else c.name
-
-
-def _kind_name(c: Change) -> str:
-    name = clip(_display(c), 60)
-    return name if c.kind == "op" else f"{c.kind} '{name}'"
-
-
 def headline(d: Diff, top: int) -> str:
     """The step-time verdict and, when B is faster or slower, what accounts for it."""
-    parts = [step_line(d)]
+    parts = [_step_line(d)]
     if d.step_time.verdict != stats.SAME:
         parts.append(_explained(d, top))
     n = len(d.significant())
@@ -146,7 +137,7 @@ def _signed_bars(rows: Sequence[Change], width: int = 900) -> str:
         label = f"{_signed(c.change, fmt.duration)} ({c.verdict})"
         tx = centre + w + 4 if c.change > 0 else centre - w - 4
         anchor = "start" if c.change > 0 else "end"
-        out.append(f'<text x="0" y="{y + 13}" font-size="12">{escape(_kind_name(c)[:48])}</text>'
+        out.append(f'<text x="0" y="{y + 13}" font-size="12">{escape(fmt.row_label(c.kind, c.name, 48))}</text>'
                    f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row - 4}" '
                    f'fill="{"#e15759" if c.change > 0 else "#59a14f"}"><title>{escape(c.name)}: {escape(label)}</title>'
                    f'</rect><text x="{tx:.1f}" y="{y + 13}" font-size="12" text-anchor="{anchor}">'

@@ -30,6 +30,22 @@ def share(fraction: float) -> str:
     return f"{100 * fraction:.0f}%" if fraction >= 0.1 else f"{100 * fraction:.1f}%"
 
 
+def clip(text: str, width: int) -> str:
+    """`text`, cut to `width` characters with `...` when longer."""
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def row_name(kind: str, name: str) -> str:
+    """A per-step table row's name as shown: kernel names shortened (see kernel_name)."""
+    return kernel_name(name) if kind in ("kernel", "nccl") else name
+
+
+def row_label(kind: str, name: str, width: int = 60) -> str:
+    """`aten::mm`, `label 'forward'`, `kernel 'sgemm_largek_lds64<...>'`: a row, clipped, with its kind."""
+    shown = clip(row_name(kind, name), width)
+    return shown if kind == "op" else f"{kind} '{shown}'"
+
+
 def ranges(numbers: Iterable[int]) -> str:
     """Step numbers as ranges: [2, 3, 4, 7] -> `2-4,7`."""
     out: list[list[int]] = []

@@ -44,11 +44,6 @@ class PerStep:
         key = (step.rank, step.worker, step.step)
         return next(i for i, s in enumerate(self.steps) if (s.rank, s.worker, s.step) == key)
 
-    def label(self, row: int, width: int = 60) -> str:
-        """`aten::mm`, `label 'forward'`, `kernel 'void sgemm...'`: a row's name, clipped, with its kind."""
-        name = self.name[row] if len(self.name[row]) <= width else self.name[row][: width - 3] + "..."
-        return name if self.kind[row] == "op" else f"{self.kind[row]} '{name}'"
-
 
 def _by_step(code: np.ndarray, step: np.ndarray, values: np.ndarray, n_steps: int):
     """Unique codes and, per code and step, the sum of `values` and the count (events with step -1 dropped)."""
