@@ -28,11 +28,9 @@ def train(run: str, dtype: torch.dtype | None, device: str) -> None:
         for x, y in batches(device):
             with s.region("forward"), torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
                 loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-            with s.region("backward"):
-                loss.backward()
-            with s.region("optimizer"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
             s.step(samples=BATCH)
     print(f"{run}: {len(s.trace_files)} trace file(s) in {s.run_dir}")
 
