@@ -195,6 +195,19 @@ def test_step_selections_of_one_run(tmp_path):
         diff(run, run, confidence=1.0)
 
 
+def test_ranks_are_samples_of_the_same_steps(tmp_path):
+    """In a two-rank run a selected step is taken on both ranks; rank 1's slower op shows in the per-step means."""
+    run = tmp_path / "ddp"
+    run.mkdir()
+    for rank, mm in ((0, 100.0), (1, 300.0)):
+        write_trace(run / f"rank{rank}_host_{rank}.1.pt.trace.json", [{"aten::mm": mm, "aten::add": 10.0}] * 6)
+    d = diff(f"{run}@steps=0-2", f"{run}@steps=3-5")
+    assert (d.a.steps, d.a.samples, d.b.samples) == ([0, 1, 2], 6, 6)
+    mm = next(c for c in d.changes if c.name == "aten::mm")
+    assert (mm.a, mm.b, mm.significant) == (200.0, 200.0, False)
+    assert "6 samples over ranks" in d.render()
+
+
 def test_logdir_of_runs_is_refused(tmp_path):
     for name in ("x", "y"):
         (tmp_path / name).mkdir()
@@ -277,6 +290,16 @@ def test_summary_explains_the_slow_step(tmp_path):
     assert finding.message.startswith("Step 5 took")  # numbered from 0, as ProfilerStep#N
     assert "What grew in it, against the median of the " in finding.message  # 7 other steps, less any noisy one
     assert "label 'checkpoint' +2" in finding.message  # ~250 ms of sleep
+
+
+def test_slow_step_names_a_kernel_that_grew(tmp_path):
+    kernels = [{"void at::native::big_kernel<float>(float*, int)": 100.0, "small": 5.0} for _ in range(6)]
+    kernels[4] = {"void at::native::big_kernel<float>(float*, int)": 900.0, "small": 5.0}
+    path = write_trace(tmp_path / "t.pt.trace.json", [{"aten::mm": 50.0}] * 6, kernels=kernels)
+    (finding,) = [d for d in summarize(path).diagnostics if d.kind == "slow_step"]
+    assert finding.message.startswith("Step 4 took")
+    assert "What grew in it, against the median of the 5 other steps (extra 800 us): kernel 'big_kernel<float>' +800 us." \
+        in finding.message
 
 
 def test_slow_step_with_nothing_to_blame(tmp_path):
