@@ -15,8 +15,8 @@ import kprof_callbacks as kprof
 from kprof_callbacks import stats
 from kprof_callbacks.analysis import diff, summarize
 from kprof_callbacks.analysis.cli import add_diff_parser
+from kprof_callbacks.analysis.diff_inputs import parse_steps
 from kprof_callbacks.analysis.fmt import kernel_name, ranges
-from kprof_callbacks.analysis.tracediff import parse_steps
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

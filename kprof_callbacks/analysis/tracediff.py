@@ -12,8 +12,6 @@ interval excludes zero, and it exceeds `noise_threshold` of A's value (compare's
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,16 +20,15 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from .. import stats
-from . import diff_report, fmt, perstep
+from . import diff_report
 from .diagnostics import SCALAR_READ, SYNC_CALLS
+from .diff_inputs import Source, load, select
 from .perstep import PerStep
-from .summary import Summary, summarize
+from .summary import Summary
 
 if TYPE_CHECKING:
     import pandas
 
-Source = str | os.PathLike | Summary
-SELECTION = re.compile(r"^(?P<path>.*)@steps=(?P<spec>[^@/]*)$")
 NEW, GONE, INCREASED, DECREASED, UNCHANGED = "new", "gone", "increased", "decreased", "unchanged"
 FEW_STEPS = 5  # below this many steps on a side, intervals are rough and the report says so
 BROAD_ROWS, BROAD_SHARE = 10, 0.5  # this many timed rows, this share of them moving one way: a note on the machine
@@ -176,73 +173,6 @@ class Diff:
         return diff_report.write_html(self, Path(path), top)
 
 
-def parse_steps(spec: str) -> list[int]:
-    """`2-4,7` -> [2, 3, 4, 7]: step numbers and inclusive ranges, comma-separated."""
-    steps: set[int] = set()
-    for part in spec.replace(" ", "").split(","):
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-        if not match:
-            raise ValueError(f"bad step selection {spec!r}: use numbers and ranges such as 2-4,7")
-        lo, hi = int(match[1]), int(match[2] or match[1])
-        if hi < lo:
-            raise ValueError(f"bad step range {part!r} in {spec!r}: the end is before the start")
-        steps.update(range(lo, hi + 1))
-    return sorted(steps)
-
-
-@dataclasses.dataclass
-class _Input:
-    source: str
-    path: Path | None
-    steps: list[int] | None
-    summary: Summary | None = None
-
-
-def _parse(x: Source, label: str) -> _Input:
-    """Check one side's argument and split off its step selection (no file is read here)."""
-    if isinstance(x, Summary):
-        return _Input(x.name, None, None, x)
-    if not isinstance(x, (str, os.PathLike)):
-        raise TypeError(f"{label} must be a run folder, trace file, 'PATH@steps=2-4' or a Summary, "
-                        f"got {type(x).__name__}")
-    text = os.fspath(x)
-    match = SELECTION.match(text) if isinstance(x, str) else None
-    path, steps = (Path(match["path"]), parse_steps(match["spec"])) if match else (Path(text), None)
-    if not path.exists():
-        raise FileNotFoundError(f"{label}: no such trace file or run folder: {path}")
-    return _Input(text, path, steps)
-
-
-def _load(inputs: list[_Input]) -> None:
-    """Summarize each distinct path once (two selections of one run share one Summary)."""
-    done: dict[Path, Summary] = {}
-    for side in inputs:
-        if side.summary is not None:
-            continue
-        key = side.path.resolve()
-        if key not in done:
-            result = summarize(side.path)
-            if isinstance(result, dict):
-                raise ValueError(f"{side.path} holds {len(result)} runs ({', '.join(list(result)[:5])}): "
-                                 "diff one run folder or trace file against another")
-            done[key] = result
-        side.summary = done[key]
-
-
-def _columns(side: _Input, label: str) -> list[int]:
-    """Columns of the side's per-step table that its selection picks (all steps without one)."""
-    table = side.summary.per_step
-    numbers = [s.step for s in table.steps]
-    if side.steps is None:
-        return list(range(len(numbers)))
-    missing = sorted(set(side.steps) - set(numbers))
-    if missing:
-        raise ValueError(f"{label}: step{'s' * (len(missing) > 1)} {fmt.ranges(missing)} not in {side.summary.name} "
-                         f"(profiled steps: {fmt.ranges(n for n in numbers if n >= 0) or 'none numbered'})")
-    wanted = set(side.steps)
-    return [i for i, n in enumerate(numbers) if n in wanted]
-
-
 def _counts(table: PerStep) -> tuple[list[str], np.ndarray]:
     """Counts per step that matter for speed: host-GPU syncs, tensor reads, launches, copies."""
     kinds, names = np.array(table.kind, dtype=object), np.array(table.name, dtype=object)
@@ -328,17 +258,6 @@ def _few_steps(walls: list[np.ndarray]) -> list[str]:
              "for finer answers.")]
 
 
-def _select(sides: list[_Input]) -> tuple[PerStep, PerStep]:
-    """The two sides' per-step tables over their selected steps, with one set of rows."""
-    cols = [_columns(side, label) for side, label in zip(sides, "ab")]
-    if sides[0].summary is sides[1].summary and sides[0].steps is not None and sides[1].steps is not None:
-        overlap = set(sides[0].steps) & set(sides[1].steps)
-        if overlap:
-            raise ValueError(f"the step selections overlap (steps {fmt.ranges(overlap)}): a step can be on one side")
-    both = perstep.merge([side.summary.per_step.take(c) for side, c in zip(sides, cols)])
-    return both.take(range(len(cols[0]))), both.take(range(len(cols[0]), len(both.steps)))
-
-
 def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: float = 0.02, seed: int = 0) -> Diff:
     """Compare B with A: step time, every operator, label, GPU activity and count per step, and the findings.
 
@@ -350,9 +269,8 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
         raise ValueError(f"confidence must be between 0 and 1, got {confidence!r}")
     if isinstance(noise_threshold, bool) or not isinstance(noise_threshold, (int, float)) or not noise_threshold >= 0:
         raise ValueError(f"noise_threshold must be a number >= 0, got {noise_threshold!r}")
-    sides = [_parse(a, "a"), _parse(b, "b")]
-    _load(sides)
-    table_a, table_b = _select(sides)
+    sides = load(a, b)
+    table_a, table_b = select(sides)
     walls = [np.array([s.wall_us for s in t.steps]) for t in (table_a, table_b)]
     changes = _rows(table_a, table_b, confidence, noise_threshold, seed)
     same_run = sides[0].summary is sides[1].summary
