@@ -4,6 +4,7 @@ Runs, each in its own process (so one's profiler or CUDA state cannot leak into 
   overhead.py            step-time cost outside/inside windows; training thread blocked at window end
   lightning_overhead.py  ProfilerCallback vs Lightning's PyTorchProfiler on one LightningModule
   summary.py             kprof.summarize vs key_averages() on the same profiles
+  diff.py                kprof.diff of two 50 MB traces
   kernels.py             custom layers vs eager PyTorch and torch.compile, % of copy bandwidth
 
     kprof bench --check                                   # builds the kernels (~80 s on an H100 host) and checks them
@@ -34,6 +35,7 @@ BENCHMARKS = {
     "overhead": ("overhead.py", ["--seconds", "220"]),
     "lightning": ("lightning_overhead.py", ["--seconds", "60"]),
     "summary": ("summary.py", ["--sizes", "5", "15", "50"]),
+    "diff": ("diff.py", ["--sizes", "50"]),
     "kernels": ("kernels.py", ["--largest"]),  # the sizes the targets read; `kprof bench` alone times them all
 }
 
@@ -77,6 +79,10 @@ def targets(results: dict) -> list[tuple[str, str, bool | None]]:
             rows.append((f"summary of {size['trace_mb']:.0f} MB trace >= 20x key_averages", f"{speedup:.0f}x", speedup >= 20))
         if seconds is not None and size["trace_mb"] >= 40:
             rows.append((f"summary of {size['trace_mb']:.0f} MB trace <= 1 s", f"{seconds:.2f} s", seconds <= 1.0))
+    for size in results.get("diff", {}).get("result", {}).get("rows", []):
+        if size["trace_mb"][0] >= 40:
+            rows.append((f"diff of two {size['trace_mb'][0]:.0f} MB traces <= 1.5 s", f"{size['diff_s']:.2f} s",
+                         size["diff_s"] <= 1.5))
     lightning = results.get("lightning", {}).get("result", {}).get("results", {})
     if "none" in lightning and "kprof ProfilerCallback" in lightning:
         for name in ("kprof ProfilerCallback", "lightning PyTorchProfiler"):

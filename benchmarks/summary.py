@@ -34,10 +34,10 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from kprof_callbacks.analysis import summarize
 
 
-def _train_steps(n_steps: int, on_ready) -> None:
+def train_steps(n_steps: int, on_ready, width: int = 128) -> None:
     """Profile `n_steps` steps of a small MLP (one active window) and hand the profile to `on_ready`."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    model = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 128), nn.ReLU(), nn.Linear(128, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, on_trace_ready=on_ready,
@@ -64,7 +64,7 @@ def measure(n_steps: int, folder: Path) -> dict:
         row["ops"] = len(averages)
         prof.export_chrome_trace(str(path))
 
-    _train_steps(n_steps, on_ready)
+    train_steps(n_steps, on_ready)
     gc.collect()  # the profiler's event objects, so that they do not slow the collector during summarize
     wall, cpu = [], []
     for _ in range(3):
@@ -89,46 +89,61 @@ def _events(path: Path):
     return msgspec.json.decode(path.read_bytes(), type=Trace).traceEvents
 
 
-def _bytes_per_step(folder: Path) -> float:
+def bytes_per_step(folder: Path) -> float:
     sizes = {}
     for n in (10, 30):
         path = folder / f"calibrate_{n}.json"
-        _train_steps(n, lambda prof, p=path: prof.export_chrome_trace(str(p)))
+        train_steps(n, lambda prof, p=path: prof.export_chrome_trace(str(p)))
         sizes[n] = path.stat().st_size
         path.unlink()
     return (sizes[30] - sizes[10]) / 20
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=float, nargs="+", default=[5, 15, 50], help="target trace sizes in MB")
-    parser.add_argument("--quick", action="store_true", help="one ~1 MB trace (CI smoke test)")
+def size_parser(doc: str, default: list[float]) -> argparse.ArgumentParser:
+    """The options of the trace-size benchmarks: --sizes, --quick, --out."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=float, nargs="+", default=default, help="target trace sizes in MB")
+    parser.add_argument("--quick", action="store_true", help="~1 MB traces (CI smoke test)")
     parser.add_argument("--out", type=Path, help="write the results and versions as JSON here")
-    args = parser.parse_args()
-    sizes = [1.0] if args.quick else args.sizes
+    return parser
+
+
+def rows_by_size(args: argparse.Namespace, measure) -> list[dict]:
+    """`measure(n_steps, folder)` for the number of MLP steps that makes each target size (one thread)."""
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        per_step = _bytes_per_step(folder)
-        for mb in sizes:
+        per_step = bytes_per_step(folder)
+        for mb in [1.0] if args.quick else args.sizes:
             rows.append(measure(max(2, round(mb * 2**20 / per_step)), folder))
-            print(f"  {rows[-1]['trace_mb']:.1f} MB done", file=sys.stderr)
+            print(f"  {mb:g} MB done", file=sys.stderr)
+    return rows
+
+
+def write_results(path: Path, rows: list[dict]) -> None:
+    """The rows with the date, the machine and the versions, as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "msgspec": msgspec.__version__,
+                     "numpy": np.__version__},
+        "rows": rows,
+    }
+    path.write_text(json.dumps(doc, indent=1))
+
+
+def main() -> int:
+    args = size_parser(__doc__, [5, 15, 50]).parse_args()
+    rows = rows_by_size(args, measure)
     print("| trace MB | events | steps | key_averages() s | summarize() s | summarize() CPU s | speedup | load avg |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['trace_mb']:.1f} | {r['events']:,} | {r['steps']} | {r['key_averages_s']:.2f} | "
               f"{r['summarize_s']:.3f} | {r['summarize_cpu_s']:.3f} | {r['speedup']:.0f}x | {r['load_average']:.1f} |")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
-            "versions": {"python": platform.python_version(), "torch": torch.__version__, "msgspec": msgspec.__version__,
-                         "numpy": np.__version__},
-            "rows": rows,
-        }
-        args.out.write_text(json.dumps(doc, indent=1))
+        write_results(args.out, rows)
     return 0
 
 

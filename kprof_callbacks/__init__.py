@@ -24,6 +24,8 @@ _LAZY = {
     "ProfilerCallback": ".callback",
     "summarize": ".analysis",
     "Summary": ".analysis",
+    "diff": ".analysis",
+    "Diff": ".analysis",
     "kernels": ".kernels",
 }
 

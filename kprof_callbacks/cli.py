@@ -24,6 +24,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
 def _demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train a small model under the profiler and print where the time went")
     p.add_argument("--logdir", default="log", help="where traces go (default: log)")
@@ -46,6 +53,22 @@ def _summary(sub: argparse._SubParsersAction) -> None:
                    help="write flamegraph folded stacks of self CPU time (one file per run when several)")
     p.set_defaults(func=lambda a: analysis_cli.run_summary(
         a.logdir, as_json=a.json, html=a.html, top=a.top, sort=a.sort, stacks=a.stacks))
+
+
+def _diff(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("diff", help="what changed between two runs, trace files or step selections (with CIs and "
+                       "verdicts)", description=analysis_cli.DIFF_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("a", help="the baseline: run folder, trace file or PATH@steps=SPEC")
+    p.add_argument("b", help="the run compared with it (same forms)")
+    p.add_argument("--json", action="store_true", help="print the diff as JSON instead of text")
+    p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
+    p.add_argument("--top", type=_positive, default=10, metavar="N", help="rows per table (default 10)")
+    p.add_argument("--confidence", type=_fraction, default=0.95,
+                   help="interval level; 1 - confidence is the false discovery rate (default 0.95)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.set_defaults(func=lambda a: analysis_cli.run_diff(
+        a.a, a.b, as_json=a.json, html=a.html, top=a.top, confidence=a.confidence, seed=a.seed))
 
 
 def _tensorboard(sub: argparse._SubParsersAction) -> None:
@@ -89,7 +112,7 @@ def _bench(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kprof", description="Profile PyTorch training and read the results.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_demo, _summary, _tensorboard, _compare, _bench):
+    for add in (_demo, _summary, _diff, _tensorboard, _compare, _bench):
         add(sub)
     return parser
 

@@ -9,6 +9,7 @@ the interval instead of passing for a speedup, and drift that hit both blocks of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -73,3 +74,102 @@ def verdict(speedup: float, low: float, high: float, *, threshold: float = 0.02)
     if high < 1.0 and speedup < 1.0 / (1.0 + threshold):
         return SLOWER
     return SAME
+
+
+def ratio_interval(
+    base: Sequence[float], other: Sequence[float], *, confidence: float = 0.95, seed: int = 0
+) -> tuple[float, float, float]:
+    """``(ratio, low, high)``: median(base) / median(other) for two unpaired samples, bootstrap interval.
+
+    For steps of two separate runs (or two step selections of one run): each side's steps are resampled on their
+    own, since no step of one side belongs with a step of the other.
+    """
+    a, b = np.asarray(base, dtype=np.float64), np.asarray(other, dtype=np.float64)
+    if a.size == 0 or b.size == 0:
+        raise ValueError(f"need at least one step on each side, got {a.size} and {b.size}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    rng = np.random.default_rng(seed)
+    medians = [np.median(x[rng.integers(0, x.size, (_RESAMPLES, x.size))], axis=1) for x in (a, b)]
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(medians[0] / medians[1], [tail, 1.0 - tail])
+    return float(np.median(a) / np.median(b)), float(low), float(high)
+
+
+def mean_change_interval(
+    base: np.ndarray, other: np.ndarray, *, confidence: float = 0.95, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, a bootstrap interval of mean(other) - mean(base); ``base`` (rows, n) and ``other`` (rows, m).
+
+    Each side's columns (steps) are resampled on their own, the same picks for every row, so the rows of one
+    step stay together; each resample is a matrix product, so thousands of rows cost one BLAS call per side.
+    """
+    rng = np.random.default_rng(seed)
+    means = []
+    for x in (base, other):
+        n = x.shape[1]
+        picks = rng.integers(0, n, (_RESAMPLES, n)) + n * np.arange(_RESAMPLES)[:, None]
+        weights = np.bincount(picks.ravel(), minlength=_RESAMPLES * n).reshape(_RESAMPLES, n) / n  # times picked / n
+        means.append(x @ weights.T)  # (rows, resamples)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means[1] - means[0], [tail, 1.0 - tail], axis=1)
+    return low, high
+
+
+def welch_p(base: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """Per row, the two-sided p-value of Welch's t-test on the means of ``base`` (rows, n) and ``other`` (rows, m).
+
+    A t-test rather than resampling: with the 3 to 5 steps a profiling window holds, a permutation or bootstrap
+    test cannot reach small p-values at all (3 against 3 steps have 20 splits), while a t-test on per-step
+    totals (sums of many calls) can. Rows without variance on either side get 0 when the means differ, else 1;
+    fewer than 2 steps on a side give 1 (nothing can be told).
+    """
+    n, m = base.shape[1], other.shape[1]
+    if n < 2 or m < 2:
+        return np.ones(base.shape[0])
+    va, vb = base.var(axis=1, ddof=1) / n, other.var(axis=1, ddof=1) / m
+    delta = other.mean(axis=1) - base.mean(axis=1)
+    se2 = va + vb
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = se2**2 / (va**2 / (n - 1) + vb**2 / (m - 1))
+        p = _betainc(df / 2.0, 0.5, df / (df + delta**2 / se2))
+    same = np.isclose(delta, 0.0, rtol=0.0, atol=1e-9 * np.maximum(np.abs(base).max(axis=1, initial=0.0), 1.0))
+    return np.where(se2 > 0, p, np.where(same, 1.0, 0.0))
+
+
+def fdr_reject(p: np.ndarray, q: float = 0.05) -> np.ndarray:
+    """Benjamini-Hochberg: which of the p-values are discoveries, keeping the expected false-discovery share <= q."""
+    p = np.asarray(p, dtype=np.float64)
+    order = np.argsort(p, kind="stable")
+    below = p[order] <= q * np.arange(1, p.size + 1) / max(p.size, 1)
+    k = int(np.flatnonzero(below).max(initial=-1)) + 1
+    out = np.zeros(p.size, bool)
+    out[order[:k]] = True
+    return out
+
+
+def _betainc(a: np.ndarray, b: float, x: np.ndarray) -> np.ndarray:
+    """Regularized incomplete beta I_x(a, b), elementwise (modified Lentz continued fraction, Numerical Recipes 6.4)."""
+    a, x = np.broadcast_arrays(np.asarray(a, dtype=np.float64), np.asarray(x, dtype=np.float64))
+    flip = x > (a + 1.0) / (a + b + 2.0)  # the fraction converges fast below this point; use I_x(a,b) = 1 - I_1-x(b,a)
+    aa, bb, xx = np.where(flip, b, a), np.where(flip, a, b), np.where(flip, 1.0 - x, x)
+    lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        front = np.exp(lgamma(aa + bb) - lgamma(aa) - lgamma(bb) + aa * np.log(xx) + bb * np.log1p(-xx)) / aa
+        tiny = 1e-300
+        c, d = np.ones_like(xx), 1.0 - (aa + bb) * xx / (aa + 1.0)
+        d = 1.0 / np.where(np.abs(d) < tiny, tiny, d)
+        f = d.copy()
+        for m in range(1, 201):
+            for num in (m * (bb - m) * xx / ((aa + 2 * m - 1) * (aa + 2 * m)),
+                        -(aa + m) * (aa + bb + m) * xx / ((aa + 2 * m) * (aa + 2 * m + 1))):
+                d = 1.0 + num * d
+                d = 1.0 / np.where(np.abs(d) < tiny, tiny, d)
+                c = 1.0 + num / c
+                c = np.where(np.abs(c) < tiny, tiny, c)
+                f = f * c * d
+            if np.all(np.abs(c * d - 1.0) < 1e-12):
+                break
+        out = front * f
+    out = np.where(xx <= 0.0, 0.0, np.where(xx >= 1.0, 1.0, out))
+    return np.clip(np.where(flip, 1.0 - out, out), 0.0, 1.0)

@@ -22,7 +22,7 @@ def test_run_all_quick_produces_every_table_and_the_targets(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     results = json.loads(out.read_text())
-    for name in ("overhead", "lightning", "summary", "kernels"):
+    for name in ("overhead", "lightning", "summary", "diff", "kernels"):
         assert results[name]["returncode"] == 0 and results[name]["result"], name
     measured = {row["target"].split(":")[0] for row in results["targets"]}
     assert {"launch-bound", "compute-bound"} <= measured

@@ -39,3 +39,10 @@ def test_torchrun_ddp_loop_writes_one_trace_per_rank_and_a_ranks_table(tmp_path)
     ranks = out.split("Ranks (means per step)")[1].split("\n\n")[0].splitlines()
     assert [row.split()[0] for row in ranks[3:]] == ["0", "1"]
     assert "Slowest rank per step (by compute)" in out
+
+
+def test_diff_runs_names_what_autocast_changed(tmp_path):
+    out = _run([sys.executable, str(EXAMPLES / "diff_runs.py")], tmp_path)
+    assert "kprof diff: B against A" in out and "Step time:" in out
+    assert "ToCopyBackward0" in out and " new" in out  # bf16 autocast adds casts and their backward
+    assert (tmp_path / "log" / "diff.html").exists()

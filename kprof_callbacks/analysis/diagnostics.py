@@ -13,6 +13,7 @@ from statistics import median
 import numpy as np
 
 from . import fmt
+from .perstep import PerStep
 from .steps import WHOLE_TRACE, Windows
 from .tables import Diagnostic, RankStats, StepSkew, StepStats
 from .timeline import ANNOTATION, KERNEL, MEMCPY, OP, RUNTIME, Timeline
@@ -21,6 +22,7 @@ IDLE_SHARE = 0.30
 SMALL_KERNEL_US = 10.0
 DATALOADER_SHARE = 0.10
 SLOW_STEP_RATIO = 1.5
+GREW_ROWS, GREW_SHARE = 4, 0.05  # a slow step's finding names up to 4 rows, each >= 5% of its extra time
 COMM_SHARE = 0.20
 OVERLAP_SHARE = 0.50
 STRAGGLER_LAG = 0.10
@@ -85,7 +87,8 @@ def gather(tl: Timeline, win: Windows) -> Evidence:
     return ev
 
 
-def diagnose(steps: list[StepStats], ranks: list[RankStats], skew: list[StepSkew], ev: Evidence) -> list[Diagnostic]:
+def diagnose(steps: list[StepStats], ranks: list[RankStats], skew: list[StepSkew], ev: Evidence,
+             per_step: PerStep) -> list[Diagnostic]:
     """All findings for one run, warnings first."""
     found = []
     wall = sum(s.wall_us for s in steps)
@@ -97,7 +100,7 @@ def diagnose(steps: list[StepStats], ranks: list[RankStats], skew: list[StepSkew
             f"Data loading takes {fmt.share(loader / wall)} of step time ({fmt.duration(loader / len(steps))} per step): "
             "the training loop waits for batches; raise DataLoader num_workers, set persistent_workers=True and "
             "pin_memory=True, or move decoding/augmentation off the main process.")))
-    found += _slow_steps(steps, ev.eval_calls)
+    found += _slow_steps(steps, per_step, ev.eval_calls)
     if len(ranks) > 1 and all(r.rank is not None for r in ranks):
         found += _rank_findings(ranks, skew)
     if not ev.has_gpu:
@@ -143,8 +146,9 @@ def _gpu_findings(steps: list[StepStats], wall: float, ev: Evidence) -> list[Dia
     return found
 
 
-def _slow_steps(steps: list[StepStats], eval_calls: Counter) -> list[Diagnostic]:
-    """Steps slower than SLOW_STEP_RATIO x the median step of the same rank/worker; one finding for the worst.
+def _slow_steps(steps: list[StepStats], per_step: PerStep, eval_calls: Counter) -> list[Diagnostic]:
+    """Steps slower than SLOW_STEP_RATIO x the median step of the same rank/worker; one finding for the worst,
+    with what grew in it against that worker's other steps.
 
     A training step that ran an evaluation loop inside it (Lightning validates mid-epoch inside the training batch
     that ends the interval) is named as such: its time is evaluation, not a slow training step."""
@@ -165,16 +169,39 @@ def _slow_steps(steps: list[StepStats], eval_calls: Counter) -> list[Diagnostic]
     if len(slow) > 1:
         spread = len({(s.rank, s.worker) for _, s, _ in slow})
         more = f" ({len(slow)} steps above {SLOW_STEP_RATIO}x" + (f" on {spread} ranks/workers)" if spread > 1 else ")")
-    head = f"Step {worst.step}{where} took {fmt.duration(worst.wall_us)}, {ratio:.1f}x the median {fmt.duration(typical)}"
+    head = (f"Step {worst.step}{where} took {fmt.duration(worst.wall_us)}, {ratio:.1f}x the median "
+            f"{fmt.duration(typical)}")
     calls = eval_calls[(worst.rank, worst.worker, worst.step)]
     if calls:
         return [Diagnostic("eval_in_step", "info", (
             f"{head}{more}: it ran an evaluation loop ({calls} validation/test/predict steps) inside the training "
             "step, so that time is evaluation, not a slow training step; profile it on its own with "
             "ProfilerCallback(stages=('validate',)) or trainer.validate()."))]
+    normal = [s for s in workers[(worst.rank, worst.worker)] if s.wall_us <= SLOW_STEP_RATIO * typical]
     return [Diagnostic("slow_step", "warning", (
-        f"{head}{more}: look at what ran in it (first-iteration warm-up, allocator growth, garbage collection, "
-        "checkpointing, recompilation)."))]
+        f"{head}{more}. {_grew_in(per_step, worst, normal)} Look at what ran in it (first-iteration warm-up, "
+        "allocator growth, garbage collection, checkpointing, recompilation)."))]
+
+
+def _grew_in(per_step: PerStep, slow: StepStats, normal: list[StepStats]) -> str:
+    """What took longer in the `slow` step than the median of the `normal` ones: the rows behind its extra time."""
+    extra = slow.wall_us - median(s.wall_us for s in normal)
+    cols = [per_step.column(s) for s in normal]
+    column = per_step.column(slow)
+    grew = per_step.time_us[:, column] - np.median(per_step.time_us[:, cols], axis=1)
+    top = [i for i in np.argsort(-grew, kind="stable")[:GREW_ROWS].tolist() if grew[i] >= GREW_SHARE * extra]
+    against = f"against the median of the {len(normal)} other step{'s' * (len(normal) != 1)}"
+    if not top:
+        return (f"No operator, label or GPU activity grew by {fmt.share(GREW_SHARE)} of its extra "
+                f"{fmt.duration(extra)} ({against}): the time went between them (Python, GC, I/O outside torch ops).")
+    typical_calls = np.median(per_step.calls[:, cols], axis=1)
+
+    def item(i: int) -> str:
+        calls, usual = float(per_step.calls[i, column]), float(typical_calls[i])
+        count = f" ({calls:g} call{'s' * (calls != 1)}, usually {usual:g})" if calls != usual else ""
+        return f"{fmt.row_label(per_step.kind[i], per_step.name[i])} +{fmt.duration(grew[i])}{count}"
+
+    return f"What grew in it, {against} (extra {fmt.duration(extra)}): {', '.join(item(i) for i in top)}."
 
 
 def _rank_findings(ranks: list[RankStats], skew: list[StepSkew]) -> list[Diagnostic]:

@@ -29,7 +29,7 @@ _NAME_WIDTH = 300  # the page wraps long kernel names; the terminal clips them
 _COLORS = ("#4e79a7", "#f28e2b", "#bab0ac", "#59a14f", "#e15759", "#76b7b2", "#edc948")
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
@@ -116,7 +116,7 @@ def _summary_html(s: Summary, top: int) -> str:
         parts.append("<h2>Diagnostics</h2><ul>" + "".join(
             f'<li class="{d.severity}">{escape(d.message)}</li>' for d in s.diagnostics) + "</ul>")
     for t in tables(s, top, "cuda", width=_NAME_WIDTH):
-        parts.append(f"<h2>{escape(t.title)}</h2>{_chart(s, t.key, top)}{_table(t.headers, t.rows)}")
+        parts.append(f"<h2>{escape(t.title)}</h2>{_chart(s, t.key, top)}{table(t.headers, t.rows)}")
     if s.memory_snapshots:
         parts.append("<h2>Memory snapshots</h2><ul>" + "".join(
             f"<li>{escape(str(p))}: open it at {escape(MEMORY_VIEWER)}</li>" for p in s.memory_snapshots) + "</ul>")
@@ -129,6 +129,11 @@ def write_html(summaries: dict[str, Summary], path: Path, top: int = 20) -> Path
     """Write one page holding every run's report."""
     title = "kprof summary: " + ", ".join(summaries)
     body = "".join(_summary_html(s, top) for s in summaries.values())
-    path.write_text(f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-                    f"<style>{_CSS}</style></head><body>{body}</body></html>", encoding="utf-8")
+    path.write_text(page(title, body), encoding="utf-8")
     return path
+
+
+def page(title: str, body: str) -> str:
+    """A whole HTML document around `body`, with the report's inline style."""
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+            f"<style>{_CSS}</style></head><body>{body}</body></html>")

@@ -84,10 +84,26 @@ def _group(keys: np.ndarray, columns: list[np.ndarray]) -> tuple[np.ndarray, np.
     return uniq, sums
 
 
+def op_events(tl: Timeline, tree: Tree) -> np.ndarray:
+    """Indices of the host events the operator table counts: kept aten ops and runtime calls."""
+    host = tl.host
+    return np.flatnonzero(tree.keep & ((host.kind == OP) | (host.kind == RUNTIME)))
+
+
+def label_events(tl: Timeline, tree: Tree) -> np.ndarray:
+    """Indices of the record_function labels (not ProfilerStep#N, not c10d's own collective ranges)."""
+    host, names = tl.host, tl.names
+    labels = np.flatnonzero(tree.keep & (host.kind == ANNOTATION))
+    if labels.size == 0:
+        return labels
+    is_label = np.array([not (n.startswith("ProfilerStep#") or is_collective_name(n)) for n in names], bool)
+    return labels[is_label[host.name[labels]]]
+
+
 def op_totals(tl: Timeline, tree: Tree, costs: HostCosts, *, by_shape: bool) -> Totals:
     """Operators (aten ops and runtime calls) per name, or per (name, input shapes)."""
     host = tl.host
-    rows = np.flatnonzero(tree.keep & ((host.kind == OP) | (host.kind == RUNTIME)))
+    rows = op_events(tl, tree)
     if rows.size == 0:
         return {}
     shape = host.shape[rows].astype(np.int64) + 1 if by_shape else np.zeros(rows.size, np.int64)
@@ -99,17 +115,12 @@ def op_totals(tl: Timeline, tree: Tree, costs: HostCosts, *, by_shape: bool) -> 
 
 
 def label_totals(tl: Timeline, tree: Tree, costs: HostCosts) -> Totals:
-    """record_function labels (not ProfilerStep#N, not c10d's own collective ranges) per name."""
-    host = tl.host
-    labels = np.flatnonzero(tree.keep & (host.kind == ANNOTATION))
-    names = tl.names
-    is_label = np.array([not (names[k].startswith("ProfilerStep#") or is_collective_name(names[k]))
-                         for k in range(len(names))], bool)
-    labels = labels[is_label[host.name[labels]]] if labels.size else labels
+    """record_function labels per name (see label_events)."""
+    labels = label_events(tl, tree)
     if labels.size == 0:
         return {}
-    uniq, sums = _group(host.name[labels], [np.ones(labels.size), costs.cpu[labels], costs.cuda[labels]])
-    return {(names[k],): s for k, s in zip(uniq.tolist(), sums)}
+    uniq, sums = _group(tl.host.name[labels], [np.ones(labels.size), costs.cpu[labels], costs.cuda[labels]])
+    return {(tl.names[k],): s for k, s in zip(uniq.tolist(), sums)}
 
 
 def kernel_totals(tl: Timeline) -> Totals:

@@ -12,6 +12,7 @@ from statistics import mean
 from typing import TYPE_CHECKING
 
 from . import fmt
+from .fmt import clip
 from .tables import OpStats, StepStats
 
 if TYPE_CHECKING:
@@ -30,10 +31,6 @@ class Table:
     title: str
     headers: list[str]
     rows: list[list[str]]
-
-
-def clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def first_worker_steps(s: Summary) -> list[StepStats]:

@@ -53,7 +53,7 @@ class StepTimes:
     overlap_us: np.ndarray
 
 
-def _launch_times(tl: Timeline) -> np.ndarray:
+def launch_times(tl: Timeline) -> np.ndarray:
     """When the host launched each device event (its runtime call's start; else its own start)."""
     host, dev = tl.host, tl.device
     runtime = match(np.flatnonzero((host.kind == RUNTIME) & (host.corr >= 0)), host.corr, dev.corr)
@@ -71,7 +71,7 @@ def windows(tl: Timeline) -> Windows:
         return Windows(np.array([WHOLE_TRACE]), np.array([lo]), np.array([hi]))
     number, lo, hi = tl.steps[:, 0].copy(), tl.steps[:, 1].copy(), tl.steps[:, 2].copy()
     if dev.start.size:
-        owner = Windows(number, lo, hi).index_of(_launch_times(tl))
+        owner = Windows(number, lo, hi).index_of(launch_times(tl))
         launched = owner >= 0
         np.maximum.at(hi, owner[launched], dev.end[launched])
     for i in range(1, lo.size):

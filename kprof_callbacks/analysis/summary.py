@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from . import diagnostics, html, ops, ranks, report, stacks, steps
 from .. import layout
+from . import diagnostics, html, ops, perstep, ranks, report, stacks, steps
 from .reader import TraceError, TraceFile, read_trace
 from .tables import Diagnostic, KernelStats, LabelStats, OpStats, Problem, RankStats, StepSkew, StepStats
 from .timeline import PYTHON, build
@@ -46,6 +46,7 @@ class Summary:
     diagnostics: list[Diagnostic]
     problems: list[Problem]  # one per file that could not be read
     memory_snapshots: list[Path]
+    per_step: perstep.PerStep = dataclasses.field(repr=False)  # rows by steps, for kprof.diff
     _stacks: list[stacks.StackSource] = dataclasses.field(repr=False, default_factory=list)
 
     @classmethod
@@ -133,6 +134,7 @@ class _FileResult:
     kernels: ops.Totals
     evidence: diagnostics.Evidence
     stack: stacks.StackSource
+    per_step: perstep.PerStep
 
 
 def _analyze(trace: TraceFile) -> _FileResult:
@@ -156,6 +158,7 @@ def _analyze(trace: TraceFile) -> _FileResult:
             self_cpu_us=costs.self_cpu, kernel_name=tl.device.name, kernel_launcher=launcher,
             kernel_us=(tl.device.end - tl.device.start) / 1000.0, has_python=bool((host.kind == PYTHON).any()),
         ),
+        per_step=perstep.from_timeline(tl, tree, costs, times),
     )
 
 
@@ -205,6 +208,7 @@ def _summarize_run(name: str, found: layout.RunContents, progress: bool) -> Summ
         evidence.add(r.evidence)
     rank_rows = ranks.rank_stats(ordered)
     skew = ranks.step_skew(ordered)
+    per_step = perstep.merge([r.per_step for r in results])
     return Summary(
         name=name,
         files=files,
@@ -215,9 +219,10 @@ def _summarize_run(name: str, found: layout.RunContents, progress: bool) -> Summ
         labels=ops.label_rows((r.labels for r in results), sum(s.wall_us for s in step_rows)),
         ranks=rank_rows,
         step_skew=skew,
-        diagnostics=diagnostics.diagnose(step_rows, rank_rows, skew, evidence),
+        diagnostics=diagnostics.diagnose(step_rows, rank_rows, skew, evidence, per_step),
         problems=problems,
         memory_snapshots=found.snapshots,
+        per_step=per_step,
         _stacks=[r.stack for r in results],
     )
 

@@ -1,0 +1,98 @@
+"""The two sides of `kprof.diff`: parse `PATH@steps=SPEC`, summarize each run once, pick the selected steps."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+from . import fmt, perstep
+from .perstep import PerStep
+from .summary import Summary, summarize
+
+Source = str | os.PathLike | Summary
+SELECTION = re.compile(r"^(?P<path>.*)@steps=(?P<spec>[^@/]*)$")
+
+
+def parse_steps(spec: str) -> list[int]:
+    """`2-4,7` -> [2, 3, 4, 7]: step numbers and inclusive ranges, comma-separated."""
+    steps: set[int] = set()
+    for part in spec.replace(" ", "").split(","):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match:
+            raise ValueError(f"bad step selection {spec!r}: use numbers and ranges such as 2-4,7")
+        lo, hi = int(match[1]), int(match[2] or match[1])
+        if hi < lo:
+            raise ValueError(f"bad step range {part!r} in {spec!r}: the end is before the start")
+        steps.update(range(lo, hi + 1))
+    return sorted(steps)
+
+
+@dataclasses.dataclass
+class Input:
+    """One side: what was given, the path, the selected step numbers (None: all) and its Summary."""
+
+    source: str
+    path: Path | None
+    steps: list[int] | None
+    summary: Summary | None = None
+
+
+def _parse(x: Source, label: str) -> Input:
+    """Check one side's argument and split off its step selection (no file is read here)."""
+    if isinstance(x, Summary):
+        return Input(x.name, None, None, x)
+    if not isinstance(x, (str, os.PathLike)):
+        raise TypeError(f"{label} must be a run folder, trace file, 'PATH@steps=2-4' or a Summary, "
+                        f"got {type(x).__name__}")
+    text = os.fspath(x)
+    match = SELECTION.match(text) if isinstance(x, str) else None
+    path, steps = (Path(match["path"]), parse_steps(match["spec"])) if match else (Path(text), None)
+    if not path.exists():
+        raise FileNotFoundError(f"{label}: no such trace file or run folder: {path}")
+    return Input(text, path, steps)
+
+
+def load(a: Source, b: Source) -> list[Input]:
+    """Check both sides (before reading anything), then summarize each distinct path once (two selections of one
+    run share one Summary)."""
+    sides = [_parse(a, "a"), _parse(b, "b")]
+    done: dict[Path, Summary] = {}
+    for side in sides:
+        if side.summary is not None:
+            continue
+        key = side.path.resolve()
+        if key not in done:
+            result = summarize(side.path)
+            if isinstance(result, dict):
+                raise ValueError(f"{side.path} holds {len(result)} runs ({', '.join(list(result)[:5])}): "
+                                 "diff one run folder or trace file against another")
+            done[key] = result
+        side.summary = done[key]
+    return sides
+
+
+def _columns(side: Input, label: str) -> list[int]:
+    """Columns of the side's per-step table that its selection picks (all steps without one)."""
+    table = side.summary.per_step
+    numbers = [s.step for s in table.steps]
+    if side.steps is None:
+        return list(range(len(numbers)))
+    missing = sorted(set(side.steps) - set(numbers))
+    if missing:
+        raise ValueError(f"{label}: step{'s' * (len(missing) > 1)} {fmt.ranges(missing)} not in {side.summary.name} "
+                         f"(profiled steps: {fmt.ranges(n for n in numbers if n >= 0) or 'none numbered'})")
+    wanted = set(side.steps)
+    return [i for i, n in enumerate(numbers) if n in wanted]
+
+
+def select(sides: list[Input]) -> tuple[PerStep, PerStep]:
+    """The two sides' per-step tables over their selected steps, with one set of rows."""
+    cols = [_columns(side, label) for side, label in zip(sides, "ab")]
+    if sides[0].summary is sides[1].summary and sides[0].steps is not None and sides[1].steps is not None:
+        overlap = set(sides[0].steps) & set(sides[1].steps)
+        if overlap:
+            raise ValueError(f"the step selections overlap (steps {fmt.ranges(overlap)}): a step can be on one side")
+    both = perstep.merge([side.summary.per_step.take(c) for side, c in zip(sides, cols)])
+    return both.take(range(len(cols[0]))), both.take(range(len(cols[0]), len(both.steps)))

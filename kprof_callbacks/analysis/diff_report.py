@@ -1,0 +1,165 @@
+"""A Diff as text, as one headline paragraph, and as a self-contained HTML page (shared tables of strings)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from html import escape
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import stats
+from . import fmt
+from .fmt import clip
+from .html import page, table
+from .report import NAME_WIDTH, Table, text_table
+from .timeline import DEVICE_KINDS
+
+if TYPE_CHECKING:
+    from .tracediff import Change, Diff, Side
+
+MIN_SHARE = 0.05  # the headline names rows that account for at least this share of the step-time change
+HEADLINE_ROWS = 3
+GROUPS = (  # title, kinds, what a row's value is
+    ("GPU activities (GPU time per step)", DEVICE_KINDS, "time"),
+    ("Operators (self CPU time per step)", ("op",), "time"),
+    ("Labels (wall time per step)", ("label",), "time"),
+    ("Counts per step", ("count",), "count"),
+)
+
+
+def _count(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+
+
+def _signed(value: float, unit: Callable[[float], str]) -> str:
+    return ("+" if value > 0 else "-" if value < 0 else "") + unit(abs(value))
+
+
+def _side(s: Side) -> str:
+    steps = fmt.ranges(n for n in s.steps if n >= 0) or "whole trace"
+    per = f", {s.samples} samples over ranks" if s.samples != len(s.steps) else ""
+    return f"{s.source} (run {s.run}; steps {steps}: {len(s.steps)} step{'s' * (len(s.steps) != 1)}{per})"
+
+
+def _step_line(d: Diff) -> str:
+    """The step-time verdict in one sentence."""
+    t = d.step_time
+    pct = f"{100 * d.confidence:g}%"
+    times = f"{fmt.duration(t.a_median_us)} -> {fmt.duration(t.b_median_us)} (medians)"
+    interval = f"speedup {t.speedup:.3f}x [{pct} CI {t.low:.3f}x-{t.high:.3f}x]"
+    if t.verdict == stats.SAME:
+        return f"Step time: {times}, {interval}: no significant difference."
+    return f"Step time: {times}, {interval}: B is {t.verdict}."
+
+
+def _table(d: Diff, title: str, kinds: Sequence[str], value: str, top: int, width: int) -> Table | None:
+    rows = [c for c in d.changes if c.kind in kinds]
+    if not rows:
+        return None
+    unit = fmt.duration if value == "time" else _count
+    pct = f"{100 * d.confidence:g}% CI"
+    shown = [c for c in rows if c.significant or c.presence_changed][:top]
+    shown += [c for c in rows if c not in shown][: max(top - len(shown), 0)]
+    body = []
+    for c in shown:
+        cells = [clip(fmt.row_name(c.kind, c.name), width)] + ([c.kind] if len(kinds) > 1 else [])
+        cells += [unit(c.a), unit(c.b), _signed(c.change, unit), f"[{_signed(c.low, unit)}, {_signed(c.high, unit)}]"]
+        if value == "time":
+            cells.append(_count(c.a_calls) if c.a_calls == c.b_calls else f"{_count(c.a_calls)} -> {_count(c.b_calls)}")
+        body.append(cells + [c.verdict])
+    headers = ["name"] + (["kind"] if len(kinds) > 1 else []) + ["A", "B", "change", pct]
+    headers += (["calls/step"] if value == "time" else []) + ["verdict"]
+    n_sig = sum(c.significant for c in rows)
+    more = len(rows) - len(shown)
+    left = sum(c.significant for c in rows if c not in shown)
+    tail = f"; {more} more rows, {left} of them significant" if more else ""
+    return Table(kinds[0], f"{title}: {n_sig} of {len(rows)} significant{tail}", headers, body)
+
+
+def tables(d: Diff, top: int, width: int = NAME_WIDTH) -> list[Table]:
+    """The row tables that have rows, in report order."""
+    return [t for title, kinds, value in GROUPS if (t := _table(d, title, kinds, value, top, width)) is not None]
+
+
+def _explained(d: Diff, top: int) -> str:
+    """Which rows account for the step-time change (GPU activities first, else operators, else labels)."""
+    for kinds in (DEVICE_KINDS, ("op",), ("label",)):
+        rows = d.contributors(kinds, top, min_share=MIN_SHARE)
+        if rows:
+            return "Accounting for it: " + ", ".join(
+                f"{fmt.row_label(c.kind, c.name)} {_signed(c.change, fmt.duration)} per step "
+                f"({fmt.share(d.share_of_step_change(c))} of the change in mean step time)" for c in rows) + "."
+    return (f"No significant change of an operator, label or GPU activity accounts for {fmt.share(MIN_SHARE)} of "
+            "it or more.")
+
+
+def headline(d: Diff, top: int) -> str:
+    """The step-time verdict and, when B is faster or slower, what accounts for it."""
+    parts = [_step_line(d)]
+    if d.step_time.verdict != stats.SAME:
+        parts.append(_explained(d, top))
+    n = len(d.significant())
+    parts.append(f"{n} of {len(d.changes)} rows changed significantly." if n else "No row changed significantly.")
+    return " ".join(parts)
+
+
+def _rule() -> str:
+    return ("Rows: per-step means; the interval is a bootstrap over steps; a change is significant when Welch's "
+            "t-test passes the Benjamini-Hochberg false-discovery control across all rows, the interval excludes 0, "
+            "and it exceeds the noise threshold")
+
+
+def render(d: Diff, top: int) -> str:
+    """The whole text report."""
+    head = "kprof diff: B against A"
+    parts = [f"{head}\n{'=' * len(head)}\nA: {_side(d.a)}\nB: {_side(d.b)}", headline(d, HEADLINE_ROWS)]
+    parts += [f"{t.title}\n{text_table(t.headers, t.rows)}" for t in tables(d, top)]
+    if d.diagnostics:
+        parts.append("\n".join(["Findings"] + [f"{'+' if x.change == 'appeared' else '-'} {x.change}: {x.message}"
+                                               for x in d.diagnostics]))
+    parts.append("\n".join([f"{_rule()} ({fmt.share(d.noise_threshold)} of A)."] + [f"Note: {n}" for n in d.notes]))
+    return "\n\n".join(parts)
+
+
+def _signed_bars(rows: Sequence[Change], width: int = 900) -> str:
+    """Horizontal bars from a centre line: increases to the right (red), decreases to the left (green)."""
+    if not rows:
+        return ""
+    top = max(abs(c.change) for c in rows) or 1.0
+    row, text = 18, 330
+    half = (width - text - 20) / 2
+    centre = text + half
+    out = [f'<svg width="{width}" height="{row * len(rows) + 4}" role="img">',
+           f'<line x1="{centre}" y1="0" x2="{centre}" y2="{row * len(rows) + 4}" stroke="#999"/>']
+    for i, c in enumerate(rows):
+        y, w = i * row + 2, max(1.0, (half - 70) * abs(c.change) / top)
+        x = centre if c.change > 0 else centre - w
+        label = f"{_signed(c.change, fmt.duration)} ({c.verdict})"
+        tx = centre + w + 4 if c.change > 0 else centre - w - 4
+        anchor = "start" if c.change > 0 else "end"
+        out.append(f'<text x="0" y="{y + 13}" font-size="12">{escape(fmt.row_label(c.kind, c.name, 48))}</text>'
+                   f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row - 4}" '
+                   f'fill="{"#e15759" if c.change > 0 else "#59a14f"}"><title>{escape(c.name)}: {escape(label)}</title>'
+                   f'</rect><text x="{tx:.1f}" y="{y + 13}" font-size="12" text-anchor="{anchor}">'
+                   f"{escape(_signed(c.change, fmt.duration))}</text>")
+    return "".join(out) + "</svg>"
+
+
+def write_html(d: Diff, path: Path, top: int) -> Path:
+    """Write the report as one HTML page."""
+    timed = [c for c in d.significant() if c.kind != "count"][:top]
+    parts = [f"<h1>kprof diff: B against A</h1><p>A: {escape(_side(d.a))}<br>B: {escape(_side(d.b))}</p>",
+             f"<p><b>{escape(headline(d, HEADLINE_ROWS))}</b></p>"]
+    if timed:
+        parts.append(f"<h2>Significant changes in time per step</h2>{_signed_bars(timed)}")
+    for t in tables(d, top, width=300):
+        parts.append(f"<h2>{escape(t.title)}</h2>{table(t.headers, t.rows)}")
+    if d.diagnostics:
+        parts.append("<h2>Findings</h2><ul>" + "".join(
+            f'<li class="{"warning" if x.change == "appeared" else "info"}">{escape(x.change)}: '
+            f"{escape(x.message)}</li>" for x in d.diagnostics) + "</ul>")
+    parts.append(f"<p class=\"info\">{escape(_rule())} ({escape(fmt.share(d.noise_threshold))} of A).</p>")
+    parts += [f'<p class="info">Note: {escape(n)}</p>' for n in d.notes]
+    path.write_text(page(f"kprof diff: {d.a.source} vs {d.b.source}", "<section>" + "".join(parts) + "</section>"),
+                    encoding="utf-8")
+    return path

@@ -1,0 +1,340 @@
+"""kprof.diff: injected changes are found and named, noise is not called significant, slow steps are explained."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import kprof_callbacks as kprof
+from kprof_callbacks import stats
+from kprof_callbacks.analysis import diff, summarize
+from kprof_callbacks.cli import main
+from kprof_callbacks.analysis.diff_inputs import parse_steps
+from kprof_callbacks.analysis.fmt import kernel_name, ranges
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+# --- synthetic traces ---------------------------------------------------------------------------------------------
+
+
+def write_trace(path: Path, steps: list[dict[str, float]], *, kernels: list[dict[str, float]] | None = None,
+                first: int = 0) -> Path:
+    """A torch.profiler-style chrome trace: step i runs the ops of ``steps[i]`` ({name: us}) back to back inside
+    ``ProfilerStep#(first + i)``, and launches the kernels of ``kernels[i]`` ({name: us}) from a
+    cudaLaunchKernel each."""
+    events, t, corr = [], 0.0, 0
+    for i, ops in enumerate(steps):
+        start = t
+        for name, dur in ops.items():
+            events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": t, "dur": dur})
+            t += dur + 1.0
+        for name, dur in (kernels[i] if kernels else {}).items():
+            corr += 1
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t,
+                           "dur": 2.0, "args": {"correlation": corr}})
+            events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": t + 3.0, "dur": dur,
+                           "args": {"correlation": corr}})
+            t += 3.0 + dur
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{first + i}", "pid": 1, "tid": 1,
+                       "ts": start, "dur": t - start})
+        t += 1.0
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+OPS = {f"aten::op{k}": base for k, base in enumerate(np.geomspace(20, 2000, 30))}
+KERNELS = {f"kernel_{k}": base for k, base in enumerate(np.geomspace(5, 500, 12))}
+
+
+def noisy_run(path: Path, rng: np.random.Generator, n: int, *, cv: float = 0.1, slower: dict | None = None,
+              extra_kernel: str | None = None) -> Path:
+    """`n` steps of OPS and KERNELS with lognormal noise; `slower` multiplies some ops; `extra_kernel` adds one."""
+    steps, kernels = [], []
+    for _ in range(n):
+        steps.append({k: v * (slower or {}).get(k, 1.0) * rng.lognormal(0, cv) for k, v in OPS.items()})
+        ks = {k: v * rng.lognormal(0, cv / 5) for k, v in KERNELS.items()}
+        if extra_kernel:
+            ks[extra_kernel] = 300.0 * rng.lognormal(0, cv / 5)
+        kernels.append(ks)
+    return write_trace(path, steps, kernels=kernels)
+
+
+# --- the statistics --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("t", "df"), [(12.706, 1), (4.303, 2), (2.776, 4), (2.228, 10), (2.042, 30), (1.960, 1e6)])
+def test_welch_p_matches_t_tables(t, df):
+    """The incomplete-beta t distribution against tabulated two-sided 5% critical values."""
+    x = np.array([df / (df + t * t)])
+    assert stats._betainc(np.array([df / 2]), 0.5, x)[0] == pytest.approx(0.05, abs=2e-4)
+
+
+def test_welch_p_edge_cases():
+    same = np.ones((1, 4))
+    assert stats.welch_p(same, same)[0] == 1.0  # no variance, no change
+    assert stats.welch_p(same, same + 1)[0] == 0.0  # no variance, a change: certain
+    assert stats.welch_p(same[:, :1], same[:, :1] + 1)[0] == 1.0  # one step a side: nothing can be told
+    a = np.array([[1.0, 2.0, 3.0, 4.0]])
+    assert 0.0 < stats.welch_p(a, a + 1.0)[0] < 1.0
+
+
+def test_benjamini_hochberg():
+    p = np.array([0.001, 0.008, 0.039, 0.041, 0.042, 0.06, 0.074, 0.205, 0.212, 0.216])
+    assert stats.fdr_reject(p, 0.05).tolist() == [True, True] + [False] * 8  # the textbook example's 2 discoveries
+    assert not stats.fdr_reject(np.array([]), 0.05).size
+
+
+def test_parse_steps_and_ranges():
+    assert parse_steps("2-4,7") == [2, 3, 4, 7]
+    assert parse_steps(" 5 ") == [5]
+    assert ranges([7, 2, 3, 4, 9, 10]) == "2-4,7,9-10"
+    for bad in ("", "2-", "a", "4-2", "1,,2"):
+        with pytest.raises(ValueError, match="step"):
+            parse_steps(bad)
+
+
+def test_kernel_names_shortened_for_display():
+    name = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+            "TensorListMetadata<2>, std::plus<float>, float>(at::native::(anonymous namespace)::TensorListMetadata<2>)")
+    assert kernel_name(name) == "multi_tensor_apply_kernel<TensorListMetadata<2>, std::plus<float>, float>"
+    assert kernel_name("sm80_xmma_gemm_f32f32") == "sm80_xmma_gemm_f32f32"
+
+
+# --- diffs of synthetic runs -----------------------------------------------------------------------------------------
+
+
+def test_injected_change_is_found_and_named(tmp_path):
+    rng = np.random.default_rng(0)
+    a = noisy_run(tmp_path / "a.pt.trace.json", rng, 8)
+    b = noisy_run(tmp_path / "b.pt.trace.json", rng, 8, slower={"aten::op25": 1.5}, extra_kernel="my_new_kernel")
+    d = diff(a, b)
+    found = {(c.kind, c.name): c for c in d.significant()}
+    assert ("op", "aten::op25") in found and found[("op", "aten::op25")].status == "increased"
+    assert found[("kernel", "my_new_kernel")].status == "new"
+    assert found[("count", "kernels run")].change == pytest.approx(1.0)
+    slowed = found[("op", "aten::op25")]
+    assert slowed.low <= 0.5 * OPS["aten::op25"] * np.exp(0.1**2 / 2) <= slowed.high  # the true change (lognormal mean)
+    assert found[("op", "cudaLaunchKernel")].a_calls + 1 == found[("op", "cudaLaunchKernel")].b_calls  # its launch
+    # The false discovery rate allows a noise row among 4 discoveries now and then (aten::op5 with this seed)
+    assert len(set(found) - {("op", "aten::op25"), ("kernel", "my_new_kernel"), ("count", "kernels run"),
+                             ("op", "cudaLaunchKernel")}) <= 1
+    assert d.step_time.verdict == stats.SLOWER and d.step_time.speedup < 1
+    assert [c.name for c in d.contributors()] == ["my_new_kernel"]
+    assert [c.name for c in d.contributors(("op",))][:2] == ["aten::op25", "cudaLaunchKernel"]
+    assert "B is slower" in d.headline() and "kernel 'my_new_kernel'" in d.headline()
+    reverse = diff(b, a)
+    assert {(c.kind, c.name, c.status) for c in reverse.significant()} >= {("kernel", "my_new_kernel", "gone"),
+                                                                          ("op", "aten::op25", "decreased")}
+    assert reverse.step_time.verdict == stats.FASTER
+
+
+def test_a_broad_shift_is_blamed_on_the_machine(tmp_path):
+    rng = np.random.default_rng(6)
+    a = noisy_run(tmp_path / "a.pt.trace.json", rng, 6, cv=0.05)
+    b = noisy_run(tmp_path / "b.pt.trace.json", rng, 6, cv=0.05, slower={k: 1.3 for k in OPS})
+    assert any("usually the machine" in n for n in diff(a, b).notes)
+    c = noisy_run(tmp_path / "c.pt.trace.json", rng, 6, cv=0.05, slower={"aten::op3": 1.3})
+    assert not any("usually the machine" in n for n in diff(a, c).notes)
+
+
+def test_identical_runs_give_nothing_significant(tmp_path):
+    run = noisy_run(tmp_path / "a.pt.trace.json", np.random.default_rng(1), 6)
+    d = diff(run, run)
+    assert not d.significant() and d.step_time.verdict == stats.SAME
+    assert all(c.change == 0 and c.status == "unchanged" for c in d.changes)
+
+
+def test_noise_is_rarely_called_significant(tmp_path):
+    """Same distribution on both sides, 5 steps each, 44 rows (30 ops, 12 kernels, counts): some row is called
+    significant in at most ~5% of seeded trials (Benjamini-Hochberg over the rows; without it nearly every trial
+    would report one), and so is the step time (its bootstrap interval with Welch's test as a guard)."""
+    trials, rows, step, uncorrected = 100, 0, 0, 0
+    for seed in range(trials):
+        rng = np.random.default_rng(100 + seed)
+        d = diff(noisy_run(tmp_path / "a.pt.trace.json", rng, 5), noisy_run(tmp_path / "b.pt.trace.json", rng, 5),
+                 seed=seed)
+        rows += bool(d.significant())
+        step += d.step_time.verdict != stats.SAME
+        uncorrected += any(c.p_value < 0.05 for c in d.changes)
+    assert rows <= 0.08 * trials, f"{rows} of {trials} noise-only diffs called a row significant"
+    assert step <= 0.08 * trials, f"{step} of {trials} noise-only diffs called the step time faster or slower"
+    assert uncorrected >= 0.5 * trials  # the rows really are noisy: the correction is what keeps them quiet
+
+
+def test_step_selections_of_one_run(tmp_path):
+    """Steps 4-7 of one run got slower in one op; the selections name it, and checked before anything is read."""
+    rng = np.random.default_rng(3)
+    steps = [{k: v * rng.lognormal(0, 0.05) * (3.0 if k == "aten::op10" and i >= 4 else 1.0) for k, v in OPS.items()}
+             for i in range(8)]
+    run = tmp_path / "run"
+    run.mkdir()
+    write_trace(run / "w.1.pt.trace.json", steps[:4], first=10)
+    write_trace(run / "w.2.pt.trace.json", steps[4:], first=14)
+    d = diff(f"{run}@steps=10-13", f"{run}@steps=14-17")
+    assert (d.a.steps, d.b.steps) == ([10, 11, 12, 13], [14, 15, 16, 17])
+    assert [(c.name, c.status) for c in d.significant()] == [("aten::op10", "increased")]
+    assert any("one run" in n for n in d.notes) and not d.diagnostics
+    with pytest.raises(ValueError, match="steps 18-19 not in run .*profiled steps: 10-17"):
+        diff(f"{run}@steps=10", f"{run}@steps=18-19")
+    with pytest.raises(ValueError, match="overlap .*steps 12"):
+        diff(f"{run}@steps=10-12", f"{run}@steps=12-14")
+    with pytest.raises(ValueError, match="bad step selection"):
+        diff(f"{run}@steps=1-x", run)
+    with pytest.raises(FileNotFoundError, match="b: no such"):
+        diff(run, tmp_path / "nope")
+    with pytest.raises(TypeError, match="a must be"):
+        diff(3, run)
+    with pytest.raises(ValueError, match="confidence"):
+        diff(run, run, confidence=1.0)
+
+
+def test_ranks_are_samples_of_the_same_steps(tmp_path):
+    """In a two-rank run a selected step is taken on both ranks; rank 1's slower op shows in the per-step means."""
+    run = tmp_path / "ddp"
+    run.mkdir()
+    for rank, mm in ((0, 100.0), (1, 300.0)):
+        write_trace(run / f"rank{rank}_host_{rank}.1.pt.trace.json", [{"aten::mm": mm, "aten::add": 10.0}] * 6)
+    d = diff(f"{run}@steps=0-2", f"{run}@steps=3-5")
+    assert (d.a.steps, d.a.samples, d.b.samples) == ([0, 1, 2], 6, 6)
+    mm = next(c for c in d.changes if c.name == "aten::mm")
+    assert (mm.a, mm.b, mm.significant) == (200.0, 200.0, False)
+    assert "6 samples over ranks" in d.render()
+
+
+def test_logdir_of_runs_is_refused(tmp_path):
+    for name in ("x", "y"):
+        (tmp_path / name).mkdir()
+        write_trace(tmp_path / name / "w.1.pt.trace.json", [{"aten::mm": 10.0}] * 3)
+    with pytest.raises(ValueError, match="holds 2 runs"):
+        diff(tmp_path, tmp_path / "x")
+
+
+def test_exports(tmp_path):
+    rng = np.random.default_rng(4)
+    d = diff(noisy_run(tmp_path / "a.pt.trace.json", rng, 4),
+             noisy_run(tmp_path / "b.pt.trace.json", rng, 4, slower={"aten::op29": 2.0}))
+    doc = json.loads(json.dumps(d.to_dict()))
+    assert doc["step_time"]["verdict"] == d.step_time.verdict
+    # 2x with 4 steps a side and 10% noise: p = 0.002, not enough against 44 rows (README: profile more steps)
+    assert doc["changes"][0]["name"] == "aten::op29" and doc["changes"][0]["verdict"] == "no significant change"
+    frames = d.to_pandas()
+    assert set(frames) == {"step_time", "changes", "diagnostics"}
+    assert len(frames["changes"]) == len(d.changes) and "verdict" in frames["changes"].columns
+    html = d.to_html(tmp_path / "d.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "aten::op29" in html and "<script" not in html and "http" not in html
+    text = str(d)
+    assert "Operators (self CPU time per step)" in text and "aten::op29" in text and "95% CI" in text
+    assert "fewer than 5 steps" in text
+
+
+# --- recorded and real traces -----------------------------------------------------------------------------------
+
+
+def test_recorded_h100_traces_name_the_changed_activation():
+    """The two H100 fixtures are MLPs with GELU (gpu_small) and ReLU (gpu_mlp_h100): the diff says so."""
+    d = diff(FIXTURES / "gpu_small.pt.trace.json.gz", FIXTURES / "gpu_mlp_h100.pt.trace.json.gz")
+    status = {(c.kind, c.name): c.status for c in d.changes}
+    assert status[("op", "aten::gelu")] == "gone" and status[("op", "aten::relu")] == "new"
+    gone = [c for c in d.changes if c.kind == "kernel" and c.status == "gone"]
+    assert any("GeluCUDAKernelImpl" in c.name for c in gone)
+    assert any(c.significant for c in gone)
+    counts = {c.name: c for c in d.changes if c.kind == "count"}
+    assert counts["host-GPU syncs (cuda*Synchronize, cudaMemcpy)"].a == 2.0  # .item() and the pageable copy
+    assert "GPU activities (GPU time per step)" in d.render()
+
+
+def _train(logdir: Path, run: str, *, extra: bool, slow_step: int | None = None) -> Path:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with kprof.session(logdir, run=run, wait=0, warmup=1, active=8) as s:
+        for i in range(9):
+            with s.region("forward"):
+                loss = model(torch.randn(32, 64)).square().mean()
+            if extra:
+                with s.region("extra"):
+                    torch.linalg.matrix_exp(torch.randn(64, 64))
+            if i == slow_step:
+                with s.region("checkpoint"):
+                    time.sleep(0.25)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            s.step()
+    return s.run_dir
+
+
+def test_real_cpu_runs_name_the_added_work(tmp_path):
+    a = _train(tmp_path, "a", extra=False)
+    b = _train(tmp_path, "b", extra=True)
+    d = diff(a, b)
+    status = {(c.kind, c.name): c.status for c in d.changes}
+    assert status[("label", "extra")] == "new"  # its wall time varies a lot between steps (the first call is slow)
+    found = {(c.kind, c.name): c for c in d.significant()}
+    assert found[("op", "aten::linalg_matrix_exp")].status == "new"
+    assert (d.a.samples, d.b.samples) == (8, 8)
+
+
+def test_summary_explains_the_slow_step(tmp_path):
+    """A step 1.5x the median gets a finding naming what grew in it, against the worker's other steps."""
+    s = summarize(_train(tmp_path, "slow", extra=False, slow_step=5))
+    (finding,) = [d for d in s.diagnostics if d.kind == "slow_step"]
+    print(finding.message)
+    assert finding.message.startswith("Step 5 took")  # numbered from 0, as ProfilerStep#N
+    assert "What grew in it, against the median of the " in finding.message  # 7 other steps, less any noisy one
+    assert "label 'checkpoint' +2" in finding.message  # ~250 ms of sleep
+
+
+def test_slow_step_names_a_kernel_that_grew(tmp_path):
+    kernels = [{"void at::native::big_kernel<float>(float*, int)": 100.0, "small": 5.0} for _ in range(6)]
+    kernels[4] = {"void at::native::big_kernel<float>(float*, int)": 900.0, "small": 5.0}
+    path = write_trace(tmp_path / "t.pt.trace.json", [{"aten::mm": 50.0}] * 6, kernels=kernels)
+    (finding,) = [d for d in summarize(path).diagnostics if d.kind == "slow_step"]
+    assert finding.message.startswith("Step 4 took")
+    grew = "against the median of the 5 other steps (extra 800 us): kernel 'big_kernel<float>' +800 us."
+    assert grew in finding.message
+
+
+def test_slow_step_with_nothing_to_blame(tmp_path):
+    """Time spent between ops (no op, label or kernel grew) is said to be outside torch ops."""
+    steps = [{"aten::mm": 100.0, "aten::add": 50.0}] * 6
+    path = write_trace(tmp_path / "t.pt.trace.json", steps)
+    events = json.loads(path.read_text())["traceEvents"]
+    for e in events:  # stretch step 3's range by 1 ms of nothing
+        if e["name"] == "ProfilerStep#3":
+            e["dur"] += 1000.0
+        elif e["ts"] > events[[x["name"] for x in events].index("ProfilerStep#3")]["ts"] + 160:
+            e["ts"] += 1000.0
+    path.write_text(json.dumps({"traceEvents": events}))
+    (finding,) = [d for d in summarize(path).diagnostics if d.kind == "slow_step"]
+    assert "No operator, label or GPU activity grew" in finding.message and "between them" in finding.message
+
+
+# --- the command line --------------------------------------------------------------------------------------------
+
+
+def _cli(*argv: str) -> int:
+    return main(["diff", *argv])
+
+
+def test_cli(tmp_path, capsys):
+    rng = np.random.default_rng(5)
+    a = noisy_run(tmp_path / "a.pt.trace.json", rng, 5)
+    b = noisy_run(tmp_path / "b.pt.trace.json", rng, 5, slower={"aten::op20": 2.0})
+    assert _cli(str(a), str(b), "--top", "3", "--html", str(tmp_path / "d.html")) == 0
+    out = capsys.readouterr().out
+    assert "aten::op20" in out and (tmp_path / "d.html").exists()
+    assert _cli(str(a), str(b), "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in doc["changes"] if c["significant"]] == ["aten::op20"]
+    assert _cli(f"{a}@steps=0-1", f"{a}@steps=7") == 1
+    assert "step 7 not in" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _cli(str(a), str(b), "--confidence", "2")
+
