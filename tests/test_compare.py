@@ -266,6 +266,17 @@ def test_logdir_gets_one_trace_folder_per_variant_and_compare_json(tmp_path):
     assert not list(tmp_path.glob("*.partial"))
 
 
+def test_with_a_logdir_each_variant_says_what_changed_in_its_traces(tmp_path):
+    """compare(..., logdir=) diffs every variant's profiled steps against the baseline's (kprof.diff)."""
+    variants = {"gelu": mlp(), "tanh": mlp(act=nn.Tanh())}
+    result = compare(variants, loss_fn, BATCHES, steps=4, warmup=0, check=False, logdir=tmp_path,
+                     profile={"active": 5})
+    assert result["gelu"].trace_diff is None  # the baseline
+    assert "aten::tanh" in result["tanh"].trace_diff and "aten::gelu" in result["tanh"].trace_diff
+    assert f"tanh in its traces: {result['tanh'].trace_diff}" in str(result)
+    assert json.loads((tmp_path / "compare.json").read_text())["variants"][1]["trace_diff"] == result["tanh"].trace_diff
+
+
 # -- result object ---------------------------------------------------------------------------------------------------
 def test_comparison_table_pandas_and_dict():
     pytest.importorskip("pandas")

@@ -94,13 +94,22 @@ def _explained(d: Diff, top: int) -> str:
 
 
 def headline(d: Diff, top: int) -> str:
-    """The step-time verdict and, when B is faster or slower, what accounts for it."""
+    """The step-time verdict, what accounts for it when B is faster or slower, and the largest significant rows."""
     parts = [_step_line(d)]
     if d.step_time.verdict != stats.SAME:
         parts.append(_explained(d, top))
-    n = len(d.significant())
-    parts.append(f"{n} of {len(d.changes)} rows changed significantly." if n else "No row changed significantly.")
+    rows = [c for c in d.significant() if c.kind != "count"]
+    if rows:
+        named = ", ".join(f"{fmt.row_label(c.kind, c.name)} {_change_word(c)}" for c in rows[:top])
+        parts.append(f"{len(rows)} of {len(d.changes)} rows changed significantly; the largest: {named}.")
+    else:
+        parts.append("No row changed significantly.")
     return " ".join(parts)
+
+
+def _change_word(c: Change) -> str:
+    """How a row changed, in a word or a signed time per step."""
+    return f"({c.status})" if c.presence_changed else f"{_signed(c.change, fmt.duration)} per step"
 
 
 def _rule() -> str:

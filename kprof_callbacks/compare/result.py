@@ -32,6 +32,7 @@ class VariantResult:
     check_tol: float | None = None
     check_worst: str | None = None  # the first tensor out of tolerance (None when all agree)
     trace_dir: str | None = None
+    trace_diff: str | None = None  # with a logdir: what changed in the traces against the baseline (kprof.diff)
 
     @property
     def check_ok(self) -> bool | None:
@@ -58,6 +59,7 @@ class VariantResult:
             "check_tol": self.check_tol,
             "check_worst": self.check_worst,
             "trace_dir": self.trace_dir,
+            "trace_diff": self.trace_diff,
             "times_ms": list(t.times_ms) if t else [],
         }
 
@@ -125,6 +127,8 @@ class Comparison:
                 out.append(f"{v.name}: {v.error}")
             elif v.check_ok is False:
                 out.append(f"{v.name}: CHECK FAILED at {v.check_worst} (tolerance {v.check_tol:.0e})")
+            if v.trace_diff:
+                out.append(f"{v.name} in its traces: {v.trace_diff}")
         out.append("versions: " + ", ".join(f"{k} {val}" for k, val in self.versions.items() if val))
         return "\n".join(out)
 

@@ -98,6 +98,7 @@ def compare(
     )
     result = _results(runs, settings, device)
     if logdir is not None:
+        _diff_traces(result)
         data = json.dumps(result.to_dict(), indent=2, allow_nan=False).encode()
         layout.atomic_write(Path(logdir) / layout.COMPARE_FILE, data)
     return result
@@ -127,3 +128,18 @@ def _results(runs: list[Variant], settings: dict, device: torch.device) -> Compa
         device=device_name(device),
         versions=versions(),
     )
+
+
+def _diff_traces(result: Comparison) -> None:
+    """Each variant's profiled steps against the baseline's (``kprof.diff``): which GPU activities (else operators)
+    account for the change, in one paragraph per variant."""
+    from ..analysis import diff
+
+    base = result.variants.get(result.baseline) if result.baseline else None
+    for res in result.variants.values():
+        if res is base or base is None or base.trace_dir is None or res.trace_dir is None:
+            continue
+        try:
+            res.trace_diff = diff(base.trace_dir, res.trace_dir, seed=result.settings["seed"]).headline()
+        except ValueError as exc:  # a variant whose traces could not be read: the timing still stands
+            res.trace_diff = f"no trace diff: {exc}"
