@@ -50,12 +50,16 @@ class ProfilerCallback(Callback):
             ranks).
         summary: print a short summary of each profiled stage (top operators, labels, step time) on rank 0
             when the trainer call ends.
+        flops_per_batch: the floating-point operations of one training batch (forward and backward, e.g.
+            ``6 * parameters * tokens`` for a transformer), for achieved TFLOP/s and MFU (``kprof/tflops``,
+            ``kprof/mfu``) against the device's dense peak (``mfu_dtype``, or ``peak_tflops`` yourself).
         \**options: the keywords of ``kprof.session`` (``skip_first, wait, warmup, active, repeat,
             record_shapes, profile_memory, with_stack, with_flops, activities, run, enabled, scalars, trigger``
-            ...), validated here. ``scalars=True`` (default) records ``kprof/step_time_ms`` and
-            ``kprof/throughput_samples_per_s`` for every training batch: as TensorBoard scalars beside the
-            traces (written off the training thread; the kprof tab's step-time chart reads them there), and
-            through ``log_metrics`` for the trainer's other loggers (CSV, W&B, MLflow, ...).
+            ...), validated here. ``scalars=True`` (default) records ``kprof/step_time_ms``,
+            ``kprof/throughput_samples_per_s`` and memory (``kprof/mem_*``, every ``memory_every`` batches) for
+            every training batch: as TensorBoard scalars beside the traces (written off the training thread; the
+            kprof tab's step-time chart reads them there), and through ``log_metrics`` for the trainer's other
+            loggers (CSV, W&B, MLflow, ...).
     """
 
     def __init__(
@@ -64,10 +68,15 @@ class ProfilerCallback(Callback):
         stages: Iterable[str] = ("train",),
         logdir: str | Path | None = None,
         summary: bool = True,
+        flops_per_batch: float | None = None,
         **options: Any,
     ) -> None:
         self.stages = _check_stages(stages)
         self.summary = check_bool("summary", summary)
+        if flops_per_batch is not None and (isinstance(flops_per_batch, bool) or
+                                            not isinstance(flops_per_batch, (int, float)) or not flops_per_batch > 0):
+            raise ValueError(f"flops_per_batch must be a number > 0 or None, got {flops_per_batch!r}")
+        self.flops_per_batch = flops_per_batch
         self._logdir = logdir
         self.config = ProfileConfig.from_kwargs(logdir="log" if logdir is None else logdir, **options)
         self._reset()
@@ -83,7 +92,7 @@ class ProfilerCallback(Callback):
         self._ready: dict[str, Session] = {}  # created at setup (so a bad logdir fails there), started later
         self._used: dict[str, Session] = {}  # the last session of each stage this call, for the summary
         self._hooks: list[Any] = []
-        self._steps = _StepLog()
+        self._loggers: list = []  # the trainer's loggers other than the TensorBoard one holding the traces
 
     # -- trainer call --------------------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -134,21 +143,17 @@ class ProfilerCallback(Callback):
             return
         self._hooks = [opt.register_step_post_hook(self._end_optimizer_label) for opt in trainer.optimizers]
         # TensorBoard reads the session's own scalars beside the traces; every other logger gets them from us
-        loggers = [lg for lg in trainer.loggers if lg is not self._tb_logger]
-        self._steps = _StepLog(loggers if self.config.scalars else [])
+        self._loggers = [lg for lg in trainer.loggers if lg is not self._tb_logger] if self.config.scalars else []
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self._stage != "train":
             return
-        samples = _batch_size(batch)
-        self._session.step(samples)
+        self._session.step(_batch_size(batch), self.flops_per_batch)
         self._sync_labels(trainer)
-        if self._steps.loggers:
-            self._steps.samples.append(samples)
-            if self._session.steps % max(1, trainer.log_every_n_steps) == 0:
-                self._steps.log(self._session.new_step_times())
+        if self._loggers and self._session.steps % max(1, trainer.log_every_n_steps) == 0:
+            self._log(self._session.new_step_metrics())
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
@@ -211,8 +216,14 @@ class ProfilerCallback(Callback):
         if session is None:
             return
         session.stop(exception)
-        if stage == "train" and self._steps.loggers:
-            self._steps.log(session.step_times[self._steps.logged :])  # waits for the last CUDA events
+        if stage == "train" and self._loggers:
+            self._log(session.new_step_metrics())  # the session's stop waited for the last CUDA events
+
+    def _log(self, rows: list[tuple[int, dict[str, float]]]) -> None:
+        """Step scalars to the trainer's other loggers (CSV, W&B, MLflow, ...): step N is ``ProfilerStep#N``."""
+        for step, metrics in rows:
+            for logger in self._loggers:
+                logger.log_metrics(metrics, step=step)
 
     def _sync_labels(self, trainer: pl.Trainer) -> None:
         """Label actions only while a window runs: outside windows the trainer's own profiler is untouched."""
@@ -308,26 +319,6 @@ def _label_for(action_name: str) -> str | None:
     if action_name.startswith("[_") and hook.endswith("_next"):  # [_TrainingEpochLoop].train_dataloader_next
         return "data_loading"
     return None
-
-
-class _StepLog:
-    """Training step times -> ``scalars.step_metrics`` on ``loggers``.
-
-    Tags and step numbers are the session's own scalars': step N is ``ProfilerStep#N`` in the traces, batch N of
-    this fit counted from 0, timed from the end of batch N-1 to the end of batch N.
-    """
-
-    def __init__(self, loggers: list | None = None) -> None:
-        self.loggers = loggers or []
-        self.samples: list[int | None] = []
-        self.logged = 0
-
-    def log(self, times: list[float]) -> None:
-        for step, seconds in enumerate(times, start=self.logged):
-            metrics = scalars.step_metrics(seconds, self.samples[step] if step < len(self.samples) else None)
-            for logger in self.loggers:
-                logger.log_metrics(metrics, step=step)
-        self.logged += len(times)
 
 
 def _check_stages(stages: Iterable[str]) -> tuple[str, ...]:

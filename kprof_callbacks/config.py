@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import torch
 from torch.profiler import ProfilerActivity
 
-from . import layout, torch_compat
+from . import layout, peaks, torch_compat
 
 SCHEDULE_FIELDS = ("skip_first", "wait", "warmup", "active", "repeat")
 TRIGGERS = ("schedule", "on_demand", "slow_step")
@@ -56,11 +56,14 @@ class ProfileConfig:
     max_pending_mb: float = 512.0
     nvtx: bool = False
     memory_snapshot: bool = False
+    memory_every: int = 5
+    mfu_dtype: str = "bf16"
+    peak_tflops: float | None = None
     write_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         _check_types(self)
-        for name in ("slow_factor", "max_trace_mb", "max_pending_mb", "write_timeout"):  # nan passes every comparison below
+        for name in ("slow_factor", "max_trace_mb", "max_pending_mb", "write_timeout", "peak_tflops"):  # nan passes every comparison below
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value}")
@@ -82,6 +85,12 @@ class ProfileConfig:
             raise ValueError(f"max_captures must be >= 1 or None, got {self.max_captures}")
         if self.max_trace_mb is not None and self.max_trace_mb <= 0:
             raise ValueError(f"max_trace_mb must be > 0 or None, got {self.max_trace_mb}")
+        if self.memory_every < 0:
+            raise ValueError(f"memory_every must be >= 0 (0: no memory scalars), got {self.memory_every}")
+        if self.mfu_dtype not in peaks.DTYPES:
+            raise ValueError(f"mfu_dtype must be one of {peaks.DTYPES}, got {self.mfu_dtype!r}")
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise ValueError(f"peak_tflops must be > 0 or None, got {self.peak_tflops}")
         if self.max_pending_mb <= 0:
             raise ValueError(f"max_pending_mb must be > 0, got {self.max_pending_mb}")
         if self.write_timeout <= 0:

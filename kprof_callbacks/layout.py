@@ -33,6 +33,15 @@ PROFILE_FILE = "PROFILE"
 SNAPSHOT_SUFFIX = ".pickle"  # readers take any pickle in a run folder as a memory snapshot, as the tab shows them
 STEP_TIME_TAG = "kprof/step_time_ms"
 THROUGHPUT_TAG = "kprof/throughput_samples_per_s"
+TFLOPS_TAG = "kprof/tflops"  # achieved, from the FLOPs the program said each step does
+MFU_TAG = "kprof/mfu"  # achieved / dense peak
+PEAK_TAG = "kprof/peak_tflops"  # the peak MFU is measured against, once, at the first step
+MEMORY_TAGS = {  # memory at sampled steps, MB
+    "allocated": "kprof/mem_allocated_mb",  # CUDA caching allocator: tensors alive
+    "reserved": "kprof/mem_reserved_mb",  # CUDA caching allocator: held from the driver
+    "peak": "kprof/mem_peak_mb",  # CUDA: highest allocated since the previous sample
+    "rss": "kprof/mem_rss_mb",  # the process's resident memory (host)
+}
 
 _PARTIAL = re.compile(r"^(?P<final>.+\.pt\.trace\.json(?:\.gz)?)\.partial(?:\..*)?$")
 _WORKER = re.compile(r"^(?P<worker>.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")

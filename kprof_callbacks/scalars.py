@@ -1,25 +1,66 @@
-"""Per-step scalars (step time, throughput): one formula, two sinks.
+"""Per-step scalars (step time, throughput, TFLOP/s and MFU, memory): one formula, two sinks.
 
 ``EventFile`` writes them as TensorBoard scalars beside the traces, on the trace writer's thread; the Lightning
 callback hands the same ``step_metrics`` to the trainer's other loggers. Step N is ``ProfilerStep#N``: both count
-the session's steps from 0.
+the session's steps from 0. ``MemoryProbe`` reads memory without a device sync.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from . import layout
+from . import layout, torch_compat
+
+_MB = 2**20
 
 
-def step_metrics(seconds: float, samples: int | None) -> dict[str, float]:
-    """The scalars of one step that took ``seconds`` and processed ``samples`` (None: unknown)."""
+def step_metrics(
+    seconds: float, samples: int | None, flops: float | None = None, peak_tflops: float | None = None
+) -> dict[str, float]:
+    """The scalars of one step that took ``seconds`` and processed ``samples`` with ``flops`` (None: unknown);
+    MFU against ``peak_tflops`` when it is known."""
     metrics = {layout.STEP_TIME_TAG: seconds * 1e3}
-    if samples and seconds > 0:
-        metrics[layout.THROUGHPUT_TAG] = samples / seconds
+    if seconds > 0:
+        if samples:
+            metrics[layout.THROUGHPUT_TAG] = samples / seconds
+        if flops:
+            metrics[layout.TFLOPS_TAG] = flops / seconds / 1e12
+            if peak_tflops:
+                metrics[layout.MFU_TAG] = metrics[layout.TFLOPS_TAG] / peak_tflops
     return metrics
+
+
+class MemoryProbe:
+    """Memory now, without a device sync: the process's resident memory, and on a GPU the caching allocator's
+    allocated, reserved and peak-since-the-last-sample bytes (host-side counters)."""
+
+    def __init__(self, cuda_device: int | None) -> None:
+        self.device = cuda_device
+        try:
+            self._statm = os.open("/proc/self/statm", os.O_RDONLY)  # Linux: a pread is ~2 us
+        except OSError:
+            self._statm = None
+        self._page = os.sysconf("SC_PAGE_SIZE") if self._statm is not None else 0
+
+    def sample(self) -> dict[str, float]:
+        """MB by ``layout.MEMORY_TAGS`` tag."""
+        out = {}
+        if self._statm is not None:
+            out[layout.MEMORY_TAGS["rss"]] = int(os.pread(self._statm, 64, 0).split()[1]) * self._page / _MB
+        if self.device is not None:
+            allocated, reserved, peak = torch_compat.cuda_memory(self.device)
+            out[layout.MEMORY_TAGS["allocated"]] = allocated / _MB
+            out[layout.MEMORY_TAGS["reserved"]] = reserved / _MB
+            out[layout.MEMORY_TAGS["peak"]] = peak / _MB
+        return out
+
+    def close(self) -> None:
+        if self._statm is not None:
+            os.close(self._statm)
+            self._statm = None
 
 
 class EventFile:

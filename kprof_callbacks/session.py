@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import math
 import numbers
 import os
 import signal
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from . import layout, scalars, torch_compat
+from . import layout, peaks, scalars, torch_compat
 from .config import ProfileConfig, check_activities
 from .timing import StepTimer
 from .triggers import make_trigger
@@ -113,7 +114,11 @@ class Session:
         self.steps = 0
         self.captures: list[Capture] = []
         self._timer = StepTimer()
-        self._samples: list[int | None] = []
+        self._work: list[tuple[int | None, float | None]] = []  # (samples, flops) of each step, as step() got them
+        self._memory: dict[int, dict[str, float]] = {}  # step -> memory metrics, every config.memory_every steps
+        self._probe: scalars.MemoryProbe | None = None
+        self.peak_tflops: float | None = None  # the dense peak MFU is measured against (None: unknown device)
+        self._peak_noted = False
         self._scalar_times = self._timer.reader()
         self._read_new_times = self._timer.reader()
         self._prof = None
@@ -143,9 +148,10 @@ class Session:
         self._timer.drain()
         return list(self._timer.times)
 
-    def new_step_times(self) -> list[float]:
-        """Seconds per step for the steps completed since the last call, without waiting for the GPU."""
-        return self._read_new_times()[1]
+    def new_step_metrics(self) -> list[tuple[int, dict[str, float]]]:
+        """``(step, scalars)`` of the steps completed since the last call (``scalars.step_metrics`` plus memory at
+        sampled steps), without waiting for the GPU."""
+        return self._metrics(*self._read_new_times())
 
     @property
     def writer_wait_s(self) -> float:
@@ -157,17 +163,28 @@ class Session:
         """True while the current step is inside a profiling window (warm-up or recorded)."""
         return self._prof is not None and self._prof.current_action is not ProfilerAction.NONE
 
-    def step(self, samples: int | None = None) -> None:
-        """Mark the end of one training step; ``samples`` (the batch size) turns step times into throughput."""
+    def step(self, samples: int | None = None, flops: float | None = None) -> None:
+        """Mark the end of one training step. ``samples`` (the batch size) turns step times into throughput;
+        ``flops`` (the step's floating-point operations, e.g. 6 x parameters x tokens for a transformer) into
+        achieved TFLOP/s and MFU against the device's dense peak."""
         if self._state != "running":
             raise RuntimeError(f"Session.step() called on a session that is {self._state}; use it inside `with`")
         if samples is not None and (
             not isinstance(samples, numbers.Integral) or isinstance(samples, bool) or samples < 0
         ):
             raise ValueError(f"samples must be the batch size (an int >= 0) or None, got {samples!r}")
+        if flops is not None and (not isinstance(flops, numbers.Real) or isinstance(flops, bool) or not flops >= 0
+                                  or flops == math.inf):
+            raise ValueError(f"flops must be the step's FLOPs (a finite number >= 0) or None, got {flops!r}")
         self.steps += 1
         self._timer.mark()
-        self._samples.append(samples)
+        self._work.append((samples, flops))
+        if flops and self.peak_tflops is None and not self._peak_noted:
+            self._peak_noted = True
+            warnings.warn("kprof: no dense peak FLOP/s is known for this device, so TFLOP/s is reported without MFU; "
+                          "pass peak_tflops= (and mfu_dtype=) to kprof.session", RuntimeWarning, stacklevel=2)
+        if self._probe is not None and self.steps % self.config.memory_every == 0:
+            self._memory[self.steps - 1] = self._probe.sample()
         if self._nvtx:
             torch.cuda.nvtx.range_pop()
             torch.cuda.nvtx.range_push(f"step {self.steps}")
@@ -300,6 +317,12 @@ class Session:
         if self.config.scalars:  # import now: an import mid-training would hold the GIL for ~0.1 s
             importlib.import_module("torch.utils.tensorboard")
             self._scalars = scalars.EventFile(layout.scalars_path(self.run_dir, self._writer.worker))
+        cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        if self.config.memory_every:
+            self._probe = scalars.MemoryProbe(cuda_device)
+        self.peak_tflops = self.config.peak_tflops
+        if self.peak_tflops is None and cuda_device is not None:
+            self.peak_tflops = peaks.peak_tflops(torch.cuda.get_device_name(cuda_device), self.config.mfu_dtype)
         if self.config.memory_snapshot and torch.cuda.is_available():
             torch_compat.record_memory_history(True)
         if self._trigger is not None:
@@ -324,6 +347,8 @@ class Session:
             torch_compat.record_memory_history(False)
         if self._writer is not None:
             self._writer.close(1.0)
+        if self._probe is not None:
+            self._probe.close()
         Session._active = None
 
     def stop(self, exception: BaseException | None = None) -> None:
@@ -345,6 +370,8 @@ class Session:
                 self._trigger.stop()
             if self.config.memory_snapshot and torch.cuda.is_available():
                 self._dump_memory_snapshot()
+            if self._probe is not None:
+                self._probe.close()
             if self.config.scalars:
                 self._timer.drain()
                 self._send_scalars()
@@ -404,13 +431,22 @@ class Session:
         self.captures.append(capture)
         self._writer.submit(prof, capture)
 
+    def _metrics(self, start: int, times: list[float]) -> list[tuple[int, dict[str, float]]]:
+        """``(step, scalars)`` for the steps ``start, start + 1, ...`` that took ``times``."""
+        rows = []
+        for step, seconds in enumerate(times, start):
+            samples, flops = self._work[step] if step < len(self._work) else (None, None)
+            metrics = scalars.step_metrics(seconds, samples, flops, self.peak_tflops)
+            metrics.update(self._memory.get(step, {}))
+            if step == 0 and self.peak_tflops:
+                metrics[layout.PEAK_TAG] = self.peak_tflops
+            rows.append((step, metrics))
+        return rows
+
     def _send_scalars(self) -> None:
-        start, times = self._scalar_times()
-        if not times:
-            return
-        samples = self._samples
-        rows = ((i, scalars.step_metrics(t, samples[i] if i < len(samples) else None)) for i, t in enumerate(times, start))
-        self._writer.submit_call(self._scalars.writer(rows))
+        rows = self._metrics(*self._scalar_times())
+        if rows:
+            self._writer.submit_call(self._scalars.writer(rows))
 
 
 def _encodes(text: str) -> bool:

@@ -57,3 +57,15 @@ def record_memory_history(enabled: bool) -> None:
 def dump_memory_snapshot(path: Path) -> None:
     """Save the recorded allocator history as a pickle that https://pytorch.org/memory_viz opens."""
     torch.cuda.memory._dump_snapshot(str(path))
+
+
+def cuda_memory(device: int) -> tuple[int, int, int]:
+    """(allocated, reserved, peak allocated since the previous call) bytes of the caching allocator on ``device``.
+
+    Host-side counters, no sync. torch's public ``memory_allocated`` and friends each flatten the whole stats dict
+    in Python; one ``_cuda_memoryStats`` call serves all three. The peak is reset for the next call.
+    """
+    stats = torch._C._cuda_memoryStats(device)
+    torch._C._cuda_resetPeakMemoryStats(device)
+    allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
+    return allocated["current"], reserved["current"], allocated["peak"]

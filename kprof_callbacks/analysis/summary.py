@@ -15,9 +15,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+import numpy as np
+
 from .. import layout
-from . import diagnostics, html, ops, perstep, ranks, report, stacks, steps
+from . import diagnostics, html, ops, perstep, ranks, report, stacks, steps, trends
 from .reader import TraceError, TraceFile, read_trace
+from .series import Series, read_series
 from .tables import Diagnostic, KernelStats, LabelStats, OpStats, Problem, RankStats, StepSkew, StepStats
 from .timeline import PYTHON, build
 from .tree import nest
@@ -47,6 +50,7 @@ class Summary:
     problems: list[Problem]  # one per file that could not be read
     memory_snapshots: list[Path]
     per_step: perstep.PerStep = dataclasses.field(repr=False)  # rows by steps, for kprof.diff
+    series: dict[str, dict[str, Series]] = dataclasses.field(repr=False, default_factory=dict)  # scalars, all steps
     _stacks: list[stacks.StackSource] = dataclasses.field(repr=False, default_factory=list)
 
     @classmethod
@@ -54,7 +58,7 @@ class Summary:
         """A Summary of nothing, saying ``why`` (e.g. profiling was disabled): every table empty, one finding."""
         return cls(name=name, files=[], steps=[], ops=[], ops_by_shape=[], kernels=[], labels=[], ranks=[],
                    step_skew=[], diagnostics=[Diagnostic("nothing recorded", "info", why)], problems=[],
-                   memory_snapshots=[])
+                   memory_snapshots=[], per_step=perstep.PerStep([], [], np.zeros((0, 0)), np.zeros((0, 0)), []))
 
     @property
     def has_gpu(self) -> bool:
@@ -209,6 +213,9 @@ def _summarize_run(name: str, found: layout.RunContents, progress: bool) -> Summ
     rank_rows = ranks.rank_stats(ordered)
     skew = ranks.step_skew(ordered)
     per_step = perstep.merge([r.per_step for r in results])
+    series = read_series(files[0].parent)
+    found_all = diagnostics.diagnose(step_rows, rank_rows, skew, evidence, per_step)
+    found_all += trends.findings(series, found.snapshots)
     return Summary(
         name=name,
         files=files,
@@ -219,10 +226,11 @@ def _summarize_run(name: str, found: layout.RunContents, progress: bool) -> Summ
         labels=ops.label_rows((r.labels for r in results), sum(s.wall_us for s in step_rows)),
         ranks=rank_rows,
         step_skew=skew,
-        diagnostics=diagnostics.diagnose(step_rows, rank_rows, skew, evidence, per_step),
+        diagnostics=sorted(found_all, key=lambda d: d.severity != "warning"),
         problems=problems,
         memory_snapshots=found.snapshots,
         per_step=per_step,
+        series=series,
         _stacks=[r.stack for r in results],
     )
 

@@ -1,0 +1,104 @@
+"""Findings over every step of a run, from the scalars the session wrote (``series``): memory that grows from step
+to step, and the throughput / model FLOPs utilization the program reached. With a CUDA memory snapshot
+(``memory_snapshot=True``), a growth finding names the allocation sites that hold the memory.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from .. import layout
+from . import fmt
+from .growth import Growth, growth
+from .series import Series
+from .tables import Diagnostic
+
+_LEAK_HINT = ("something is kept from step to step: a list of tensors, a loss kept with its graph (log loss.item() "
+              "or loss.detach()), a cache that never evicts")
+_SITES = 3  # allocation sites named in a growth finding
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/torch/", "/lib/python")
+
+
+def findings(series: dict[str, dict[str, Series]], snapshots: list[Path]) -> list[Diagnostic]:
+    """Memory growth per worker (CUDA allocated, else the process's RSS) and throughput / MFU."""
+    found = []
+    many = len(series) > 1
+    for worker, tags in series.items():
+        where = f" on {worker}" if many else ""
+        for key, what in (("allocated", "CUDA memory allocated"), ("rss", "the process's resident memory")):
+            points = tags.get(layout.MEMORY_TAGS[key])
+            trend = growth(points.steps, points.values) if points is not None else None
+            if trend is not None:
+                found.append(_growth_finding(trend, what + where, snapshots if key == "allocated" else []))
+                break
+    found += _mfu_findings(series)
+    return found
+
+
+def _growth_finding(trend: Growth, what: str, snapshots: list[Path]) -> Diagnostic:
+    sites = growing_sites(snapshots)
+    named = (f" Allocation sites holding memory allocated after warm-up (memory snapshot): {sites}." if sites else
+             " Profile with memory_snapshot=True to have the allocation sites named." if not snapshots else "")
+    return Diagnostic("memory_growth", "warning", (
+        f"Memory grows {trend.mb_per_step:.2f} MB per step over steps {trend.first}-{trend.last} ({what}; Theil-Sen "
+        f"slope, 95% CI {trend.low:.2f}-{trend.high:.2f}; {trend.total_mb:.0f} MB in all): {_LEAK_HINT}.{named}"))
+
+
+def _mfu_findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
+    rates = [tags[layout.TFLOPS_TAG] for tags in series.values() if layout.TFLOPS_TAG in tags]
+    if not rates:
+        return []
+    tflops = float(np.median(np.concatenate([r.values for r in rates])))
+    steps = np.concatenate([r.steps for r in rates])
+    span = f"median over steps {steps.min()}-{steps.max()}"
+    mfu = [tags[layout.MFU_TAG].values for tags in series.values() if layout.MFU_TAG in tags]
+    peak = [tags[layout.PEAK_TAG].values[0] for tags in series.values() if layout.PEAK_TAG in tags]
+    if not mfu or not peak:
+        return [Diagnostic("mfu", "info", (
+            f"Achieved {tflops:.1f} TFLOP/s ({span}, from the FLOPs the program gave per step). No MFU: the device "
+            "is not in kprof's table of dense peaks; pass peak_tflops= (and mfu_dtype=) to kprof.session."))]
+    share = float(np.median(np.concatenate(mfu)))
+    return [Diagnostic("mfu", "info", (
+        f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.1f} TFLOP/s achieved of a dense peak of "
+        f"{peak[0]:.1f} TFLOP/s (from the FLOPs the program gave per step; dense, not the sparse datasheet figure)."))]
+
+
+def growing_sites(snapshots: list[Path], warmup_share: float = 0.2) -> str:
+    """The allocation sites holding the most memory at the end of the snapshots' history among allocations made
+    after the first ``warmup_share`` of it, as ``file:line in function (n blocks, MB)``; "" when there are none."""
+    held: Counter = Counter()
+    blocks: Counter = Counter()
+    for path in snapshots:
+        try:
+            with open(path, "rb") as f:
+                snapshot = pickle.load(f)
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+            continue
+        for trace in snapshot.get("device_traces", []) if isinstance(snapshot, dict) else []:
+            alive: dict[int, tuple[int, str]] = {}
+            start = int(len(trace) * warmup_share)
+            for i, entry in enumerate(trace):
+                if entry.get("action") == "alloc":
+                    alive[entry.get("addr")] = (entry.get("size", 0), _site(entry.get("frames", [])) if i >= start else "")
+                elif entry.get("action") in ("free_requested", "free_completed"):
+                    alive.pop(entry.get("addr"), None)
+            for size, site in alive.values():
+                if site:
+                    held[site] += size
+                    blocks[site] += 1
+    top = [(site, size) for site, size in held.most_common(_SITES) if blocks[site] >= 3]
+    return ", ".join(f"{site} ({blocks[site]} blocks, {size / 2**20:.1f} MB)" for site, size in top)
+
+
+def _site(frames: list[dict]) -> str:
+    """The innermost Python frame of the program's own code (not torch's or a library's), as
+    ``file:line in function``."""
+    for frame in frames:
+        filename = str(frame.get("filename", ""))
+        if filename.endswith(".py") and not any(part in filename for part in _LIBRARY):
+            return f"{Path(filename).name}:{frame.get('line')} in {frame.get('name')}"
+    return ""

@@ -1,0 +1,149 @@
+"""Memory growth across steps and model FLOPs utilization: the detector on known series, real loops that leak (and
+ones that do not), the allocation sites of a snapshot, the dense peak table, and the scalars a session writes."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import kprof_callbacks as kprof
+from kprof_callbacks import layout, peaks
+from kprof_callbacks.analysis.growth import growth
+from kprof_callbacks.analysis.trends import growing_sites
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+STEPS = np.arange(0, 300, 2)  # memory sampled every 2 steps
+
+
+def _noise(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 3.0, STEPS.size)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_steady_leak_is_found_with_its_rate(seed):
+    found = growth(STEPS, 500 + 2.0 * STEPS + _noise(seed))
+    assert found is not None and found.low <= 2.0 <= found.high and abs(found.mb_per_step - 2.0) < 0.05
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("shape", ["steady", "warm-up growth", "one plateau", "two plateaus", "sawtooth"])
+def test_no_growth_is_named_where_there_is_none(seed, shape):
+    base = {
+        "steady": np.full(STEPS.size, 800.0),
+        "warm-up growth": np.minimum(300 + 20.0 * STEPS, 900.0),  # grows for the first 30 steps, then flat
+        "one plateau": np.where(STEPS < 140, 800.0, 1200.0),  # the caching allocator reserves a bigger segment
+        "two plateaus": 800.0 + 300.0 * (STEPS >= 100) + 300.0 * (STEPS >= 200),
+        "sawtooth": 800.0 + 40.0 * ((STEPS // 2) % 4),  # gradient accumulation: up for 4 steps, then freed
+    }[shape]
+    assert growth(STEPS, base + _noise(seed)) is None
+
+
+def _run(tmp_path, keep_mb: float, device: str, steps: int = 120, **options):
+    kept = []
+    with kprof.session(tmp_path, run="r", wait=5, warmup=1, active=1, memory_every=2, **options) as s:
+        for _ in range(steps):
+            if keep_mb:
+                kept.append(torch.ones(int(keep_mb * 2**18), device=device))  # float32: 4 bytes each
+            s.step()
+    return s.summary()
+
+
+def _growth_findings(summary) -> list[str]:
+    return [d.message for d in summary.diagnostics if d.kind == "memory_growth"]
+
+
+def test_a_loop_that_keeps_a_tensor_every_step_is_named_and_a_steady_one_is_not(tmp_path):
+    (message,) = _growth_findings(_run(tmp_path / "leak", 1.0, "cpu"))
+    assert "the process's resident memory" in message
+    rate = float(message.split("Memory grows ")[1].split(" MB per step")[0])
+    assert 0.95 <= rate <= 1.6  # 1 MB kept a step, plus what the host allocator keeps beside it
+    assert _growth_findings(_run(tmp_path / "steady", 0.0, "cpu")) == []
+
+
+def test_memory_scalars_are_written_every_memory_every_steps(tmp_path):
+    summary = _run(tmp_path, 0.0, "cpu", steps=20)
+    (series,) = summary.series.values()
+    rss = series[layout.MEMORY_TAGS["rss"]]
+    assert rss.steps.tolist() == list(range(1, 20, 2)) and (rss.values > 10).all()
+    assert layout.STEP_TIME_TAG in series and series[layout.STEP_TIME_TAG].steps.tolist() == list(range(20))
+
+
+@cuda
+def test_a_cuda_leak_is_found_at_its_exact_rate_and_its_site_named(tmp_path):
+    summary = _run(tmp_path, 1.0, "cuda", memory_snapshot=True)
+    (message,) = _growth_findings(summary)
+    assert "CUDA memory allocated" in message and "Memory grows 1.00 MB per step" in message
+    assert "test_memory_mfu.py" in message and "in _run" in message
+
+
+def test_growing_sites_name_the_programs_own_frame_of_allocations_still_alive(tmp_path):
+    def frames(line: int) -> list[dict]:
+        return [{"filename": "/usr/lib/python3/site-packages/torch/nn/modules/linear.py", "line": 125, "name": "f"},
+                {"filename": "/home/me/train.py", "line": line, "name": "train"}]
+
+    trace = [{"action": "alloc", "addr": 1 + i, "size": 2**20, "frames": frames(10)} for i in range(15)]  # warm-up
+    for i in range(20):
+        trace.append({"action": "alloc", "addr": 100 + i, "size": 2**20, "frames": frames(42)})  # kept
+        trace.append({"action": "alloc", "addr": 1000 + i, "size": 2**22, "frames": frames(50)})  # freed
+        trace.append({"action": "free_completed", "addr": 1000 + i, "size": 2**22})
+    path = tmp_path / "w.memory_snapshot.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}))
+    assert growing_sites([path]) == "train.py:42 in train (20 blocks, 20.0 MB)"
+
+
+def test_mfu_against_the_peak_given_and_tflops_without_one(tmp_path):
+    flops = 4e9
+    with kprof.session(tmp_path, run="given", wait=5, peak_tflops=0.5) as s:
+        for _ in range(30):
+            s.step(flops=flops)
+    (series,) = s.summary().series.values()
+    tflops, mfu = series[layout.TFLOPS_TAG], series[layout.MFU_TAG]
+    times = np.array(s.step_times)
+    assert np.allclose(tflops.values, flops / times / 1e12, rtol=1e-5) and np.allclose(mfu.values, tflops.values / 0.5)
+    assert series[layout.PEAK_TAG].values.tolist() == [0.5]
+    (finding,) = [d.message for d in s.summary().diagnostics if d.kind == "mfu"]
+    assert finding.startswith("Model FLOPs utilization") and "dense peak of 0.5 TFLOP/s" in finding
+
+    if torch.cuda.is_available():
+        pytest.skip("the unknown-device case needs a device missing from the table")
+    with pytest.warns(RuntimeWarning, match="pass peak_tflops="):
+        with kprof.session(tmp_path, run="unknown", wait=5) as s:
+            for _ in range(30):
+                s.step(flops=flops)
+    (finding,) = [d.message for d in s.summary().diagnostics if d.kind == "mfu"]
+    assert "No MFU" in finding and "peak_tflops=" in finding
+
+
+@pytest.mark.parametrize(
+    "name, dtype, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),  # SXM: the dense figure, half of the datasheet's 1,979 "with sparsity"
+        ("NVIDIA H100 PCIe", "bf16", 756.0),
+        ("NVIDIA H100 NVL", "fp8", 1670.5),
+        ("NVIDIA H200", "tf32", 494.7),
+        ("NVIDIA GH200 480GB", "bf16", 989.4),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+        ("NVIDIA B200", "bf16", 2250.0),
+        ("NVIDIA L40S", "fp16", 362.05),
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA A100-SXM4-40GB", "fp8", None),  # Ampere has no fp8
+        ("NVIDIA GeForce RTX 4090", "bf16", None),
+    ],
+)
+def test_the_dense_peak_table(name, dtype, peak):
+    assert peaks.peak_tflops(name, dtype) == peak
+
+
+def test_bad_flops_and_mfu_options_fail_before_anything_runs(tmp_path):
+    with pytest.raises(ValueError, match="mfu_dtype"):
+        kprof.session(tmp_path, mfu_dtype="int8")
+    with pytest.raises(ValueError, match="peak_tflops"):
+        kprof.session(tmp_path, peak_tflops=0.0)
+    with pytest.raises(ValueError, match="flops_per_batch"):
+        kprof.ProfilerCallback(flops_per_batch=-1)
+    with kprof.session(tmp_path, run="r") as s:
+        with pytest.raises(ValueError, match="flops must be"):
+            s.step(flops=float("nan"))
