@@ -147,3 +147,36 @@ def test_bad_flops_and_mfu_options_fail_before_anything_runs(tmp_path):
     with kprof.session(tmp_path, run="r") as s:
         with pytest.raises(ValueError, match="flops must be"):
             s.step(flops=float("nan"))
+
+
+def test_matrix_product_flops_are_counted_from_recorded_shapes(tmp_path):
+    """with_flops=True: the trace's mm/addmm shapes give the FLOPs (torch's own count), MFU against the given peak."""
+    linear = torch.nn.Linear(64, 32)
+    x = torch.randn(8, 64)
+    with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=3, with_flops=True, peak_tflops=1.0) as s:
+        for _ in range(4):
+            linear(x).sum().backward()  # forward addmm (8x64 @ 64x32), backward mm for the weight gradient
+            s.step()
+    summary = s.summary()
+    (finding,) = [d.message for d in summary.diagnostics if d.kind == "matmul_flops"]
+    per_step = 2 * 8 * 64 * 32 * 2  # the forward product and the weight gradient's (no input gradient needed)
+    assert f"Matrix products: {per_step:.4g} FLOP per profiled step" in finding
+    wall_s = sum(st.wall_us for st in summary.steps) / 1e6
+    assert f"{3 * per_step / wall_s / 1e12:.3g} TFLOP/s" in finding and "of the dense peak of 1.0 TFLOP/s" in finding
+
+
+@pytest.mark.parametrize(
+    "op, dims, expected",
+    [
+        ("aten::mm", "[[8, 64], [64, 32]]", 2 * 8 * 64 * 32),
+        ("aten::addmm", "[[32], [8, 64], [64, 32], [], []]", 2 * 8 * 64 * 32),
+        ("aten::bmm", "[[4, 8, 16], [4, 16, 5]]", 2 * 4 * 8 * 16 * 5),
+        ("aten::baddbmm", "[[4, 8, 5], [4, 8, 16], [4, 16, 5], [], []]", 2 * 4 * 8 * 16 * 5),
+        ("aten::mm", "[[8, 64], [63, 32]]", 0),  # shapes that do not multiply
+        ("aten::mm", "not json", 0),
+    ],
+)
+def test_product_flops_from_recorded_shapes(op, dims, expected):
+    from kprof_callbacks.analysis.flops import product_flops
+
+    assert product_flops(op, dims) == expected

@@ -12,7 +12,7 @@ from statistics import median
 
 import numpy as np
 
-from . import fmt
+from . import flops, fmt
 from .perstep import PerStep
 from .steps import WHOLE_TRACE, Windows
 from .tables import Diagnostic, RankStats, StepSkew, StepStats
@@ -48,6 +48,7 @@ class Evidence:
     small_kernel_us: float = 0.0
     files_without_steps: list[str] = dataclasses.field(default_factory=list)
     eval_calls: Counter = dataclasses.field(default_factory=Counter)  # (rank, worker, step) -> eval-loop labels in it
+    matmul_flops: float = 0.0  # FLOPs of the matrix products in the steps, from their recorded shapes
 
     def add(self, other: Evidence) -> None:
         for f in dataclasses.fields(self):
@@ -84,6 +85,8 @@ def gather(tl: Timeline, win: Windows) -> Evidence:
     in_eval = (window >= 0) & (host.kind == ANNOTATION) & np.isin(host.name, eval_ids)
     who = (tl.source.rank, tl.source.worker)
     ev.eval_calls = Counter((*who, int(win.number[w])) for w in window[in_eval].tolist())
+    if tl.shapes:
+        ev.matmul_flops = flops.matmul_flops(names, tl.shapes, host.name[host_in], host.shape[host_in])
     return ev
 
 

@@ -215,7 +215,8 @@ def _summarize_run(name: str, found: layout.RunContents, progress: bool) -> Summ
     per_step = perstep.merge([r.per_step for r in results])
     series = read_series(files[0].parent)
     found_all = diagnostics.diagnose(step_rows, rank_rows, skew, evidence, per_step)
-    found_all += trends.findings(series, found.snapshots)
+    found_all += trends.findings(series, found.snapshots, evidence.matmul_flops, sum(s.wall_us for s in step_rows),
+                                 len(step_rows))
     return Summary(
         name=name,
         files=files,

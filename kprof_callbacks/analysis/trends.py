@@ -23,8 +23,11 @@ _SITES = 3  # allocation sites named in a growth finding
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/torch/", "/lib/python")
 
 
-def findings(series: dict[str, dict[str, Series]], snapshots: list[Path]) -> list[Diagnostic]:
-    """Memory growth per worker (CUDA allocated, else the process's RSS) and throughput / MFU."""
+def findings(series: dict[str, dict[str, Series]], snapshots: list[Path], matmul_flops: float = 0.0,
+             profiled_us: float = 0.0, profiled_steps: int = 0) -> list[Diagnostic]:
+    """Memory growth per worker (CUDA allocated, else the process's RSS), throughput / MFU from the FLOPs the program
+    gave, and from the matrix products of the profiled steps (``matmul_flops`` in ``profiled_steps`` steps that took
+    ``profiled_us``)."""
     found = []
     many = len(series) > 1
     for worker, tags in series.items():
@@ -36,7 +39,23 @@ def findings(series: dict[str, dict[str, Series]], snapshots: list[Path]) -> lis
                 found.append(_growth_finding(trend, what + where, snapshots if key == "allocated" else []))
                 break
     found += _mfu_findings(series)
+    if matmul_flops and profiled_us and profiled_steps:
+        found.append(_matmul_finding(matmul_flops / profiled_steps, matmul_flops / profiled_us / 1e6, _peak(series)))
     return found
+
+
+def _peak(series: dict[str, dict[str, Series]]) -> float | None:
+    """The dense peak the session measured MFU against (written once, at step 0), if it knew one."""
+    return next((float(tags[layout.PEAK_TAG].values[0]) for tags in series.values() if layout.PEAK_TAG in tags), None)
+
+
+def _matmul_finding(per_step: float, tflops: float, peak: float | None) -> Diagnostic:
+    mfu = (f", {fmt.share(tflops / peak)} of the dense peak of {peak:.1f} TFLOP/s" if peak else
+           "; pass peak_tflops= or mfu_dtype= to kprof.session for MFU where the device is not in kprof's table")
+    return Diagnostic("matmul_flops", "info", (
+        f"Matrix products: {per_step:.4g} FLOP per profiled step, {tflops:.3g} TFLOP/s{mfu} (counted from the "
+        "recorded input shapes of mm/addmm/bmm/baddbmm, as torch's with_flops counts them; attention and "
+        "convolutions are not counted)."))
 
 
 def _growth_finding(trend: Growth, what: str, snapshots: list[Path]) -> Diagnostic:
@@ -56,15 +75,15 @@ def _mfu_findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
     steps = np.concatenate([r.steps for r in rates])
     span = f"median over steps {steps.min()}-{steps.max()}"
     mfu = [tags[layout.MFU_TAG].values for tags in series.values() if layout.MFU_TAG in tags]
-    peak = [tags[layout.PEAK_TAG].values[0] for tags in series.values() if layout.PEAK_TAG in tags]
-    if not mfu or not peak:
+    peak = _peak(series)
+    if not mfu or peak is None:
         return [Diagnostic("mfu", "info", (
             f"Achieved {tflops:.1f} TFLOP/s ({span}, from the FLOPs the program gave per step). No MFU: the device "
             "is not in kprof's table of dense peaks; pass peak_tflops= (and mfu_dtype=) to kprof.session."))]
     share = float(np.median(np.concatenate(mfu)))
     return [Diagnostic("mfu", "info", (
         f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.1f} TFLOP/s achieved of a dense peak of "
-        f"{peak[0]:.1f} TFLOP/s (from the FLOPs the program gave per step; dense, not the sparse datasheet figure)."))]
+        f"{peak:.1f} TFLOP/s (from the FLOPs the program gave per step; dense, not the sparse datasheet figure)."))]
 
 
 def growing_sites(snapshots: list[Path], warmup_share: float = 0.2) -> str:
