@@ -129,7 +129,8 @@ class Session:
         self.run_dir: Path | None = None
         self._nvtx = config.nvtx and torch.cuda.is_available()
         if config.nvtx and not self._nvtx:
-            warnings.warn("kprof: nvtx=True needs a CUDA device; no NVTX ranges will be emitted", RuntimeWarning, stacklevel=3)
+            warnings.warn("kprof: nvtx=True needs a CUDA device; no NVTX ranges will be emitted", RuntimeWarning,
+                          stacklevel=3)
         if config.enabled:
             self.run_dir = layout.make_run_dir(config.logdir, config.run)
             self._activities = _usable_activities(config.resolved_activities())
@@ -234,7 +235,8 @@ class Session:
         if self._prof is None:
             return
         if not hasattr(self._prof, "toggle_collection_dynamic"):
-            raise NotImplementedError(f"pause/resume need torch.profiler.toggle_collection_dynamic (torch {torch.__version__} lacks it)")
+            raise NotImplementedError("pause/resume need torch.profiler.toggle_collection_dynamic "
+                                      f"(torch {torch.__version__} lacks it)")
         acts = self._activities if activities is None else check_activities(activities)
         if self.recording:
             self._prof.toggle_collection_dynamic(enable, list(acts))

@@ -120,7 +120,7 @@ def test_mfu_against_the_peak_given_and_tflops_without_one(tmp_path):
 @pytest.mark.parametrize(
     "name, dtype, peak",
     [
-        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),  # SXM: the dense figure, half of the datasheet's 1,979 "with sparsity"
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),  # SXM: dense, half of the datasheet's 1,979 "with sparsity"
         ("NVIDIA H100 PCIe", "bf16", 756.0),
         ("NVIDIA H100 NVL", "fp8", 1670.5),
         ("NVIDIA H200", "tf32", 494.7),

@@ -102,7 +102,8 @@ def growing_sites(snapshots: list[Path], warmup_share: float = 0.2) -> str:
             start = int(len(trace) * warmup_share)
             for i, entry in enumerate(trace):
                 if entry.get("action") == "alloc":
-                    alive[entry.get("addr")] = (entry.get("size", 0), _site(entry.get("frames", [])) if i >= start else "")
+                    site = _site(entry.get("frames", [])) if i >= start else ""
+                    alive[entry.get("addr")] = (entry.get("size", 0), site)
                 elif entry.get("action") in ("free_requested", "free_completed"):
                     alive.pop(entry.get("addr"), None)
             for size, site in alive.values():
