@@ -17,6 +17,25 @@ import numpy as np
 FASTER = "faster"
 SLOWER = "slower"
 SAME = "no significant difference"
+NOISY = "noisy measurement"
+NOISY_SPREAD = 1.5  # p90 / median of a variant's step times above which its timing is called noisy
+NOISY_CI = 1.25  # an interval whose high / low exceeds this is too wide for a verdict
+
+
+def noise(base: Sequence[float], other: Sequence[float], low: float, high: float, steps: int) -> str | None:
+    """Why a comparison is too noisy for a verdict (None when it is not): steps that vary a lot, or a wide
+    interval; with what to do about it."""
+    spread = max(_p90(base) / float(np.median(base)), _p90(other) / float(np.median(other)))
+    if spread <= NOISY_SPREAD and high / low <= NOISY_CI:
+        return None
+    why = (f"p90/median of the step times is {spread:.2f}" if spread > NOISY_SPREAD else
+           f"the {high / low:.2f}x-wide interval")
+    return (f"{why}: other load on the machine (other processes, a shared GPU, thermal throttling) or too few "
+            f"steps ({steps}); rerun on a quiet machine with more steps (e.g. steps={4 * steps})")
+
+
+def _p90(times: Sequence[float]) -> float:
+    return float(np.percentile(times, 90))
 
 _RESAMPLES = 2000
 _CHUNK_ELEMENTS = 4_000_000  # resampled step times held in memory at once

@@ -24,7 +24,8 @@ from torch import nn
 
 from .. import layout, stats
 from ..timing import Timing
-from .check import check_agreement
+from ..checks import check_bool
+from .check import check_agreement, float64_copy
 from .result import BASELINE, Comparison, device_name, versions
 from .steps import make_sessions, profile as profile_variant, run_steps, timed_rounds
 from .variants import (OptimizerFactory, StepFn, Variant, build_variants, check_options, cycle, device_of,
@@ -47,6 +48,7 @@ def compare(
     seed: int = 0,
     confidence: float = 0.95,
     noise_threshold: float = 0.02,
+    compile: bool = False,
 ) -> Comparison:
     """Time model variants on the same batches and check that they agree.
 
@@ -65,27 +67,40 @@ def compare(
     longer ``block`` measures steady-state throughput with fewer device syncs. Step ``i`` of every variant uses
     ``batches[i % len(batches)]`` (an iterator is read once, up to ``warmup + steps`` batches).
 
-    ``check=True`` loads the first variant's weights into the others (in place; names and shapes must match),
-    compares forward outputs, loss and every gradient on the first batch, and raises ``ComparisonError`` when a
-    max relative error exceeds ``tol`` (default per dtype, ``TOLERANCES``); ``check="warn"`` warns instead,
-    ``check=False`` skips it all. A variant whose code raises gets ``status="error"``; the others still run.
+    ``check=True`` loads the first variant's weights into the others (in place; names and shapes must match), runs
+    one step of each on its copy of the first batch, and also one of the first variant in float64; a variant passes
+    when every output, the loss and every gradient is at most ``check.K`` times as far from the float64 result as
+    the first variant's own (plus a few ulps), so bf16 autocast needs no tolerance (see ``compare/check.py``).
+    ``tol=`` instead holds every tensor to that max relative error against the first variant. A variant that
+    fails raises ``ComparisonError``; ``check="warn"`` warns instead, ``check=False`` skips it all. A variant whose
+    code raises gets ``status="error"``; the others still run.
+    ``compile=True`` runs every variant under ``torch.compile`` (variants that are compiled modules already work
+    as they are); each variant's first step, which compiles, is never timed and is reported. A verdict whose step
+    times vary a lot (p90/median > 1.5) or whose interval is wide is "noisy measurement", with why and what to do.
     ``logdir`` also profiles each variant into ``logdir/<name>/`` with a short ``kprof.session`` schedule
     (``profile`` overrides its options) and writes ``logdir/compare.json``.
     """
     check_options(step_fn, steps, warmup, block, seed, check, tol, confidence, noise_threshold, optimizer)
+    check_bool("compile", compile)
     runs = build_variants(variants)
     data = take_batches(batches, warmup + steps)
     device = device_of(runs, data[0])
+    truth_model = None
     if check:
         load_same_weights(runs)
+        reference = next((r for r in runs if r.ok), None)
+        truth_model = float64_copy(reference.model) if reference is not None and tol is None else None
     for run in runs:
+        if compile and run.ok and not isinstance(run.model, torch._dynamo.eval_frame.OptimizedModule):
+            run.model = torch.compile(run.model)
         run.optimizer = make_optimizer(optimizer, run)
         run.data = copy.deepcopy(data)
     sessions = make_sessions(runs, logdir, profile)
 
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         if check:
-            check_agreement(runs, step_fn, seed, tol, check)
+            check_agreement(runs, step_fn, seed, tol, check, truth_model)
+            del truth_model
         for run in runs:
             run_steps(run, step_fn, cycle(run.data, 0, warmup))
         timed_rounds(runs, step_fn, steps=steps, warmup=warmup, block=block, seed=seed, device=device)
@@ -95,6 +110,7 @@ def compare(
     settings = dict(
         steps=steps, warmup=warmup, block=block, seed=seed, confidence=confidence, noise_threshold=noise_threshold,
         check=check, optimizer=optimizer is not None, logdir=None if logdir is None else str(logdir),
+        compile=compile,
     )
     result = _results(runs, settings, device)
     if logdir is not None:
@@ -121,6 +137,9 @@ def _results(runs: list[Variant], settings: dict, device: torch.device) -> Compa
         )
         res.speedup, res.ci = speedup, (low, high)
         res.verdict = stats.verdict(speedup, low, high, threshold=settings["noise_threshold"])
+        res.note = stats.noise(_flat(base.rounds), _flat(run.rounds), low, high, settings["steps"])
+        if res.note is not None:
+            res.verdict = stats.NOISY
     return Comparison(
         variants={r.name: r.result for r in runs},
         baseline=base.name if base else None,
@@ -128,6 +147,10 @@ def _results(runs: list[Variant], settings: dict, device: torch.device) -> Compa
         device=device_name(device),
         versions=versions(),
     )
+
+
+def _flat(rounds: list[list[float]]) -> list[float]:
+    return [t for r in rounds for t in r]
 
 
 def _diff_traces(result: Comparison) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -20,7 +21,20 @@ def _no_region(name: str) -> contextlib.AbstractContextManager:
 
 
 def train_step(run: Variant, batch, step_fn: StepFn, *, update: bool = True, region=_no_region) -> torch.Tensor:
-    """One training step of one variant; errors in the variant's own code come out as ``VariantFailed``."""
+    """One training step of one variant; errors in the variant's own code come out as ``VariantFailed``.
+
+    The variant's first step (never a timed one) is timed on its own: under torch.compile it is the compilation."""
+    if run.result.first_step_s is not None:
+        return _step(run, batch, step_fn, update, region)
+    start = time.perf_counter()
+    loss = _step(run, batch, step_fn, update, region)
+    if loss.is_cuda:
+        torch.cuda.synchronize(loss.device)
+    run.result.first_step_s = time.perf_counter() - start
+    return loss
+
+
+def _step(run: Variant, batch, step_fn: StepFn, update: bool, region) -> torch.Tensor:
     run.model.zero_grad(set_to_none=True)
     try:
         with region("forward"):

@@ -126,14 +126,19 @@ def load_same_weights(runs: list[Variant]) -> None:
     if not healthy:
         return
     ref = healthy[0]
-    state = ref.model.state_dict()
+    state = unwrapped(ref.model).state_dict()
     for run in healthy[1:]:
-        if run.model is ref.model:
+        if unwrapped(run.model) is unwrapped(ref.model):
             continue
-        mismatch = _first_mismatch(state, run.model.state_dict(), ref.name, run.name)
+        mismatch = _first_mismatch(state, unwrapped(run.model).state_dict(), ref.name, run.name)
         if mismatch:
             raise ValueError(f"variants {ref.name!r} and {run.name!r} cannot share weights: {mismatch}")
-        run.model.load_state_dict(state)
+        unwrapped(run.model).load_state_dict(state)
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The module itself under ``torch.compile``'s wrapper (whose state_dict keys gain an ``_orig_mod.`` prefix)."""
+    return getattr(model, "_orig_mod", model)
 
 
 def _first_mismatch(ref: Mapping, other: Mapping, ref_name: str, other_name: str) -> str | None:
@@ -166,3 +171,15 @@ def flat_tensors(obj, label: str) -> Iterator[tuple[str, torch.Tensor]]:
     elif isinstance(obj, (list, tuple)):
         for i, value in enumerate(obj):
             yield from flat_tensors(value, f"{label}[{i}]")
+
+
+def map_tensors(obj, fn):
+    """``obj`` with every tensor inside nested tuples, lists and dicts replaced by ``fn(tensor)``."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, Mapping):
+        return type(obj)((key, map_tensors(value, fn)) for key, value in obj.items())
+    if isinstance(obj, (list, tuple)):
+        items = [map_tensors(value, fn) for value in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    return obj
