@@ -389,6 +389,8 @@ def _never_called(model, batch):
         ({"a": mlp()}, {"step_fn": "loss"}, TypeError, "step_fn must be callable"),
         ({"a": mlp()}, {"optimizer": lambda p: None}, TypeError, "torch.optim.Optimizer"),
         ({"a": mlp()}, {"profile": {"active": 2}}, ValueError, "need a logdir"),
+        ({"a": mlp()}, {"compile": True, "warmup": 0}, ValueError, "warmup >= 1"),
+        ({"a": mlp()}, {"compile": "yes"}, TypeError, "compile must be True or False"),
         ({"a": nn.Linear(32, 4), "b": nn.Linear(32, 5)}, {}, ValueError, r"'weight' has shape \(4, 32\) in 'a'"),
         ({"a": nn.Linear(32, 4), "b": nn.Sequential(nn.Linear(32, 4))}, {}, ValueError, "'weight' is in 'a' but"),
         ({"a": nn.Linear(32, 4), "b": nn.Linear(32, 4, device="meta")}, {}, ValueError, "one device"),

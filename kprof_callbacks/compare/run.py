@@ -81,7 +81,8 @@ def compare(
     (``profile`` overrides its options) and writes ``logdir/compare.json``.
     """
     check_options(step_fn, steps, warmup, block, seed, check, tol, confidence, noise_threshold, optimizer)
-    check_bool("compile", compile)
+    if check_bool("compile", compile) and warmup < 1:
+        raise ValueError("compile=True needs warmup >= 1: each variant's first step compiles and must not be timed")
     runs = build_variants(variants)
     data = take_batches(batches, warmup + steps)
     device = device_of(runs, data[0])
