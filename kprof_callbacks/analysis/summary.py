@@ -181,7 +181,8 @@ def _with_progress(paths: list[Path], progress: bool, desc: str) -> Iterator[Pat
     yield from tqdm(paths, desc=desc, unit="file", file=sys.stderr)
 
 
-def _summarize_run(name: str, found: layout.RunContents, progress: bool) -> Summary:
+def summarize_contents(name: str, found: layout.RunContents, progress: bool = False) -> Summary:
+    """One Summary of the files ``found`` lists, for a caller that listed (and vetted) a run folder itself."""
     problems = [Problem(p, f"skipped, still being written (*{layout.PARTIAL})") for p in found.partial]
     results: list[_FileResult] = []
     files: list[Path] = []
@@ -251,17 +252,17 @@ def summarize(path: str | Path, *, progress: bool = False) -> Summary | dict[str
         raise FileNotFoundError(f"no such trace file or folder: {root}")
     if root.is_file():
         found = layout.RunContents([root], [], layout.contents(root.parent).snapshots, None)
-        return _summarize_run(root.name, found, progress)
+        return summarize_contents(root.name, found, progress)
     runs = {} if layout.contents(root).is_run else layout.find_runs(root)
     if not runs:  # a run folder; without *.pt.trace.json files, any *.json[.gz] (export_chrome_trace names)
         found = layout.contents(root, any_json=True)
         if not found.is_run:
             raise ValueError(f"no trace files ({', '.join('*' + s for s in layout.TRACE_SUFFIXES)}) in {root}")
-        return _summarize_run(root.resolve().name, found, progress)
+        return summarize_contents(root.resolve().name, found, progress)
     out, failures = {}, []
     for name, folder in runs.items():
         try:
-            out[name] = _summarize_run(name, layout.contents(folder), progress)
+            out[name] = summarize_contents(name, layout.contents(folder), progress)
         except ValueError as exc:
             failures.append(str(exc))
             log.warning("%s", exc)
