@@ -67,10 +67,7 @@ class Summary:
 
     def render(self, top: int = 10, sort: str = "cuda") -> str:
         """The report as text: `top` rows per table, operators sorted by self `cuda`, `cpu` or `memory`."""
-        if sort not in SORT_KEYS:
-            raise ValueError(f"sort must be one of {SORT_KEYS}, got {sort!r}")
-        if top < 1:
-            raise ValueError(f"top must be >= 1, got {top}")
+        _check_report_options(top, sort)
         return report.render(self, top=top, sort=sort)
 
     def __str__(self) -> str:
@@ -111,9 +108,11 @@ class Summary:
         return {key: pd.DataFrame(data[key], columns=[f.name for f in dataclasses.fields(row)] if not data[key] else None)
                 for key, row in tables.items()}
 
-    def to_html(self, path: str | Path, top: int = 20) -> Path:
-        """Write a self-contained HTML report (inline SVG plots, no scripts, no network)."""
-        return html.write_html({self.name: self}, Path(path), top=top)
+    def to_html(self, path: str | Path, top: int = 20, sort: str = "cuda") -> Path:
+        """Write a self-contained HTML report (inline SVG plots and timelines, no scripts, no network): the tables of
+        `render(top, sort)`."""
+        _check_report_options(top, sort)
+        return html.write_html({self.name: self}, Path(path), top=top, sort=sort)
 
     def export_stacks(self, path: str | Path, metric: str = "self_cpu") -> Path:
         """Write flamegraph folded stacks (`self_cpu` or `self_cuda` microseconds) to `path`."""
@@ -127,6 +126,13 @@ class Summary:
         return Path(path)
 
 
+def _check_report_options(top: int, sort: str) -> None:
+    if sort not in SORT_KEYS:
+        raise ValueError(f"sort must be one of {SORT_KEYS}, got {sort!r}")
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+
+
 @dataclasses.dataclass
 class _FileResult:
     rank: int | None
@@ -135,6 +141,7 @@ class _FileResult:
     ops: ops.Totals
     ops_by_shape: ops.Totals
     labels: ops.Totals
+    label_nesting: set[tuple[str, str]]
     kernels: ops.Totals
     evidence: diagnostics.Evidence
     stack: stacks.StackSource
@@ -155,6 +162,7 @@ def _analyze(trace: TraceFile) -> _FileResult:
         ops=ops.op_totals(tl, tree, costs, by_shape=False),
         ops_by_shape=ops.op_totals(tl, tree, costs, by_shape=True) if tl.shapes else {},
         labels=ops.label_totals(tl, tree, costs),
+        label_nesting=ops.label_nesting(tl, tree),
         kernels=ops.kernel_totals(tl),
         evidence=diagnostics.gather(tl, times.windows),
         stack=stacks.StackSource(
@@ -225,7 +233,8 @@ def summarize_contents(name: str, found: layout.RunContents, progress: bool = Fa
         ops=ops.op_rows(r.ops for r in results),
         ops_by_shape=ops.op_rows(r.ops_by_shape for r in results),
         kernels=ops.kernel_rows(r.kernels for r in results),
-        labels=ops.label_rows((r.labels for r in results), sum(s.wall_us for s in step_rows)),
+        labels=ops.label_rows((r.labels for r in results), sum(s.wall_us for s in step_rows),
+                              set().union(*(r.label_nesting for r in results))),
         ranks=rank_rows,
         step_skew=skew,
         diagnostics=sorted(found_all, key=lambda d: d.severity != "warning"),
