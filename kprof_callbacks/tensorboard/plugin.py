@@ -25,6 +25,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from werkzeug import wrappers
 
 from .. import layout
+from ..analysis import breakdown
 from ..analysis.reader import TraceError
 from ..analysis.slices import TraceSlices, median_step
 from ..analysis.summary import summarize_contents
@@ -116,11 +117,14 @@ class KprofPlugin(base_plugin.TBPlugin):
     def _runs_route(self, request: werkzeug.Request) -> werkzeug.Response:
         """Runs and comparisons below the logdir, from folder listings and file stats only."""
         runs, comparisons = logdir.scan(self._logdir) if self._logdir else ([], [])
+        listed = [{"dir": layout.run_name(self._logdir, c.parent), "modified": c.stat().st_mtime} for c in comparisons]
+        compare_dirs = {c["dir"] for c in listed}
         return http_util.Respond(request, {
             "logdir": str(self._logdir or ""),
-            "runs": [r.to_dict() for r in runs],
-            "comparisons": [{"dir": layout.run_name(self._logdir, c.parent), "modified": c.stat().st_mtime}
-                            for c in comparisons],
+            "runs": [dict(r.to_dict(), comparison=_parent(r.name) if _parent(r.name) in compare_dirs else None)
+                     for r in runs],
+            "comparisons": listed,
+            "legend": breakdown.legend(),
         }, _JSON)
 
     @wrappers.Request.application
@@ -226,6 +230,11 @@ class KprofPlugin(base_plugin.TBPlugin):
                 raise errors.PermissionDeniedError(f"{name!r} in run {run.name!r}: {_OUTSIDE}")
             raise errors.NotFoundError(f"no trace file {name!r} in run {run.name!r}")
         return run, name
+
+
+def _parent(run: str) -> str:
+    """The folder holding run ``run`` (a name relative to the logdir), as a name relative to the logdir."""
+    return run.rpartition("/")[0] or "."
 
 
 def _step_number(text: str) -> int:
