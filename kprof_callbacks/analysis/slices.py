@@ -95,7 +95,7 @@ class TraceSlices:
         # One lane per thread id: some containers record runtime calls under another pid than the ops around them.
         tids = list(dict.fromkeys(tid for _, tid in tl.threads))
         thread = np.array([tids.index(tid) for _, tid in tl.threads], np.int32)[host.thread]
-        tree = nest(thread, host.start, host.end, host.name)
+        tree = nest(thread, host.start, host.end, host.name, fold=False)
         self.file, self.worker = trace.path.name, trace.worker
         self.windows = steps.windows(tl)
         self.names, self.shapes = tl.names, tl.shapes
