@@ -121,6 +121,7 @@ function latestView() {
 async function select(view) {
   state.view = view;
   picker.value = view;
+  main.dataset.view = view;
   history.replaceState(null, '', `#${encodeURIComponent(view)}`);
   const [kind, name] = [view.slice(0, view.indexOf('=')), view.slice(view.indexOf('=') + 1)];
   status.textContent = `Loading ${name}…`;
@@ -173,7 +174,7 @@ async function runPage(name) {
   parts.push(stepTimeSection(steptime.points, s ? s.steps : [], info && info.comparison));
   if (s) {
     const gpu = s.kernels.length > 0;
-    parts.push(stepsSection(s.steps, gpu), timelineSection(name, files), opsSection(s.ops, gpu));
+    parts.push(stepsSection(s.steps, gpu), timelineSection(name, files, s.files), opsSection(s.ops, gpu));
     if (gpu) parts.push(kernelsSection(s.kernels));
     parts.push(labelsSection(s.labels, gpu));
     if (s.ranks.length > 1) parts.push(ranksSection(s.ranks, s.step_skew));
@@ -264,8 +265,11 @@ function stepsSection(steps, gpu) {
   return section('Per-step breakdown', h('figure', {}, stackedBars(rows)), legend, table(columns, steps, 64, 'compact'));
 }
 
-/** One step of one trace file, drawn by timeline.js; the step is loaded after the page shows, a step at a time. */
-function timelineSection(name, files) {
+/**
+ * One step of one trace file, drawn by timeline.js; the step is loaded after the page shows, a step at a time.
+ * It opens on the first file the summary could read (`readable`: their paths), at that file's median step.
+ */
+function timelineSection(name, files, readable) {
   const fileSel = h('select', {'aria-label': 'trace file'},
     files.traces.map((f) => h('option', {value: f.name}, f.name)));
   const stepSel = h('select', {'aria-label': 'step', id: 'timeline-step'});
@@ -293,10 +297,13 @@ function timelineSection(name, files) {
     body.replaceChildren(view, h('p', {class: 'legend'}, kinds.map((k) => [
       h('span', {class: 'swatch', style: `background:${state.legend.kinds[k]}`}), `${k} `])),
     note(`${data.events.start.length} events in ${data.lanes.length} lanes, from ${data.file}.`));
+    view.view.draw(); // now that it has its width on the page
   }
   fileSel.addEventListener('change', () => show(fileSel.value));
   stepSel.addEventListener('change', () => show(fileSel.value, stepSel.value));
-  show(files.traces[0].name);
+  const first = readable.length ? readable[0].split('/').pop() : files.traces[0].name;
+  fileSel.value = first;
+  show(first);
   return section('Timeline',
     h('div', {class: 'controls'}, h('label', {}, 'Trace ', fileSel), h('label', {}, 'Step ', stepSel),
       h('button', {type: 'button', onclick: () => view && view.view.show(0, Infinity)}, 'Whole step')),

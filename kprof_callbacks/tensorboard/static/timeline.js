@@ -5,6 +5,8 @@
 // `data` is the plugin's /timeline answer (analysis/slices.py): columns of events with times in ns from the
 // step's start, rows already laid out (nesting depth on a thread, overlap on a stream).
 
+import {tickStep} from './charts.js';
+
 const ROW = 17, LANE_GAP = 10, GUTTER = 200, AXIS = 24, MAX_HEIGHT = 560, MIN_SPAN = 1000; // px, px, px, px, px, ns
 
 /** `1.23 ms` for a duration in ns: three significant digits (svgtimeline.py's `duration` writes the same). */
@@ -14,13 +16,6 @@ export function duration(ns) {
     if (Math.abs(ns) >= size) return `${value.toFixed(Math.max(0, 2 - Math.floor(Math.log10(Math.abs(value)))))} ${unit}`;
   }
   return `${Math.round(ns)} ns`;
-}
-
-/** The tick step (1, 2 or 5 x 10^k ns) that puts about `count` ticks across `span` ns. */
-export function tickStep(span, count = 8) {
-  const raw = span / count;
-  const base = 10 ** Math.floor(Math.log10(raw));
-  return [1, 2, 5, 10].map((m) => m * base).find((s) => s >= raw);
 }
 
 function hash(text) {
@@ -93,16 +88,18 @@ export function timelineView(data, colors) {
   const x = (t) => GUTTER + ((t - view.t0) / (view.t1 - view.t0)) * plotWidth();
   const time = (px) => view.t0 + ((px - GUTTER) / plotWidth()) * (view.t1 - view.t0);
 
-  function resize() {
+  /** Size the canvas's pixels to its box on the page (and the screen's pixel ratio) when they differ. */
+  function fit() {
     const ratio = window.devicePixelRatio || 1;
-    const width = Math.max(root.clientWidth, 480);
+    const width = Math.round(Math.max(root.clientWidth, 480) * ratio), h = Math.round(viewHeight() * ratio);
+    if (canvas.width === width && canvas.height === h) return;
     canvas.style.height = `${viewHeight()}px`;
-    canvas.width = Math.round(width * ratio);
-    canvas.height = Math.round(viewHeight() * ratio);
+    [canvas.width, canvas.height] = [width, h];
     canvas.getContext('2d').setTransform(ratio, 0, 0, ratio, 0, 0);
   }
 
   function draw() {
+    fit();
     const ctx = canvas.getContext('2d');
     const width = canvas.clientWidth, h = viewHeight();
     ctx.clearRect(0, 0, width, h);
@@ -205,7 +202,7 @@ export function timelineView(data, colors) {
     for (let t = Math.ceil(view.t0 / step) * step; t <= view.t1; t += step) {
       const px = x(t);
       ctx.fillRect(px, AXIS - 6, 1, 6);
-      ctx.fillText(duration(t), px + 3, AXIS / 2 - 2);
+      if (px < width - 50) ctx.fillText(duration(t), px + 3, AXIS / 2 - 2); // room for the label
     }
     ctx.fillRect(GUTTER, AXIS - 1, width - GUTTER, 1);
   }
@@ -261,6 +258,10 @@ export function timelineView(data, colors) {
       draw();
     },
     eventAt,
+    /** Where event `i`'s middle is drawn now, in canvas pixels: [x, y]. */
+    position(i) {
+      return [(x(ev.start[i]) + x(ev.start[i] + ev.dur[i])) / 2, laneTop[ev.lane[i]] + ev.row[i] * ROW + ROW / 2 - view.scroll];
+    },
     /** Keep event `i`'s details below the canvas (and its launch arrows drawn); -1 clears. */
     select(i) {
       view.selected = i;
@@ -279,11 +280,11 @@ export function timelineView(data, colors) {
     if (ev.shape[i] >= 0) lines.push([`input shapes ${data.shapes[ev.shape[i]]}`, '']);
     const stack = [];
     let op = null;
-    for (let p = ev.parent[i]; p >= 0; p = ev.parent[p]) {
+    for (let p = ev.link[i] >= 0 ? ev.link[i] : ev.parent[i]; p >= 0; p = ev.parent[p]) { // GPU work: its launch's
       if (data.kinds[ev.kind[p]] === 'python') stack.push(data.names[ev.name[p]]);
       else if (op === null && data.kinds[ev.kind[p]] === 'operator') op = data.names[ev.name[p]];
     }
-    if (op !== null && kind !== 'operator') lines.push([`inside ${op}`, '']);
+    if (op !== null && kind !== 'operator') lines.push([`${ev.link[i] >= 0 ? 'from' : 'inside'} ${op}`, '']);
     if (stack.length) {
       lines.push(['Python stack (innermost first):', '']);
       for (const frame of stack.slice(0, 12)) lines.push([frame, 'frame']);
@@ -307,7 +308,7 @@ export function timelineView(data, colors) {
     return [e.clientX - box.left, e.clientY - box.top];
   }
 
-  let drag = null;
+  let drag = null, dragged = false; // a drag ends in a click event too: it must not select
   canvas.addEventListener('wheel', (e) => {
     e.preventDefault();
     const [px] = pointer(e);
@@ -318,10 +319,12 @@ export function timelineView(data, colors) {
   canvas.addEventListener('mousedown', (e) => {
     drag = {x: e.clientX, y: e.clientY, moved: 0};
   });
-  window.addEventListener('mouseup', () => {
+  function endDrag() {
+    dragged = drag !== null && drag.moved > 3;
     drag = null;
     canvas.style.cursor = '';
-  });
+  }
+  canvas.addEventListener('mouseup', endDrag);
   canvas.addEventListener('mousemove', (e) => {
     const [px, py] = pointer(e);
     if (drag) {
@@ -345,13 +348,13 @@ export function timelineView(data, colors) {
     }
   });
   canvas.addEventListener('mouseleave', () => {
+    endDrag();
     tip.hidden = true;
     view.hover = -1;
     draw();
   });
   canvas.addEventListener('click', (e) => {
-    if (drag && drag.moved > 3) return;
-    view.select(eventAt(...pointer(e)));
+    if (!dragged) view.select(eventAt(...pointer(e)));
   });
   canvas.addEventListener('dblclick', (e) => {
     const i = eventAt(...pointer(e));
@@ -362,10 +365,7 @@ export function timelineView(data, colors) {
       0: () => view.show(0, data.span_ns)};
     if (keys[e.key]) keys[e.key]();
   });
-  new ResizeObserver(() => {
-    resize();
-    draw();
-  }).observe(root);
+  new ResizeObserver(draw).observe(root);
   root.view = view;
   return root;
 }
