@@ -106,14 +106,19 @@ def test_server_leaves_no_process_when_the_block_fails(tmp_path, group_leftovers
     assert not group_leftovers(server.pid)
 
 
-def test_busy_port_is_a_clear_error_with_nothing_left_running(tmp_path, group_leftovers):
+@pytest.fixture
+def taken_port():
+    """A port on 127.0.0.1 that another server listens on."""
     with socket.socket() as taken:
         taken.bind((HOST, 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        server = TensorBoardServer(tmp_path, port=port)
-        with pytest.raises(TensorBoardError, match=f"could not bind to port {port}"):
-            server.start()
+        yield taken.getsockname()[1]
+
+
+def test_busy_port_is_a_clear_error_with_nothing_left_running(tmp_path, group_leftovers, taken_port):
+    server = TensorBoardServer(tmp_path, port=taken_port)
+    with pytest.raises(TensorBoardError, match=f"could not bind to port {taken_port}"):
+        server.start()
     assert not group_leftovers(server.pid)
 
 
@@ -195,25 +200,17 @@ def test_cli_stopped_by_sigterm_or_sighup_stops_tensorboard_and_dies_of_the_sign
     assert not group_leftovers(proc.pid)
 
 
-def test_busy_port_fails_within_2_s_with_one_line(tmp_path, capsys):
-    with socket.socket() as taken:
-        taken.bind((HOST, 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        started = time.monotonic()
-        assert serve(tmp_path, port) == 1
-        assert time.monotonic() - started < 2
+def test_busy_port_fails_within_2_s_with_one_line(tmp_path, capsys, taken_port):
+    started = time.monotonic()
+    assert serve(tmp_path, taken_port) == 1
+    assert time.monotonic() - started < 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"port {port} on {HOST} is in use" in err and "--port 0" in err
+    assert err.count("\n") == 1 and f"port {taken_port} on {HOST} is in use" in err and "--port 0" in err
 
 
-def test_busy_port_from_the_command_line_is_one_line(tmp_path):
-    with socket.socket() as taken:
-        taken.bind((HOST, 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "kprof_callbacks", "tensorboard", str(tmp_path), "--port", str(port)],
-                              capture_output=True, text=True, timeout=60)
+def test_busy_port_from_the_command_line_is_one_line(tmp_path, taken_port):
+    done = subprocess.run([sys.executable, "-m", "kprof_callbacks", "tensorboard", str(tmp_path), "--port",
+                           str(taken_port)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.splitlines() == [done.stderr.strip()] and "is in use" in done.stderr
 
