@@ -63,8 +63,10 @@ def render(piece: Slice, caption: str) -> str:
     scale = (WIDTH - GUTTER) / max(int(piece.span_ns), 1)
     lane_top = np.cumsum([AXIS] + [lane.rows * ROW + GAP for lane in piece.lanes])
     height = int(lane_top[-1])
-    x = (GUTTER + piece.start * scale).tolist()
-    w = (piece.dur * scale).tolist()
+    start = np.clip(piece.start, 0, piece.span_ns)  # events that began before the step or end after it
+    end = np.clip(piece.start + piece.dur, 0, piece.span_ns)
+    x = (GUTTER + start * scale).tolist()
+    w = ((end - start) * scale).tolist()
     y = (lane_top[piece.lane] + piece.row * ROW).tolist()
     out = [f'<figure><figcaption>{escape(caption)}</figcaption><svg class="tl" width="{WIDTH}" height="{height}" '
            f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="{escape(caption)}">']
