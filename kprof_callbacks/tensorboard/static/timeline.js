@@ -81,27 +81,34 @@ export function timelineView(data, colors) {
   const root = document.createElement('div');
   root.className = 'timeline-wrap';
   root.append(canvas, tip, details);
-  const color = (i) => shade(colors[data.kinds[ev.kind[i]]] || '#999999', data.names[ev.name[i]]);
+  const fills = new Map(); // one shade per (kind, name): computed once, not per event and frame
+  const color = (i) => {
+    const key = ev.kind[i] * data.names.length + ev.name[i];
+    if (!fills.has(key)) fills.set(key, shade(colors[data.kinds[ev.kind[i]]] || '#999999', data.names[ev.name[i]]));
+    return fills.get(key);
+  };
   const view = {t0: 0, t1: Math.max(data.span_ns, MIN_SPAN), scroll: 0, hover: -1, selected: -1, drawn: 0};
   const viewHeight = () => Math.min(height, MAX_HEIGHT);
-  const plotWidth = () => canvas.clientWidth - GUTTER;
+  let width = 480; // the canvas's CSS width, read once per draw: reading it per event would cost a layout check each
+  const plotWidth = () => width - GUTTER;
   const x = (t) => GUTTER + ((t - view.t0) / (view.t1 - view.t0)) * plotWidth();
   const time = (px) => view.t0 + ((px - GUTTER) / plotWidth()) * (view.t1 - view.t0);
 
   /** Size the canvas's pixels to its box on the page (and the screen's pixel ratio) when they differ. */
   function fit() {
     const ratio = window.devicePixelRatio || 1;
-    const width = Math.round(Math.max(root.clientWidth, 480) * ratio), h = Math.round(viewHeight() * ratio);
-    if (canvas.width === width && canvas.height === h) return;
+    width = Math.max(canvas.clientWidth, 480);
+    const w = Math.round(width * ratio), h = Math.round(viewHeight() * ratio);
+    if (canvas.width === w && canvas.height === h) return;
     canvas.style.height = `${viewHeight()}px`;
-    [canvas.width, canvas.height] = [width, h];
+    [canvas.width, canvas.height] = [w, h];
     canvas.getContext('2d').setTransform(ratio, 0, 0, ratio, 0, 0);
   }
 
   function draw() {
     fit();
     const ctx = canvas.getContext('2d');
-    const width = canvas.clientWidth, h = viewHeight();
+    const h = viewHeight();
     ctx.clearRect(0, 0, width, h);
     ctx.font = '11px system-ui, sans-serif';
     ctx.textBaseline = 'middle';
@@ -142,7 +149,7 @@ export function timelineView(data, colors) {
     }
     ctx.restore();
     drawGutter(ctx, h);
-    drawAxis(ctx, width);
+    drawAxis(ctx);
     view.drawn = drawn;
     root.dataset.drawn = String(drawn);
   }
@@ -183,16 +190,16 @@ export function timelineView(data, colors) {
       const y = laneTop[l] - view.scroll;
       if (y + lane.rows * ROW < AXIS || y > h) return;
       ctx.fillText(lane.name.length > 30 ? `${lane.name.slice(0, 29)}…` : lane.name, 6, Math.max(y, AXIS) + ROW / 2);
-      ctx.fillRect(0, y + lane.rows * ROW + LANE_GAP / 2, canvas.clientWidth, 0.5);
+      ctx.fillRect(0, y + lane.rows * ROW + LANE_GAP / 2, width, 0.5);
     });
     if (height > h) { // where the visible part lies in the lanes
       const bar = Math.max(20, ((h - AXIS) * h) / height);
       ctx.fillStyle = '#c4c4c4';
-      ctx.fillRect(canvas.clientWidth - 5, AXIS + (view.scroll / (height - h)) * (h - AXIS - bar), 4, bar);
+      ctx.fillRect(width - 5, AXIS + (view.scroll / (height - h)) * (h - AXIS - bar), 4, bar);
     }
   }
 
-  function drawAxis(ctx, width) {
+  function drawAxis(ctx) {
     ctx.fillStyle = '#fff';
     ctx.fillRect(0, 0, width, AXIS);
     ctx.fillStyle = '#5f5f5f';
@@ -343,7 +350,7 @@ export function timelineView(data, colors) {
     tip.hidden = i < 0;
     if (i >= 0) {
       tip.replaceChildren(...describe(i));
-      tip.style.left = `${Math.min(px + 14, canvas.clientWidth - 360)}px`;
+      tip.style.left = `${Math.min(px + 14, width - 360)}px`;
       tip.style.top = `${py + 16}px`;
     }
   });
