@@ -234,9 +234,10 @@ function stepTimeSection(points, profiledSteps, comparison) {
   const last = values[values.length - 1];
   return section('Step time over the run',
     h('figure', {}, lineChart(points, {windows, slow: slow.map(([n]) => n)})),
-    h('p', {class: 'legend'}, h('span', {class: 'swatch window'}), 'profiled steps (the trace files) ',
-      h('span', {class: 'swatch slow'}), `slow step (over ${SLOW}x the median) `,
-      h('span', {class: 'swatch off-scale'}), 'above the axis (hover for its time)'),
+    h('p', {class: 'legend'},
+      windows.length ? [h('span', {class: 'swatch window'}), 'profiled steps (the trace files) '] : null,
+      slow.length ? [h('span', {class: 'swatch slow'}), `slow step (over ${SLOW}x the median) `] : null,
+      'a triangle at the top: a step above the axis (hover for its time)'),
     note(`${points.length} steps, every step of the run (not only the profiled ones); min ${num(Math.min(...values))} ms, `
       + `max ${num(Math.max(...values))} ms, last ${num(last)} ms.`
       + (slow.length ? ` ${slow.length} slow: ${slow.slice(0, 8).map(([n, v]) => `step ${n} (${num(v)} ms)`).join(', ')}`
@@ -247,7 +248,7 @@ function stepTimeSection(points, profiledSteps, comparison) {
 function stepsSection(steps, gpu) {
   const {parts: allParts, columns: names} = state.legend;
   const parts = gpu ? allParts : allParts.filter((p) => p.key !== 'gpu_busy_us');
-  const other = (r) => Math.max(r.wall_us - r.gpu_busy_us - r.cpu_only_us, 0);
+  const other = (r) => Math.max(r.wall_us - r.gpu_busy_us - r.cpu_only_us, 0); // breakdown.py's other_us
   const value = (p, r) => (p.key === 'other_us' ? other(r) : r[p.key]);
   const workers = new Set(steps.map((r) => r.worker)).size;
   const label = (r) => (workers > 1 ? `${r.rank ?? r.worker} #${r.step}` : `step ${r.step}`);
@@ -296,7 +297,8 @@ function timelineSection(name, files, readable) {
     const kinds = [...new Set(data.events.kind)].sort((a, b) => a - b).map((k) => data.kinds[k]);
     body.replaceChildren(view, h('p', {class: 'legend'}, kinds.map((k) => [
       h('span', {class: 'swatch', style: `background:${state.legend.kinds[k]}`}), `${k} `])),
-    note(`${data.events.start.length} events in ${data.lanes.length} lanes, from ${data.file}.`));
+    note(`${data.events.start.length} events in ${data.lanes.length} lane${data.lanes.length === 1 ? '' : 's'}, `
+      + `from ${data.file}.`));
     view.view.draw(); // now that it has its width on the page
   }
   fileSel.addEventListener('change', () => show(fileSel.value));
