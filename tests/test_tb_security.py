@@ -48,6 +48,9 @@ def tb(tmp_path_factory, group_leftovers):
     linked = logdir / "linked"
     linked.mkdir()
     (linked / "compare.json").symlink_to(outside / "compare.json")
+    (logdir / "loop").mkdir()
+    (logdir / "loop" / "compare.json").symlink_to(logdir / "loop" / "compare.json")  # a link to itself
+    (run / "host_1.400.pt.trace.json").symlink_to(run / "host_1.400.pt.trace.json")
     for name, text in {"list": "[]", "number": '{"variants": 5}', "unnamed": '{"variants": [{"name": 1}]}',
                        "trace_dir": '{"variants": [{"name": "a", "trace_dir": 7}]}', "json": "{not json",
                        "nul": '{"variants": [{"name": "a", "trace_dir": "x\\u0000y"}]}'}.items():
@@ -102,6 +105,13 @@ def test_compare_json_link_leading_out_of_the_logdir_is_refused(tb):
     code, body = _status(tb, "compare", dir="linked")
     assert code in (403, 404) and SECRET not in body
     assert "linked" not in [c["dir"] for c in tb.get_json(PLUGIN + "runs")["comparisons"]]
+
+
+def test_links_that_loop_are_left_out_of_the_listing(tb):
+    listing = tb.get_json(PLUGIN + "runs")
+    assert "loop" not in [c["dir"] for c in listing["comparisons"]]
+    code, body = _status(tb, "compare", dir="loop")
+    assert 400 <= code < 500 and "compare.json" in body
 
 
 @pytest.mark.parametrize("name", ["list", "number", "unnamed", "trace_dir", "json", "nul"])

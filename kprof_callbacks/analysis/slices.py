@@ -79,10 +79,9 @@ class Slice:
 
 @dataclasses.dataclass(frozen=True)
 class StepWindow:
-    """A step of a trace file: its number, start (ns from the file's first step) and wall time."""
+    """A step of a trace file: its number and wall time."""
 
     step: int
-    offset_ns: int
     wall_us: float
 
 
@@ -94,7 +93,8 @@ class TraceSlices:
         host, dev = tl.host, tl.device
         # One lane per thread id: some containers record runtime calls under another pid than the ops around them.
         tids = list(dict.fromkeys(tid for _, tid in tl.threads))
-        thread = np.array([tids.index(tid) for _, tid in tl.threads], np.int32)[host.thread]
+        index = {tid: k for k, tid in enumerate(tids)}
+        thread = np.array([index[tid] for _, tid in tl.threads], np.int32)[host.thread]
         tree = nest(thread, host.start, host.end, host.name, fold=False)
         self.file, self.worker = trace.path.name, trace.worker
         self.windows = steps.windows(tl)
@@ -127,9 +127,8 @@ class TraceSlices:
 
     def steps(self) -> list[StepWindow]:
         """The file's steps in time order."""
-        first = int(self.windows.lo[0])
-        return [StepWindow(int(n), int(lo) - first, (int(hi) - int(lo)) / 1000.0)
-                for n, lo, hi in zip(self.windows.number.tolist(), self.windows.lo, self.windows.hi)]
+        return [StepWindow(n, (hi - lo) / 1000.0)
+                for n, lo, hi in zip(self.windows.number.tolist(), self.windows.lo.tolist(), self.windows.hi.tolist())]
 
     def step(self, number: int) -> Slice:
         """The events overlapping step `number`'s window (KeyError when the file has no such step)."""

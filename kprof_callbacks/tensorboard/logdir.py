@@ -66,15 +66,20 @@ _MAX_PATH, _MAX_COMPONENT = 4096, 255  # bytes: Linux's PATH_MAX and NAME_MAX
 def check_name(name: str, what: str) -> None:
     """Raise BadName unless ``name`` can be a path below the logdir (no NUL byte, not longer than Linux allows)."""
     if "\0" in name:
-        raise BadName(f"{what} {name!r} contains a NUL byte")
+        raise BadName(f"{what} {name[:80]!r} contains a NUL byte")
     encoded = name.encode(errors="surrogateescape")
     if len(encoded) > _MAX_PATH or any(len(part) > _MAX_COMPONENT for part in encoded.split(b"/")):
-        raise BadName(f"{what} is too long ({len(encoded)} bytes; at most {_MAX_COMPONENT} per folder or file name)")
+        raise BadName(f"{what} is too long ({len(encoded)} bytes; at most {_MAX_PATH} in all and {_MAX_COMPONENT} "
+                      "per folder or file name)")
 
 
 def is_below(logdir: Path, path: Path) -> bool:
-    """Whether ``path``, with every link resolved, is ``logdir`` (resolved) or lies below it."""
-    real = path.resolve()
+    """Whether ``path``, with every link resolved, is ``logdir`` (resolved) or lies below it; False for a link that
+    cannot be resolved (a loop)."""
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError):  # pathlib raises RuntimeError for a symlink loop
+        return False
     return real == logdir or logdir in real.parents
 
 
