@@ -4,6 +4,7 @@ kprof.compare, its HTTP routes checked against kprof.summarize of the same files
 from __future__ import annotations
 
 import copy
+import html
 import json
 import re
 import struct
@@ -269,11 +270,13 @@ def test_step_time_chart_marks_windows_and_labels_medians_beside_the_line(tb, ch
     assert all(float(x) > line_end for x, _, _ in labels)  # in the margin, never on the line
 
 
-def test_tab_renders_the_comparison(tb, chromium):
+def test_tab_renders_the_comparison(tb, chromium, comparison):
     dom = chromium(f"{tb.url}data/plugin_entry.html?name=kprof#compare=ab", "--dump-dom")
     assert 'id="compare"' in dom
     assert ">torch</a>" in dom and ">copy</a>" in dom and "baseline" in dom
     assert dom.count('class="median-mark"') == 2 and 'class="axis"' in dom and dom.count('class="whisker"') == 6
+    said = comparison["copy"].trace_diff
+    assert said and f"<li><code>copy</code>: {html.escape(said, quote=False)}</li>" in dom  # what kprof diff found
 
 
 def test_noisy_comparison_is_flagged(tb, chromium, comparison):

@@ -446,6 +446,9 @@ async function comparePage(dir) {
     h('figure', {}, chart),
     note('Bars end at the median step time; whiskers span p10 to p90 of the timed steps.'),
     noiseWarning(variants, settings, conf),
+    variants.some((v) => v.trace_diff) ? [h('h3', {}, `In the traces, against ${c.baseline} (kprof diff)`),
+      h('ul', {class: 'files', id: 'trace-diff'}, variants.filter((v) => v.trace_diff).map((v) =>
+        h('li', {}, h('code', {}, v.name), `: ${v.trace_diff}`)))] : null,
     errors.length ? h('ul', {class: 'problems'}, errors) : null,
     note(`Versions: ${versions}. Click a variant to open its profiled run.`))];
 }
