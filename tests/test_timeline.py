@@ -139,7 +139,8 @@ def _lightning_like_trace(tmp_path: Path) -> Path:
                    _x("Optimizer.step#SGD.step", "user_annotation", t + 10, 800),
                    _x("forward", "user_annotation", t + 20, 300), _x("aten::mm", "cpu_op", t + 30, 200),
                    _x("backward", "user_annotation", t + 400, 300), _x("aten::mm", "cpu_op", t + 410, 200),
-                   _x("optimizer_step", "user_annotation", t + 720, 50), _x("zero_grad", "user_annotation", t + 850, 20)]
+                   _x("optimizer_step", "user_annotation", t + 720, 50),
+                   _x("zero_grad", "user_annotation", t + 850, 20)]
     return _trace(events, tmp_path)
 
 

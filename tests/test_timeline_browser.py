@@ -34,7 +34,8 @@ document.body.append(root);
 root.view.draw(); // headless Chromium's --dump-dom runs no rendering step, so no ResizeObserver callback
 const view = root.view, canvas = root.querySelector('canvas'), box = canvas.getBoundingClientRect();
 const at = ([x, y]) => ({clientX: box.left + x, clientY: box.top + y, bubbles: true, cancelable: true});
-const click = (pos) => ['mousedown', 'mouseup', 'click'].forEach((t) => canvas.dispatchEvent(new MouseEvent(t, at(pos))));
+const click = (pos) => ['mousedown', 'mouseup', 'click']
+  .forEach((t) => canvas.dispatchEvent(new MouseEvent(t, at(pos))));
 const out = {width: canvas.clientWidth, drawn: view.drawn, whole: [view.t0, view.t1]};
 canvas.dispatchEvent(new WheelEvent('wheel', {...at([700, 60]), deltaY: -400}));
 out.zoomed = [view.t0, view.t1];

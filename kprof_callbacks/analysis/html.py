@@ -43,8 +43,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _legend(items: Sequence[tuple[str, str, str]]) -> str:
     """Colour swatches with a name each, and what the name means as its tooltip: (name, colour, meaning)."""
-    spans = "".join(f'<span title="{escape(meaning)}"><i class="sw" style="background:{color}"></i>{escape(name)}</span>'
-                    for name, color, meaning in items)
+    spans = "".join(f'<span title="{escape(meaning)}"><i class="sw" style="background:{color}"></i>'
+                    f"{escape(name)}</span>" for name, color, meaning in items)
     return f'<div class="legend">{spans}</div>'
 
 
@@ -59,7 +59,8 @@ def _bars(items: Sequence[tuple[str, float]], label: Callable[[float], str], wid
     for i, (name, value) in enumerate(items):
         y, w = i * row + 2, max(1.0, (width - text - 90) * value / top)
         out.append(f'<text x="0" y="{y + 13}" font-size="12">{escape(name[:48])}</text>'
-                   f'<rect x="{text}" y="{y}" width="{w:.1f}" height="{row - 4}" fill="{colors[i] if colors else _BAR}">'
+                   f'<rect x="{text}" y="{y}" width="{w:.1f}" height="{row - 4}" '
+                   f'fill="{colors[i] if colors else _BAR}">'
                    f"<title>{escape(name)}: {escape(label(value))}</title></rect>"
                    f'<text x="{text + w + 4:.1f}" y="{y + 13}" font-size="12">{escape(label(value))}</text>')
     return "".join(out) + "</svg>"
@@ -97,7 +98,8 @@ def _steps_chart(s: Summary) -> str:
     mean_wall = sum(r.wall_us for r in rows) / len(rows)
     bars = [(f"{p.name} ({fmt.share(m / mean_wall if mean_wall else 0)})", m) for p, m in zip(parts, means)]
     return (_legend([(p.name, p.color, p.meaning) for p in parts]) + _stacked(parts, rows)
-            + f"<h3>Mean step: {escape(fmt.duration(mean_wall))}</h3>" + _bars(bars, fmt.duration, colors=[p.color for p in parts]))
+            + f"<h3>Mean step: {escape(fmt.duration(mean_wall))}</h3>"
+            + _bars(bars, fmt.duration, colors=[p.color for p in parts]))
 
 
 def _timelines(s: Summary) -> str:
@@ -105,7 +107,10 @@ def _timelines(s: Summary) -> str:
     rows = first_worker_steps(s)
     middle = median_step([(r.step, r.wall_us) for r in rows])
     slowest = max(rows, key=lambda r: r.wall_us).step
-    wanted = {middle: "median", slowest: "slowest"} if slowest != middle else {middle: "only" if len(rows) == 1 else "median and slowest"}
+    if slowest != middle:
+        wanted = {middle: "median", slowest: "slowest"}
+    else:
+        wanted = {middle: "only" if len(rows) == 1 else "median and slowest"}
     try:
         found = find_steps(s.files, rows[0].worker, list(wanted))
     except (TraceError, OSError) as exc:

@@ -20,8 +20,8 @@ from .slices import DEVICE_KIND, KINDS, Slice
 WIDTH, GUTTER, ROW, GAP, AXIS = 1060, 180, 14, 8, 22  # px
 _FRAMES = 4  # Python frames in a title
 CSS = (".tl text{font:11px system-ui,sans-serif;fill:#333}.tl .ax{fill:#666}.tl rect{stroke:#fff;stroke-width:.3}"
-       ".tl .ln{display:none;fill:none;stroke:#222;stroke-width:1.2;pointer-events:none}.tl .k:hover .ln{display:inline}"
-       ".tl rect:hover{stroke:#000;stroke-width:1}")
+       ".tl .ln{display:none;fill:none;stroke:#222;stroke-width:1.2;pointer-events:none}"
+       ".tl .k:hover .ln{display:inline}.tl rect:hover{stroke:#000;stroke-width:1}")
 
 
 def duration(ns: float) -> str:
@@ -86,8 +86,10 @@ def render(piece: Slice, caption: str) -> str:
         if merged:
             first, last = merged[0], merged[-1]
             names = list(dict.fromkeys(piece.names[piece.name[i]] for i in merged))
-            title = f"{len(merged)} events under a pixel wide: " + ", ".join(names[:5]) + (" …" if len(names) > 5 else "")
-            out.append(f'<rect x="{x[first]:.1f}" y="{y[first] + 1}" width="{max(x[last] + w[last] - x[first], 1):.1f}" '
+            more = " …" if len(names) > 5 else ""
+            title = f"{len(merged)} events under a pixel wide: " + ", ".join(names[:5]) + more
+            width = max(x[last] + w[last] - x[first], 1)
+            out.append(f'<rect x="{x[first]:.1f}" y="{y[first] + 1}" width="{width:.1f}" '
                        f'height="{ROW - 2}" fill="{KIND_COLORS[KINDS[piece.kind[first]]]}">'
                        f"<title>{escape(title)}</title></rect>")
             merged.clear()

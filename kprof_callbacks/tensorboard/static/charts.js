@@ -87,7 +87,8 @@ export function lineChart(points, {windows = [], slow = [], unit = 'ms'} = {}) {
     chart.append(svg('rect', {x: a, y: top, width: b - a, height: height - top - bottom, class: 'window'},
       svg('title', {}, `profiled: step ${first}${last > first ? `–${last}` : ''}`)));
     if (a > lastLabel + 8) {
-      const text = svg('text', {x: a, y: top - 8, class: 'tick window-label'}, `profiled ${first}${last > first ? `–${last}` : ''}`);
+      const text = svg('text', {x: a, y: top - 8, class: 'tick window-label'},
+        `profiled ${first}${last > first ? `–${last}` : ''}`);
       chart.append(text);
       lastLabel = a + 6.2 * text.textContent.length;
     }
@@ -107,7 +108,8 @@ export function lineChart(points, {windows = [], slow = [], unit = 'ms'} = {}) {
   const labelY = spread(medians.map(([v]) => y(v) + 4), 13);
   medians.forEach(([v, text, cls], i) => {
     chart.append(svg('line', {x1: left, x2: width - right, y1: y(v), y2: y(v), class: cls}));
-    chart.append(svg('text', {x: width - right + 8, y: labelY[i], class: `tick ${cls}-label`}, `${text}: ${num(v)} ${unit}`));
+    chart.append(svg('text', {x: width - right + 8, y: labelY[i], class: `tick ${cls}-label`},
+      `${text}: ${num(v)} ${unit}`));
   });
   if (points.length === 1) {
     chart.append(svg('circle', {cx: x(steps[0]), cy: y(values[0]), r: 3, class: 'dot'}));
@@ -116,7 +118,8 @@ export function lineChart(points, {windows = [], slow = [], unit = 'ms'} = {}) {
   }
   const slowSet = new Set(slow);
   for (const [s, v] of points.filter(([s]) => slowSet.has(s))) {
-    chart.append(svg('circle', {cx: x(s), cy: y(v), r: 3.5, class: 'slow'}, svg('title', {}, `slow step ${s}: ${num(v)} ${unit}`)));
+    chart.append(svg('circle', {cx: x(s), cy: y(v), r: 3.5, class: 'slow'},
+      svg('title', {}, `slow step ${s}: ${num(v)} ${unit}`)));
   }
   for (const [s, v] of points.filter((p) => p[1] > yMax)) {
     const [px, py] = [x(s), top];
@@ -177,7 +180,8 @@ export function rangeBars(items, unit = 'ms') {
   shown.forEach((it, i) => {
     const mid = top + i * row + 23;
     chart.append(svg('text', {x: left - 8, y: mid + 4, class: 'tick', 'text-anchor': 'end'}, it.label));
-    chart.append(svg('rect', {x: left, y: mid - 6, width: x(it.median) - left, height: 12, fill: it.color, class: 'range-bar'},
+    chart.append(svg('rect',
+      {x: left, y: mid - 6, width: x(it.median) - left, height: 12, fill: it.color, class: 'range-bar'},
       svg('title', {}, `${it.label}: median ${num(it.median)} ${unit}`)));
     if (it.low !== null && it.high !== null) {
       chart.append(svg('line', {x1: x(it.low), x2: x(it.high), y1: mid, y2: mid, class: 'whisker'},

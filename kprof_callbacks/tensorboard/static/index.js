@@ -238,10 +238,11 @@ function stepTimeSection(points, profiledSteps, comparison) {
       windows.length ? [h('span', {class: 'swatch window'}), 'profiled steps (the trace files) '] : null,
       slow.length ? [h('span', {class: 'swatch slow'}), `slow step (over ${SLOW}x the median) `] : null,
       'a triangle at the top: a step above the axis (hover for its time)'),
-    note(`${points.length} steps, every step of the run (not only the profiled ones); min ${num(Math.min(...values))} ms, `
-      + `max ${num(Math.max(...values))} ms, last ${num(last)} ms.`
-      + (slow.length ? ` ${slow.length} slow: ${slow.slice(0, 8).map(([n, v]) => `step ${n} (${num(v)} ms)`).join(', ')}`
-        + `${slow.length > 8 ? ', …' : ''}.` : '')
+    note(`${points.length} steps, every step of the run (not only the profiled ones); `
+      + `min ${num(Math.min(...values))} ms, max ${num(Math.max(...values))} ms, last ${num(last)} ms.`
+      + (slow.length ? ` ${slow.length} slow: `
+        + `${slow.slice(0, 8).map(([n, v]) => `step ${n} (${num(v)} ms)`).join(', ')}${slow.length > 8 ? ', …' : ''}.`
+        : '')
       + (after.length ? ` ${after.join('; ')}: a capture the slow-step trigger may have started.` : '')));
 }
 
@@ -252,10 +253,14 @@ function stepsSection(steps, gpu) {
   const value = (p, r) => (p.key === 'other_us' ? other(r) : r[p.key]);
   const workers = new Set(steps.map((r) => r.worker)).size;
   const label = (r) => (workers > 1 ? `${r.rank ?? r.worker} #${r.step}` : `step ${r.step}`);
-  const rows = steps.map((r) => ({label: label(r), parts: parts.map((p) => ({value: value(p, r) / 1000, color: p.color, name: p.name}))}));
+  const rows = steps.map((r) => ({
+    label: label(r), parts: parts.map((p) => ({value: value(p, r) / 1000, color: p.color, name: p.name})),
+  }));
   const legend = h('p', {class: 'legend'}, parts.map((p) => [
     h('span', {class: 'swatch', style: `background:${p.color}`}), h('span', {title: p.meaning}, `${p.name} `)]));
-  const column = (key, fmt, keep = false) => ({label: names[key], get: key === 'other_us' ? other : (r) => r[key], fmt, keep});
+  const column = (key, fmt, keep = false) => ({
+    label: names[key], get: key === 'other_us' ? other : (r) => r[key], fmt, keep,
+  });
   const columns = [
     {label: 'step', get: (r) => r.step, cls: 'num', keep: true},
     {label: 'rank / worker', get: (r) => (workers > 1 ? (r.rank ?? r.worker) : null), cls: 'name'},

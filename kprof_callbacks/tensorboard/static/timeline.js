@@ -13,7 +13,9 @@ const ROW = 17, LANE_GAP = 10, GUTTER = 200, AXIS = 24, MAX_HEIGHT = 560, MIN_SP
 export function duration(ns) {
   for (const [unit, size] of [['s', 1e9], ['ms', 1e6], ['µs', 1e3]]) {
     const value = ns / size;
-    if (Math.abs(ns) >= size) return `${value.toFixed(Math.max(0, 2 - Math.floor(Math.log10(Math.abs(value)))))} ${unit}`;
+    if (Math.abs(ns) >= size) {
+      return `${value.toFixed(Math.max(0, 2 - Math.floor(Math.log10(Math.abs(value)))))} ${unit}`;
+    }
   }
   return `${Math.round(ns)} ns`;
 }
@@ -267,7 +269,8 @@ export function timelineView(data, colors) {
     eventAt,
     /** Where event `i`'s middle is drawn now, in canvas pixels: [x, y]. */
     position(i) {
-      return [(x(ev.start[i]) + x(ev.start[i] + ev.dur[i])) / 2, laneTop[ev.lane[i]] + ev.row[i] * ROW + ROW / 2 - view.scroll];
+      const y = laneTop[ev.lane[i]] + ev.row[i] * ROW + ROW / 2 - view.scroll;
+      return [(x(ev.start[i]) + x(ev.start[i] + ev.dur[i])) / 2, y];
     },
     /** Keep event `i`'s details below the canvas (and its launch arrows drawn); -1 clears. */
     select(i) {
@@ -305,9 +308,11 @@ export function timelineView(data, colors) {
       lines.push(['launched before this step', '']);
     }
     for (const to of (launches.get(i) || []).slice(0, 4)) {
-      lines.push([`launches ${data.names[ev.name[to]]}, which starts ${duration(ev.start[to] - ev.start[i])} later`, '']);
+      const later = duration(ev.start[to] - ev.start[i]);
+      lines.push([`launches ${data.names[ev.name[to]]}, which starts ${later} later`, '']);
     }
-    return lines.map(([text, cls]) => Object.assign(document.createElement('div'), {textContent: text, className: cls}));
+    return lines.map(([text, cls]) => Object.assign(document.createElement('div'),
+      {textContent: text, className: cls}));
   }
 
   function pointer(e) {
