@@ -247,6 +247,8 @@ class ProfilerCallback(Callback):
         return root / (self.config.run or layout.shared_run_name(root)), root, None
 
     def _print_summaries(self) -> None:
+        from .tensorboard.launch import open_hint
+
         for stage, session in self._used.items():
             if not layout.contents(session.run_dir).traces:  # every rank's; a failed write was warned of
                 print(f"kprof: no {stage} traces in {session.run_dir} (no profiling window was completed or saved)")
@@ -257,7 +259,7 @@ class ProfilerCallback(Callback):
                 warnings.warn(f"kprof: could not summarize {session.run_dir}: {exc}", RuntimeWarning, stacklevel=2)
                 continue
             print(f"kprof: {stage} traces in {session.run_dir}\n{text}")
-        print(f"kprof: tensorboard --logdir {self._tb_root}")
+        print("kprof: " + open_hint(self._tb_root))
 
 
 class _ActionLabels(Profiler):

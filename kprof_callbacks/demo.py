@@ -56,6 +56,7 @@ def synthetic_batches(
 def run_demo(logdir: str = "log", steps: int = 60, device: str | None = None) -> Path:
     """Train ``ToyModel`` for ``steps`` steps under a profiling session; print the summary; return the run dir."""
     import kprof_callbacks as kprof
+    from kprof_callbacks.tensorboard.launch import open_hint
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -84,6 +85,6 @@ def run_demo(logdir: str = "log", steps: int = 60, device: str | None = None) ->
     print()
     print(s.summary())
     print()
-    print(f"open the traces:  tensorboard --logdir {logdir}   (PyTorch Profiler tab; Perfetto also reads them)")
-    print(f"summary again:    kprof summary {s.run_dir}")
+    print(open_hint(logdir))
+    print(f"summary again:    kprof summary {s.run_dir}   (--html report.html: the same, with timelines)")
     return s.run_dir

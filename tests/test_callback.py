@@ -108,7 +108,7 @@ def test_traces_with_lightning_labels_go_into_the_tensorboard_version_folder(tmp
     out = capsys.readouterr().out
     assert f"kprof: train traces in {run_dir}" in out
     assert "training_step" in out and "optimizer_step" in out  # the labels table of the summary
-    assert f"tensorboard --logdir {tmp_path / 'lightning_logs'}" in out
+    assert f"kprof tensorboard {tmp_path / 'lightning_logs'}" in out and "/#kprof" in out
     assert no_profiler_left()
 
 

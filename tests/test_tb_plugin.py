@@ -4,7 +4,9 @@ kprof.compare, its HTTP routes checked against kprof.summarize of the same files
 from __future__ import annotations
 
 import copy
+import html
 import json
+import re
 import struct
 import urllib.error
 import urllib.request
@@ -15,11 +17,14 @@ import torch
 from torch import nn
 
 import kprof_callbacks as kprof
+from kprof_callbacks.analysis import breakdown
+from kprof_callbacks.analysis.slices import TraceSlices, median_step
 from kprof_callbacks.tensorboard.launch import TensorBoardServer
 from kprof_callbacks.tensorboard.logdir import has_data, scan
 
 PLUGIN = "data/plugin/kprof/"
 BAD_TRACE = "otherhost_1.1795000000000000000.pt.trace.json"
+NOISY_CI = (0.9, 1.12)  # a speedup interval far wider than the 2% noise threshold
 
 
 def _model() -> nn.Module:
@@ -43,6 +48,13 @@ def _profile(logdir: Path, run: str, steps: int = 5) -> kprof.Session:
     return s
 
 
+def _lightning_like_trace(folder: Path) -> Path:
+    """test_timeline's trace in which Optimizer.step#SGD.step holds forward and backward."""
+    from test_timeline import _lightning_like_trace as make
+
+    return make(folder)
+
+
 def _roundtrip(data: dict) -> dict:
     return json.loads(json.dumps(data))
 
@@ -63,10 +75,17 @@ def comparison(logdir: Path):
 @pytest.fixture(scope="module")
 def sessions(logdir: Path, comparison) -> dict[str, kprof.Session]:
     """Runs `live` and `baseline`; `baseline` also holds a truncated trace and a complete-looking `.partial`;
-    `broken` holds nothing but a truncated trace."""
+    `broken` holds nothing but a truncated trace; `nested` a trace whose labels hold labels (as under Lightning);
+    `noisy` a comparison whose interval is far wider than its noise threshold."""
     live = _profile(logdir, "live")
     (logdir / "broken").mkdir()
     (logdir / "broken" / BAD_TRACE).write_text(live.trace_files[0].read_text()[:5000])
+    (logdir / "nested").mkdir()
+    _lightning_like_trace(logdir / "nested")
+    (logdir / "noisy").mkdir()
+    noisy = json.loads((logdir / "ab" / "compare.json").read_text())
+    noisy["variants"][1].update(speedup=1.01, ci_low=NOISY_CI[0], ci_high=NOISY_CI[1])
+    (logdir / "noisy" / "compare.json").write_text(json.dumps(noisy))
     runs = {"live": live, "baseline": _profile(logdir, "baseline", steps=6)}  # written last: the tab opens on it
     good = runs["baseline"].trace_files[0]
     text = good.read_text()
@@ -105,12 +124,14 @@ def test_plugin_is_listed_and_serves_its_module(tb):
 def test_runs_lists_finished_traces_and_comparisons(tb, logdir, sessions):
     listing = _get(tb, "runs")
     runs = {r["run"]: r for r in listing["runs"]}
-    assert set(runs) == {"ab/copy", "ab/torch", "baseline", "broken", "live"}
+    assert set(runs) == {"ab/copy", "ab/torch", "baseline", "broken", "live", "nested"}
     good = sessions["baseline"].trace_files[0].name
     assert sorted(f["name"] for f in runs["baseline"]["traces"]) == sorted([good, BAD_TRACE])
     assert runs["baseline"]["partial"] == [good + ".partial"]
     assert runs["baseline"]["bytes"] == sum((logdir / "baseline" / n).stat().st_size for n in (good, BAD_TRACE))
-    assert [c["dir"] for c in listing["comparisons"]] == ["ab"]
+    assert [c["dir"] for c in listing["comparisons"]] == ["ab", "noisy"]
+    assert runs["ab/torch"]["comparison"] == "ab" and runs["baseline"]["comparison"] is None
+    assert listing["legend"] == _roundtrip(breakdown.legend())
 
 
 @pytest.mark.parametrize("run", ["baseline", "ab/torch"])
@@ -178,6 +199,34 @@ def test_unknown_runs_and_files_are_404(tb, route, params):
     assert _http_error(tb, route, **params) == 404
 
 
+# -- the timeline ---------------------------------------------------------------------------------------------
+def test_timeline_serves_the_median_step_then_any_step_of_a_file(tb, sessions):
+    path = sessions["baseline"].trace_files[0]
+    slices = TraceSlices.read(path)
+    first = _get(tb, "timeline", run="baseline", file=path.name)
+    assert [w["step"] for w in first["steps"]] == [2, 3]  # the active window of the baseline run
+    assert first["step"] == median_step([(w.step, w.wall_us) for w in slices.steps()])
+    served = {k: v for k, v in first.items() if k not in ("run", "steps")}
+    assert served == _roundtrip(slices.step(first["step"]).to_dict())
+    for step in (2, 3):
+        data = _get(tb, "timeline", run="baseline", file=path.name, step=str(step))
+        names = [data["names"][k] for k in data["events"]["name"]]
+        assert data["step"] == step and data["run"] == "baseline"
+        assert f"ProfilerStep#{step}" in names and "forward" in names and "aten::addmm" in names
+        assert data["lanes"][0]["kind"] == "thread"
+
+
+@pytest.mark.parametrize("params, code", [
+    ({"step": "99"}, 404),
+    ({"step": "two"}, 400),
+    ({"file": BAD_TRACE}, 422),
+    ({"file": "nope.pt.trace.json"}, 404),
+])
+def test_timeline_refuses_unknown_steps_bad_numbers_and_broken_files(tb, sessions, params, code):
+    good = sessions["baseline"].trace_files[0].name
+    assert _http_error(tb, "timeline", **{"run": "baseline", "file": good, **params}) == code
+
+
 def test_missing_run_parameter_is_400(tb):
     assert _http_error(tb, "summary") == 400
 
@@ -199,10 +248,57 @@ def test_tab_renders_diagnostics_and_bad_files(tb, logdir, chromium):
     assert "Per-step breakdown" in dom and "Step time over the run" in dom and "<svg" in dom
 
 
-def test_tab_renders_the_comparison(tb, chromium):
+def test_tab_opens_on_the_run_written_last_and_draws_its_timeline(tb, chromium):
+    dom = chromium(f"{tb.url}data/plugin_entry.html?name=kprof", "--dump-dom")
+    assert 'data-view="run=baseline"' in dom  # no #hash: the newest run
+    drawn = re.search(r'class="timeline-wrap" data-drawn="(\d+)"', dom)
+    assert drawn and int(drawn[1]) > 20
+    assert re.findall(r'<option value="(\d+)"', dom) == ["2", "3"]  # the steps of the file shown
+
+
+def _svg_number(dom: str, pattern: str) -> list[float]:
+    return [float(v) for v in re.findall(pattern, dom)]
+
+
+def test_step_time_chart_marks_windows_and_labels_medians_beside_the_line(tb, chromium):
+    dom = chromium(f"{tb.url}data/plugin_entry.html?name=kprof#run=baseline", "--dump-dom")
+    chart = dom[dom.index("Step time over the run"):dom.index("Per-step breakdown")]
+    assert chart.count('class="window"') == 1 and "profiled 2–3" in chart
+    line_end = max(float(x) for x in re.findall(r'([\d.]+),[\d.]+', re.search(r'<polyline points="([^"]*)"', chart)[1]))
+    labels = re.findall(r'<text x="([\d.]+)" y="[\d.]+" class="tick (median[\w-]*)-label">([^<]*)</text>', chart)
+    assert [(cls, text.split(":")[0]) for _, cls, text in labels] == [
+        ("median", "median, all 6 steps"), ("median-profiled", "median, 2 profiled")]
+    assert all(float(x) > line_end for x, _, _ in labels)  # in the margin, never on the line
+
+
+def test_tab_renders_the_comparison(tb, chromium, comparison):
     dom = chromium(f"{tb.url}data/plugin_entry.html?name=kprof#compare=ab", "--dump-dom")
     assert 'id="compare"' in dom
     assert ">torch</a>" in dom and ">copy</a>" in dom and "baseline" in dom
+    assert dom.count('class="median-mark"') == 2 and 'class="axis"' in dom and dom.count('class="whisker"') == 6
+    said = comparison["copy"].trace_diff
+    assert said and f"<li><code>copy</code>: {html.escape(said, quote=False)}</li>" in dom  # what kprof diff found
+
+
+def test_noisy_comparison_is_flagged(tb, chromium, comparison):
+    dom = chromium(f"{tb.url}data/plugin_entry.html?name=kprof#compare=noisy", "--dump-dom")
+    warning = re.search(r'<p class="diag warning" id="noise">(.*?)</p>', dom)
+    assert warning and f"[{NOISY_CI[0]:.3f}, {NOISY_CI[1]:.3f}]" in warning[1] and "2%" in warning[1]
+    measured = chromium(f"{tb.url}data/plugin_entry.html?name=kprof#compare=ab", "--dump-dom")
+    noisy = any(v.ci and (v.ci[1] - v.ci[0]) / 2 / v.speedup > 0.02 for v in comparison.variants.values())
+    assert ('id="noise"' in measured) == noisy
+
+
+def test_compare_variant_run_says_compare_writes_no_step_time(tb, chromium):
+    dom = chromium(f"{tb.url}data/plugin_entry.html?name=kprof#run=ab%2Ftorch", "--dump-dom")
+    said = dom.split("Step time over the run")[1][:400]
+    assert "kprof.compare writes no step-time scalars" in said and "yet" not in said
+
+
+def test_labels_that_hold_labels_are_marked(tb, chromium):
+    dom = chromium(f"{tb.url}data/plugin_entry.html?name=kprof#run=nested", "--dump-dom")
+    assert '<td class="name contains">backward, forward, optimizer_step</td>' in dom
+    assert "counts their time too" in dom
 
 
 def test_screenshot_of_the_tab_inside_tensorboard(tb, chromium, tmp_path):
@@ -236,12 +332,14 @@ def empty_tb(tmp_path_factory, group_leftovers):
 
 def test_empty_logdir_is_inactive_and_lists_nothing(empty_tb):
     assert empty_tb.get_json("data/plugins_listing")["kprof"]["enabled"] is False
-    assert _get(empty_tb, "runs") == {"logdir": str(Path(empty_tb.logdir).resolve()), "runs": [], "comparisons": []}
+    assert _get(empty_tb, "runs") == {"logdir": str(Path(empty_tb.logdir).resolve()), "runs": [], "comparisons": [],
+                                      "legend": _roundtrip(breakdown.legend())}
 
 
 def test_empty_logdir_page_says_how_to_produce_a_run(empty_tb, chromium):
     dom = chromium(f"{empty_tb.url}data/plugin_entry.html?name=kprof", "--dump-dom")
     assert 'id="empty"' in dom and "kprof.session(" in dom
+    assert re.search(r'<label hidden="">Run <select id="picker"', dom)  # no empty box to pick from
 
 
 def test_listing_stats_files_without_reading_them(tmp_path):

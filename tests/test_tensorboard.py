@@ -6,6 +6,7 @@ recorded, two windows) and the README demo's run; the server tests below start t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -18,9 +19,10 @@ import pytest
 import torch
 
 from kprof_callbacks import cli
-from kprof_callbacks.tensorboard.launch import HOST, TensorBoardError, TensorBoardServer
+from kprof_callbacks.tensorboard.launch import HOST, OFFLINE, TensorBoardError, TensorBoardServer, serve
 
 PROFILER = "data/plugin/pytorch_profiler/"
+OFFLINE_NOTE = f"({OFFLINE})".split()
 
 
 def test_profiler_lists_run_with_expected_views(tensorboard, profiled_logdir):
@@ -104,14 +106,19 @@ def test_server_leaves_no_process_when_the_block_fails(tmp_path, group_leftovers
     assert not group_leftovers(server.pid)
 
 
-def test_busy_port_is_a_clear_error_with_nothing_left_running(tmp_path, group_leftovers):
+@pytest.fixture
+def taken_port():
+    """A port on 127.0.0.1 that another server listens on."""
     with socket.socket() as taken:
         taken.bind((HOST, 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        server = TensorBoardServer(tmp_path, port=port)
-        with pytest.raises(TensorBoardError, match=f"could not bind to port {port}"):
-            server.start()
+        yield taken.getsockname()[1]
+
+
+def test_busy_port_is_a_clear_error_with_nothing_left_running(tmp_path, group_leftovers, taken_port):
+    server = TensorBoardServer(tmp_path, port=taken_port)
+    with pytest.raises(TensorBoardError, match=f"could not bind to port {taken_port}"):
+        server.start()
     assert not group_leftovers(server.pid)
 
 
@@ -143,13 +150,13 @@ def test_bad_arguments_are_rejected_before_starting(tmp_path, kwargs, message):
 
 def test_cli_serves_logdir_on_localhost_and_stops_on_ctrl_c(tmp_path, group_leftovers):
     psutil = pytest.importorskip("psutil")
-    cmd = [sys.executable, "-m", "kprof_callbacks", "tensorboard", str(tmp_path), "--port", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc, first = _start_cli(tmp_path, "--port", "0")  # the first line comes once TensorBoard answers
     try:
-        first = proc.stdout.readline()  # printed once TensorBoard answers
         assert first.startswith(f"TensorBoard for {tmp_path}: http://{HOST}:"), first
         url = first.split(": ", 1)[1].strip()
-        assert "#pytorch_profiler" in proc.stdout.readline()
+        assert proc.stdout.readline().split() == ["kprof", "tab:", f"{url}#kprof", *OFFLINE_NOTE]
+        profiler_line = proc.stdout.readline()
+        assert f"{url}#pytorch_profiler" in profiler_line and "needs internet access" in profiler_line
         with urllib.request.urlopen(url + "data/logdir", timeout=30) as response:
             assert response.status == 200
         children = psutil.Process(proc.pid).children(recursive=True)
@@ -162,6 +169,50 @@ def test_cli_serves_logdir_on_localhost_and_stops_on_ctrl_c(tmp_path, group_left
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert not group_leftovers(proc.pid)
+
+
+def _start_cli(logdir, *args: str) -> tuple[subprocess.Popen, str]:
+    """`kprof tensorboard LOGDIR ARGS` in a session of its own, once it printed its URL."""
+    cmd = [sys.executable, "-m", "kprof_callbacks", "tensorboard", str(logdir), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return proc, proc.stdout.readline()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_cli_stopped_by_sigterm_or_sighup_stops_tensorboard_and_dies_of_the_signal(tmp_path, sig, group_leftovers):
+    psutil = pytest.importorskip("psutil")
+    proc, first = _start_cli(tmp_path, "--port", "0")
+    children = []
+    try:
+        assert first.startswith("TensorBoard for"), first
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "TensorBoard should run as a child of `kprof tensorboard`"
+        os.kill(proc.pid, sig)  # the CLI alone, as `timeout`, `kill` or a closed terminal does
+        assert proc.wait(timeout=30) == -sig
+        assert not [c for c in children if _alive(c, psutil)], "TensorBoard outlived `kprof tensorboard`"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for child in children:  # what a failing run left behind
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+    assert not group_leftovers(proc.pid)
+
+
+def test_busy_port_fails_within_2_s_with_one_line(tmp_path, capsys, taken_port):
+    started = time.monotonic()
+    assert serve(tmp_path, taken_port) == 1
+    assert time.monotonic() - started < 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"port {taken_port} on {HOST} is in use" in err and "--port 0" in err
+
+
+def test_busy_port_from_the_command_line_is_one_line(tmp_path, taken_port):
+    done = subprocess.run([sys.executable, "-m", "kprof_callbacks", "tensorboard", str(tmp_path), "--port",
+                           str(taken_port)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.splitlines() == [done.stderr.strip()] and "is in use" in done.stderr
 
 
 def _alive(process, psutil) -> bool:

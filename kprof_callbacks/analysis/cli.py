@@ -49,7 +49,7 @@ def run_summary(
     else:
         print("\n\n".join(s.render(top=top, sort=sort) for s in runs.values()))
     if html:
-        write_html(runs, html, top=max(top, 20))
+        write_html(runs, html, top=top, sort=sort)
         print(f"HTML report: {html}", file=sys.stderr)
     if stacks:
         for name, s in runs.items():

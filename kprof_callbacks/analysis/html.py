@@ -1,6 +1,8 @@
 """A self-contained HTML report: inline CSS and SVG plots, no scripts, nothing fetched.
 
-It opens from disk in any browser (or as a CI artifact) without a server or network.
+It opens from disk in any browser (or as a CI artifact) without a server or network. It holds the tables the
+terminal prints (the same `top` and `sort`), their plots, and the timeline of the median and the slowest profiled
+step.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import fmt
+from . import breakdown, fmt, svgtimeline
+from .reader import TraceError
 from .report import MEMORY_VIEWER, first_worker_steps, op_sort, rank_label, tables
+from .slices import find_steps, median_step
 
 if TYPE_CHECKING:
     from .summary import Summary
+    from .tables import StepStats
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -24,9 +29,10 @@ td:first-child,th:first-child{text-align:left;max-width:480px;overflow-wrap:anyw
 tr:nth-child(even){background:#f6f6f6}th{border-bottom:1px solid #999}
 .warning{color:#a40}.info{color:#555}.legend span{display:inline-block;margin-right:1em}
 .sw{display:inline-block;width:10px;height:10px;margin-right:4px}
+figure{margin:1em 0}figcaption{font-size:13px;color:#555;margin-bottom:4px}
 """
 _NAME_WIDTH = 300  # the page wraps long kernel names; the terminal clips them
-_COLORS = ("#4e79a7", "#f28e2b", "#bab0ac", "#59a14f", "#e15759", "#76b7b2", "#edc948")
+_BAR = breakdown.PARTS[0].color
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -35,13 +41,16 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _legend(names: Sequence[str]) -> str:
-    items = "".join(f'<span><i class="sw" style="background:{_COLORS[i]}"></i>{escape(n)}</span>' for i, n in enumerate(names))
-    return f'<div class="legend">{items}</div>'
+def _legend(items: Sequence[tuple[str, str, str]]) -> str:
+    """Colour swatches with a name each, and what the name means as its tooltip: (name, colour, meaning)."""
+    spans = "".join(f'<span title="{escape(meaning)}"><i class="sw" style="background:{color}"></i>'
+                    f"{escape(name)}</span>" for name, color, meaning in items)
+    return f'<div class="legend">{spans}</div>'
 
 
-def _bars(items: Sequence[tuple[str, float]], label: Callable[[float], str], width: int = 900) -> str:
-    """Horizontal bar chart, one bar per (name, value)."""
+def _bars(items: Sequence[tuple[str, float]], label: Callable[[float], str], width: int = 900,
+          colors: Sequence[str] = ()) -> str:
+    """Horizontal bar chart, one bar per (name, value), in `colors` (one per bar) or all in one."""
     if not items:
         return ""
     top = max(v for _, v in items) or 1.0
@@ -50,29 +59,32 @@ def _bars(items: Sequence[tuple[str, float]], label: Callable[[float], str], wid
     for i, (name, value) in enumerate(items):
         y, w = i * row + 2, max(1.0, (width - text - 90) * value / top)
         out.append(f'<text x="0" y="{y + 13}" font-size="12">{escape(name[:48])}</text>'
-                   f'<rect x="{text}" y="{y}" width="{w:.1f}" height="{row - 4}" fill="{_COLORS[0]}">'
+                   f'<rect x="{text}" y="{y}" width="{w:.1f}" height="{row - 4}" '
+                   f'fill="{colors[i] if colors else _BAR}">'
                    f"<title>{escape(name)}: {escape(label(value))}</title></rect>"
                    f'<text x="{text + w + 4:.1f}" y="{y + 13}" font-size="12">{escape(label(value))}</text>')
     return "".join(out) + "</svg>"
 
 
-def _stacked(columns: Sequence[tuple[str, Sequence[float]]], labels: Sequence[str], width: int = 900, height: int = 220) -> str:
-    """Vertical stacked bars: one bar per label, one colored segment per column (microseconds)."""
-    n = len(labels)
-    totals = [sum(col[i] for _, col in columns) for i in range(n)]
-    top = max(totals, default=0) or 1.0
+def _stacked(parts: Sequence[breakdown.Part], rows: Sequence[StepStats], width: int = 900, height: int = 220) -> str:
+    """Vertical stacked bars: one bar per step, one segment per part of its wall time (microseconds)."""
+    n = len(rows)
+    columns = [[breakdown.value(p, r) for r in rows] for p in parts]
+    top = max((r.wall_us for r in rows), default=0) or 1.0
     left, bottom = 60, 20
     step = (width - left) / max(n, 1)
     out = [f'<svg width="{width}" height="{height + bottom}" role="img">',
            f'<text x="0" y="12" font-size="11">{escape(fmt.duration(top))}</text>',
            f'<line x1="{left - 2}" y1="0" x2="{left - 2}" y2="{height}" stroke="#999"/>']
-    for i, name in enumerate(labels):
+    for i, r in enumerate(rows):
+        name = "all" if r.step < 0 else str(r.step)
         y = float(height)
-        for c, (col_name, col) in enumerate(columns):
+        for part, col in zip(parts, columns):
             h = height * col[i] / top
             y -= h
             out.append(f'<rect x="{left + i * step:.1f}" y="{y:.1f}" width="{max(step * 0.8, 1):.1f}" height="{h:.1f}" '
-                       f'fill="{_COLORS[c]}"><title>step {escape(name)} {escape(col_name)}: {escape(fmt.duration(col[i]))}</title></rect>')
+                       f'fill="{part.color}"><title>step {escape(name)} {escape(part.name)}: '
+                       f'{escape(fmt.duration(col[i]))}</title></rect>')
         if n <= 40 or i % (n // 20 + 1) == 0:
             out.append(f'<text x="{left + i * step:.1f}" y="{height + 14}" font-size="10">{escape(name)}</text>')
     return "".join(out) + "</svg>"
@@ -81,18 +93,39 @@ def _stacked(columns: Sequence[tuple[str, Sequence[float]]], labels: Sequence[st
 def _steps_chart(s: Summary) -> str:
     """Stacked bar per step (first rank) and the mean step's breakdown: disjoint parts of the wall time."""
     rows = first_worker_steps(s)
-    if s.has_gpu:
-        columns = [("GPU busy", [r.gpu_busy_us for r in rows]), ("host only", [r.cpu_only_us for r in rows])]
-    else:
-        columns = [("host ops", [r.cpu_only_us for r in rows])]
-    columns.append(("other", [max(r.wall_us - sum(c[i] for _, c in columns), 0.0) for i, r in enumerate(rows)]))
+    parts = breakdown.PARTS if s.has_gpu else breakdown.PARTS[1:]
+    means = [sum(breakdown.value(p, r) for r in rows) / len(rows) for p in parts]
     mean_wall = sum(r.wall_us for r in rows) / len(rows)
-    breakdown = [(f"{n} ({fmt.share(sum(c) / len(rows) / mean_wall if mean_wall else 0)})", sum(c) / len(rows)) for n, c in columns]
-    return (_legend([n for n, _ in columns]) + _stacked(columns, ["all" if r.step < 0 else str(r.step) for r in rows])
-            + f"<h3>Mean step: {escape(fmt.duration(mean_wall))}</h3>" + _bars(breakdown, fmt.duration))
+    bars = [(f"{p.name} ({fmt.share(m / mean_wall if mean_wall else 0)})", m) for p, m in zip(parts, means)]
+    return (_legend([(p.name, p.color, p.meaning) for p in parts]) + _stacked(parts, rows)
+            + f"<h3>Mean step: {escape(fmt.duration(mean_wall))}</h3>"
+            + _bars(bars, fmt.duration, colors=[p.color for p in parts]))
 
 
-def _chart(s: Summary, key: str, top: int) -> str:
+def _timelines(s: Summary) -> str:
+    """The median and the slowest profiled step of the first rank, as SVG timelines."""
+    rows = first_worker_steps(s)
+    middle = median_step([(r.step, r.wall_us) for r in rows])
+    slowest = max(rows, key=lambda r: r.wall_us).step
+    if slowest != middle:
+        wanted = {middle: "median", slowest: "slowest"}
+    else:
+        wanted = {middle: "only" if len(rows) == 1 else "median and slowest"}
+    try:
+        found = find_steps(s.files, rows[0].worker, list(wanted))
+    except (TraceError, OSError) as exc:
+        return f'<p class="warning">No timeline: {escape(str(exc))}</p>'
+    wall = {r.step: r.wall_us for r in rows}
+    figures = [svgtimeline.render(found[n], f"{which} step: " + ("the whole trace" if n < 0 else f"step {n}")
+                                  + f", {fmt.duration(wall[n])}") for n, which in wanted.items() if n in found]
+    kinds = sorted({svgtimeline.KINDS[k] for n in found for k in found[n].kind.tolist()}, key=svgtimeline.KINDS.index)
+    legend = _legend([(k, breakdown.KIND_COLORS[k], k) for k in kinds])
+    return (legend + "".join(figures) + "<p class=\"info\">Hover an event for its name, duration, input shapes and "
+            "Python frames; hover a kernel for the call that launched it. The kprof TensorBoard tab zooms into any "
+            "step.</p>")
+
+
+def _chart(s: Summary, key: str, top: int, sort: str) -> str:
     """The plot drawn above a table, if it has one."""
     if key == "steps":
         return _steps_chart(s)
@@ -103,20 +136,22 @@ def _chart(s: Summary, key: str, top: int) -> str:
     if key == "kernels":
         return _bars([(k.name, k.total_us) for k in s.kernels[:top]], fmt.duration)
     if key == "ops":
-        sort_key, title = op_sort(s, "cuda")
+        sort_key, title = op_sort(s, sort)
         return _bars([(o.name, sort_key(o)) for o in sorted(s.ops, key=sort_key, reverse=True)[:top]],
                      fmt.size if "memory" in title else fmt.duration)
     return ""
 
 
-def _summary_html(s: Summary, top: int) -> str:
+def _summary_html(s: Summary, top: int, sort: str) -> str:
     names = ", ".join(escape(p.name) for p in s.files[:8]) + (" ..." if len(s.files) > 8 else "")
     parts = [f"<h1>{escape(s.name)}</h1><p>{len(s.files)} trace file(s): {names}</p>"]
     if s.diagnostics:
         parts.append("<h2>Diagnostics</h2><ul>" + "".join(
             f'<li class="{d.severity}">{escape(d.message)}</li>' for d in s.diagnostics) + "</ul>")
-    for t in tables(s, top, "cuda", width=_NAME_WIDTH):
-        parts.append(f"<h2>{escape(t.title)}</h2>{_chart(s, t.key, top)}{table(t.headers, t.rows)}")
+    if s.steps:
+        parts.append(f"<h2>Timeline</h2>{_timelines(s)}")
+    for t in tables(s, top, sort, width=_NAME_WIDTH):
+        parts.append(f"<h2>{escape(t.title)}</h2>{_chart(s, t.key, top, sort)}{table(t.headers, t.rows)}")
     if s.memory_snapshots:
         parts.append("<h2>Memory snapshots</h2><ul>" + "".join(
             f"<li>{escape(str(p))}: open it at {escape(MEMORY_VIEWER)}</li>" for p in s.memory_snapshots) + "</ul>")
@@ -125,10 +160,11 @@ def _summary_html(s: Summary, top: int) -> str:
     return "<section>" + "".join(parts) + "</section>"
 
 
-def write_html(summaries: dict[str, Summary], path: Path, top: int = 20) -> Path:
-    """Write one page holding every run's report."""
+def write_html(summaries: dict[str, Summary], path: Path, top: int = 20, sort: str = "cuda") -> Path:
+    """Write one page holding every run's report: `top` rows per table, operators sorted by `sort`, as the
+    terminal report does."""
     title = "kprof summary: " + ", ".join(summaries)
-    body = "".join(_summary_html(s, top) for s in summaries.values())
+    body = "".join(_summary_html(s, top, sort) for s in summaries.values())
     path.write_text(page(title, body), encoding="utf-8")
     return path
 
@@ -136,4 +172,4 @@ def write_html(summaries: dict[str, Summary], path: Path, top: int = 20) -> Path
 def page(title: str, body: str) -> str:
     """A whole HTML document around `body`, with the report's inline style."""
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-            f"<style>{_CSS}</style></head><body>{body}</body></html>")
+            f"<style>{_CSS}{svgtimeline.CSS}</style></head><body>{body}</body></html>")

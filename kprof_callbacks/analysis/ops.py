@@ -123,6 +123,29 @@ def label_totals(tl: Timeline, tree: Tree, costs: HostCosts) -> Totals:
     return {(tl.names[k],): s for k, s in zip(uniq.tolist(), sums)}
 
 
+def label_nesting(tl: Timeline, tree: Tree) -> set[tuple[str, str]]:
+    """(outer, inner) label names where an `inner` label ran inside an `outer` one (its nearest enclosing label).
+
+    Under Lightning, torch's `Optimizer.step#...` label holds the closure's forward and backward: a table that
+    shows both counts that time twice, and says so with these pairs.
+    """
+    inner = label_events(tl, tree)
+    is_label = np.zeros(tl.host.name.size, bool)
+    is_label[inner] = True
+    outer = np.full(inner.size, -1)
+    node = tree.parent[inner]
+    todo = np.flatnonzero(node >= 0)
+    while todo.size:  # one pass per nesting level, up to each label's nearest enclosing label
+        hit = is_label[node[todo]]
+        outer[todo[hit]] = node[todo[hit]]
+        todo = todo[~hit]
+        node[todo] = tree.parent[node[todo]]
+        todo = todo[node[todo] >= 0]
+    found = outer >= 0
+    pairs = np.unique(np.stack([tl.host.name[outer[found]], tl.host.name[inner[found]]], axis=1), axis=0)
+    return {(tl.names[a], tl.names[b]) for a, b in pairs.tolist() if a != b}
+
+
 def kernel_totals(tl: Timeline) -> Totals:
     """GPU activities per (name, kind): count, total and longest duration."""
     dev = tl.device
@@ -163,12 +186,15 @@ def op_rows(parts: Iterable[Totals]) -> list[OpStats]:
     return sorted(rows, key=lambda r: -r.self_cpu_us)
 
 
-def label_rows(parts: Iterable[Totals], step_total_us: float) -> list[LabelStats]:
-    """Label rows over all files, by total time; `step_total_us` is the summed wall time of all steps."""
+def label_rows(parts: Iterable[Totals], step_total_us: float, nesting: set[tuple[str, str]]) -> list[LabelStats]:
+    """Label rows over all files, by total time; `step_total_us` is the summed wall time of all steps, `nesting` the
+    (outer, inner) pairs of `label_nesting` over all files."""
     rows = []
     for (name,), v in _merge(parts).items():
         count, total, cuda = v.tolist()
-        rows.append(LabelStats(name, int(count), total, total / count, cuda, total / step_total_us if step_total_us else 0.0))
+        inside = tuple(sorted(inner for outer, inner in nesting if outer == name))
+        rows.append(LabelStats(name, int(count), total, total / count, cuda,
+                               total / step_total_us if step_total_us else 0.0, inside))
     return sorted(rows, key=lambda r: -r.total_us)
 
 

@@ -40,6 +40,7 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     mem_device_type: Int64 = msgspec.field(default=-1, name="Device Type")
     total_allocated: Int64 = msgspec.field(default=0, name="Total Allocated")
     copy_bytes: Int64 = msgspec.field(default=0, name="bytes")
+    label: msgspec.Raw = msgspec.field(default=_NO_RAW, name="name")  # `M` events: thread and process names
 
 
 _NO_ARGS = Args()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from statistics import mean
 from typing import TYPE_CHECKING
 
-from . import fmt
+from . import breakdown, fmt
 from .fmt import clip
 from .tables import OpStats, StepStats
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 NAME_WIDTH = 55
 SHAPES_WIDTH = 50
+CONTAINS_WIDTH = 40
 MEMORY_VIEWER = "https://pytorch.org/memory_viz"
 
 
@@ -45,23 +46,19 @@ def rank_label(rank: int | None, worker: str) -> str:
 
 
 def _step_columns(s: Summary) -> list[tuple[str, Callable[[StepStats], str]]]:
-    cols: list[tuple[str, Callable[[StepStats], str]]] = [("wall", lambda r: fmt.duration(r.wall_us))]
-    if s.has_gpu:
-        cols += [("GPU busy", lambda r: fmt.duration(r.gpu_busy_us)),
-                 ("GPU idle", lambda r: f"{fmt.duration(r.gpu_idle_us)} ({fmt.share(r.gpu_idle_us / r.wall_us if r.wall_us else 0)})"),
-                 ("kernel", lambda r: fmt.duration(r.kernel_us))]
-        if any(r.memcpy_us for r in s.steps):
-            cols.append(("memcpy", lambda r: fmt.duration(r.memcpy_us)))
-        if any(r.memset_us for r in s.steps):
-            cols.append(("memset", lambda r: fmt.duration(r.memset_us)))
-    if any(r.comm_us for r in s.steps):
-        cols.append(("comm", lambda r: fmt.duration(r.comm_us)))
-    cols.append(("host-only" if s.has_gpu else "host ops", lambda r: fmt.duration(r.cpu_only_us)))
-    if any(r.dataloader_us for r in s.steps):
-        cols.append(("data", lambda r: fmt.duration(r.dataloader_us)))
-    if any(r.peak_memory for r in s.steps):
-        cols.append(("peak mem", lambda r: fmt.size(r.peak_memory)))
-    return cols
+    """The per-step figures that carry information for this run, named as every report names them."""
+    gpu = s.has_gpu
+    idle = lambda r: f"{fmt.duration(r.gpu_idle_us)} ({fmt.share(r.gpu_idle_us / r.wall_us if r.wall_us else 0)})"
+    shown = {
+        "wall_us": True, "gpu_busy_us": gpu, "gpu_idle_us": gpu, "kernel_us": gpu,
+        "memcpy_us": gpu and any(r.memcpy_us for r in s.steps), "memset_us": gpu and any(r.memset_us for r in s.steps),
+        "comm_us": any(r.comm_us for r in s.steps), "cpu_only_us": True, "other_us": True,
+        "dataloader_us": any(r.dataloader_us for r in s.steps), "peak_memory": any(r.peak_memory for r in s.steps),
+    }
+    cell = {"gpu_idle_us": idle, "other_us": lambda r: fmt.duration(breakdown.other_us(r)),
+            "peak_memory": lambda r: fmt.size(r.peak_memory)}
+    return [(breakdown.COLUMNS[key], cell.get(key, lambda r, key=key: fmt.duration(getattr(r, key))))
+            for key, show in shown.items() if show]
 
 
 def _mean_step(rows: list[StepStats]) -> StepStats:
@@ -106,6 +103,8 @@ def op_sort(s: Summary, sort: str) -> tuple[Callable[[OpStats], float], str]:
         return (lambda o: o.self_cuda_memory), "self CUDA memory"
     if sort == "memory" and any(o.self_cpu_memory for o in s.ops):
         return (lambda o: o.self_cpu_memory), "self CPU memory"
+    if sort == "memory":
+        return (lambda o: o.self_cpu_us), "self CPU time (no memory recorded: profile with profile_memory=True)"
     return (lambda o: o.self_cpu_us), "self CPU time"
 
 
@@ -138,11 +137,19 @@ def kernels_table(s: Summary, top: int, width: int = NAME_WIDTH) -> Table:
 
 
 def labels_table(s: Summary, top: int, width: int = NAME_WIDTH) -> Table:
+    """Labels by total time; a label that holds others (Lightning's `Optimizer.step#...` holds forward and backward)
+    names them, since its time includes theirs."""
     gpu = s.has_gpu
-    return Table("labels", f"Labels (record_function ranges, {len(s.labels)} in all)",
-                 ["label", "count", "total", "mean", "of steps"] + (["GPU time"] if gpu else []),
+    nested = any(lb.contains for lb in s.labels)
+    title = f"Labels (record_function ranges, {len(s.labels)} in all)"
+    if nested:
+        title += "; a label's time includes the labels it contains"
+    return Table("labels", title,
+                 ["label", "count", "total", "mean", "of steps"] + (["GPU time"] if gpu else [])
+                 + (["contains"] if nested else []),
                  [[clip(lb.name, width), str(lb.count), fmt.duration(lb.total_us), fmt.duration(lb.mean_us),
-                   fmt.share(lb.step_share)] + ([fmt.duration(lb.cuda_total_us)] if gpu else []) for lb in s.labels[:top]])
+                   fmt.share(lb.step_share)] + ([fmt.duration(lb.cuda_total_us)] if gpu else [])
+                  + ([clip(", ".join(lb.contains), CONTAINS_WIDTH)] if nested else []) for lb in s.labels[:top]])
 
 
 def tables(s: Summary, top: int, sort: str, width: int = NAME_WIDTH) -> list[Table]:

@@ -67,10 +67,7 @@ class Summary:
 
     def render(self, top: int = 10, sort: str = "cuda") -> str:
         """The report as text: `top` rows per table, operators sorted by self `cuda`, `cpu` or `memory`."""
-        if sort not in SORT_KEYS:
-            raise ValueError(f"sort must be one of {SORT_KEYS}, got {sort!r}")
-        if top < 1:
-            raise ValueError(f"top must be >= 1, got {top}")
+        _check_report_options(top, sort)
         return report.render(self, top=top, sort=sort)
 
     def __str__(self) -> str:
@@ -111,9 +108,11 @@ class Summary:
         return {key: pd.DataFrame(data[key], columns=[f.name for f in dataclasses.fields(row)] if not data[key] else None)
                 for key, row in tables.items()}
 
-    def to_html(self, path: str | Path, top: int = 20) -> Path:
-        """Write a self-contained HTML report (inline SVG plots, no scripts, no network)."""
-        return html.write_html({self.name: self}, Path(path), top=top)
+    def to_html(self, path: str | Path, top: int = 20, sort: str = "cuda") -> Path:
+        """Write a self-contained HTML report (inline SVG plots and timelines, no scripts, no network): the tables of
+        `render(top, sort)`."""
+        _check_report_options(top, sort)
+        return html.write_html({self.name: self}, Path(path), top=top, sort=sort)
 
     def export_stacks(self, path: str | Path, metric: str = "self_cpu") -> Path:
         """Write flamegraph folded stacks (`self_cpu` or `self_cuda` microseconds) to `path`."""
@@ -127,6 +126,13 @@ class Summary:
         return Path(path)
 
 
+def _check_report_options(top: int, sort: str) -> None:
+    if sort not in SORT_KEYS:
+        raise ValueError(f"sort must be one of {SORT_KEYS}, got {sort!r}")
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+
+
 @dataclasses.dataclass
 class _FileResult:
     rank: int | None
@@ -135,6 +141,7 @@ class _FileResult:
     ops: ops.Totals
     ops_by_shape: ops.Totals
     labels: ops.Totals
+    label_nesting: set[tuple[str, str]]
     kernels: ops.Totals
     evidence: diagnostics.Evidence
     stack: stacks.StackSource
@@ -155,6 +162,7 @@ def _analyze(trace: TraceFile) -> _FileResult:
         ops=ops.op_totals(tl, tree, costs, by_shape=False),
         ops_by_shape=ops.op_totals(tl, tree, costs, by_shape=True) if tl.shapes else {},
         labels=ops.label_totals(tl, tree, costs),
+        label_nesting=ops.label_nesting(tl, tree),
         kernels=ops.kernel_totals(tl),
         evidence=diagnostics.gather(tl, times.windows),
         stack=stacks.StackSource(
@@ -181,7 +189,8 @@ def _with_progress(paths: list[Path], progress: bool, desc: str) -> Iterator[Pat
     yield from tqdm(paths, desc=desc, unit="file", file=sys.stderr)
 
 
-def _summarize_run(name: str, found: layout.RunContents, progress: bool) -> Summary:
+def summarize_contents(name: str, found: layout.RunContents, progress: bool = False) -> Summary:
+    """One Summary of the files ``found`` lists, for a caller that listed (and vetted) a run folder itself."""
     problems = [Problem(p, f"skipped, still being written (*{layout.PARTIAL})") for p in found.partial]
     results: list[_FileResult] = []
     files: list[Path] = []
@@ -224,7 +233,8 @@ def _summarize_run(name: str, found: layout.RunContents, progress: bool) -> Summ
         ops=ops.op_rows(r.ops for r in results),
         ops_by_shape=ops.op_rows(r.ops_by_shape for r in results),
         kernels=ops.kernel_rows(r.kernels for r in results),
-        labels=ops.label_rows((r.labels for r in results), sum(s.wall_us for s in step_rows)),
+        labels=ops.label_rows((r.labels for r in results), sum(s.wall_us for s in step_rows),
+                              set().union(*(r.label_nesting for r in results))),
         ranks=rank_rows,
         step_skew=skew,
         diagnostics=sorted(found_all, key=lambda d: d.severity != "warning"),
@@ -251,17 +261,17 @@ def summarize(path: str | Path, *, progress: bool = False) -> Summary | dict[str
         raise FileNotFoundError(f"no such trace file or folder: {root}")
     if root.is_file():
         found = layout.RunContents([root], [], layout.contents(root.parent).snapshots, None)
-        return _summarize_run(root.name, found, progress)
+        return summarize_contents(root.name, found, progress)
     runs = {} if layout.contents(root).is_run else layout.find_runs(root)
     if not runs:  # a run folder; without *.pt.trace.json files, any *.json[.gz] (export_chrome_trace names)
         found = layout.contents(root, any_json=True)
         if not found.is_run:
             raise ValueError(f"no trace files ({', '.join('*' + s for s in layout.TRACE_SUFFIXES)}) in {root}")
-        return _summarize_run(root.resolve().name, found, progress)
+        return summarize_contents(root.resolve().name, found, progress)
     out, failures = {}, []
     for name, folder in runs.items():
         try:
-            out[name] = _summarize_run(name, layout.contents(folder), progress)
+            out[name] = summarize_contents(name, layout.contents(folder), progress)
         except ValueError as exc:
             failures.append(str(exc))
             log.warning("%s", exc)

@@ -64,6 +64,7 @@ class LabelStats:
     mean_us: float
     cuda_total_us: float  # GPU time of kernels launched inside it
     step_share: float  # total / summed step wall time
+    contains: tuple[str, ...] = ()  # labels that ran inside it: their time is in its total too
 
 
 @dataclasses.dataclass(frozen=True)

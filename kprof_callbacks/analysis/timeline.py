@@ -47,6 +47,11 @@ def is_collective_name(name: str) -> bool:
     return name.startswith(("c10d::", "gloo:", "nccl:")) or name == "record_param_comms"
 
 
+def is_step_name(name: str) -> bool:
+    """`ProfilerStep#N`, the range torch.profiler opens around each step."""
+    return _STEP.match(name) is not None
+
+
 def is_nccl_kernel(name: str) -> bool:
     """NCCL kernels: `ncclKernel_...` (older NCCL) and `ncclDevKernel_...`."""
     return name.startswith("nccl")
@@ -98,11 +103,11 @@ def _ids(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
     return ext, _column(events, _CORR, np.int64)
 
 
-def _lanes(events: list[Event]) -> np.ndarray:
-    """Dense ids of (pid, tid): host threads or device streams."""
+def _lanes(events: list[Event]) -> tuple[np.ndarray, list[tuple[int | str, int | str]]]:
+    """Dense ids of (pid, tid), host threads or device streams, and the (pid, tid) of each id."""
     lanes = _Interner()
-    keys = map(_TID, events) if len(set(map(_PID, events))) <= 1 else zip(map(_PID, events), map(_TID, events))
-    return np.fromiter(map(lanes.__getitem__, keys), np.int32, len(events))
+    ids = np.fromiter(map(lanes.__getitem__, zip(map(_PID, events), map(_TID, events))), np.int32, len(events))
+    return ids, list(lanes)
 
 
 @dataclasses.dataclass
@@ -154,6 +159,8 @@ class Timeline:
     device: Device
     memory: Memory
     steps: np.ndarray  # (n, 3) int64: step number, host start, host end; sorted by start
+    threads: list[tuple[int | str, int | str]]  # (pid, tid) of each Host.thread id
+    streams: list[tuple[int | str, int | str]]  # (device, stream) of each Device.stream id
 
 
 def _shapes(events: list[Event], shapes: _Interner) -> np.ndarray:
@@ -194,9 +201,10 @@ def build(trace: TraceFile) -> Timeline:
     host_start, host_end = _times(host)
     device_ext, device_corr = _ids(device)
     device_start, device_end = _times(device)
-    host_columns = Host(name[host_rows], code[host_rows], _lanes(host), host_start, host_end, host_ext, host_corr,
+    (threads, thread_keys), (streams, stream_keys) = _lanes(host), _lanes(device)
+    host_columns = Host(name[host_rows], code[host_rows], threads, host_start, host_end, host_ext, host_corr,
                         _shapes(host, shapes))
-    device_columns = Device(name[device_rows], code[device_rows] - _DEVICE_CODE, _lanes(device), device_start, device_end,
+    device_columns = Device(name[device_rows], code[device_rows] - _DEVICE_CODE, streams, device_start, device_end,
                             device_ext, device_corr, _column(device, _COPY_BYTES, np.int64))
     memory_columns = Memory(_times(memory)[0], _column(memory, _MEM_BYTES, np.int64), _column(memory, _MEM_DEVICE, np.int64),
                             _column(memory, _MEM_TOTAL, np.int64))
@@ -209,4 +217,5 @@ def build(trace: TraceFile) -> Timeline:
                       host_start[is_step], host_end[is_step]], axis=1).reshape(-1, 3)
     steps = steps[np.argsort(steps[:, 1], kind="stable")]
     shape_table = [b.decode() for b in list(shapes)[1:]]
-    return Timeline(trace, table, shape_table, host_columns, device_columns, memory_columns, steps)
+    return Timeline(trace, table, shape_table, host_columns, device_columns, memory_columns, steps, thread_keys,
+                    stream_keys)

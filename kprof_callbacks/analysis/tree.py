@@ -77,8 +77,9 @@ def _nearest_previous_at_least(values: np.ndarray, threshold: np.ndarray, segmen
     return np.where(found, pos, -1)
 
 
-def nest(thread: np.ndarray, start: np.ndarray, end: np.ndarray, name: np.ndarray) -> Tree:
-    """Build the per-thread nesting of host events exactly as torch's stack pass does, vectorized.
+def nest(thread: np.ndarray, start: np.ndarray, end: np.ndarray, name: np.ndarray, *, fold: bool = True) -> Tree:
+    """Build the per-thread nesting of host events exactly as torch's stack pass does, vectorized; with `fold`,
+    fold same-name chains as key_averages does (a timeline keeps them: `fold=False`).
 
     torch sorts a thread's events by (start, -end) and, for each event i, pops the stack while
     `start_i >= end_top or end_i > end_top`, i.e. while `end_top < max(end_i, start_i + 1)` in integer
@@ -103,7 +104,8 @@ def nest(thread: np.ndarray, start: np.ndarray, end: np.ndarray, name: np.ndarra
         ancestor[active] = parent[ancestor[active]]
         active = active[ancestor[active] >= 0]
     tree = Tree(parent, depth, np.ones(n, bool), np.arange(n))
-    _fold_duplicates(tree, name)
+    if fold:
+        _fold_duplicates(tree, name)
     return tree
 
 

@@ -18,6 +18,7 @@ def run_cli(
 ) -> int:
     """Compare ``model`` ('builtin' or MODULE:ATTR) with its ``kprof.swap`` copy and print the table; exit status."""
     from ..swap import swap
+    from ..tensorboard.launch import open_hint
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if model == "builtin":
@@ -40,7 +41,8 @@ def run_cli(
         return 1
     print(result)
     if logdir:
-        print(f"traces: tensorboard --logdir {logdir}  (Profiler tab; its Diff view compares two runs)")
+        print(open_hint(logdir))
+        print("  the kprof tab shows this comparison, and each variant's profiled run")
     return 0 if all(v.status == "ok" for v in result.variants.values()) else 1
 
 

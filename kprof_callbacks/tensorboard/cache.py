@@ -1,56 +1,48 @@
-"""Summaries of runs, kept until the run's files change (name, size, mtime), so a reload is instant.
+"""Results computed from files, kept until the files change (names, sizes, mtimes), so a reload is instant.
 
-A new capture, a rewritten file or a temp file renamed into place changes the fingerprint and the run is
-summarized again on its next request; otherwise the stored result is served. Concurrent requests for the
-same run wait for one summarize call instead of each starting their own.
+The tab keeps two: run summaries (keyed by run, fingerprinted by all its files) and decoded traces for the
+timeline (keyed by file). A new capture, a rewritten file or a temp file renamed into place changes the
+fingerprint and the result is computed again on its next request; otherwise the stored one is served.
+Concurrent requests for the same key wait for one computation instead of each starting their own.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Generic, TypeVar
 
-from .logdir import RunFiles
-
-Summarizer = Callable[[RunFiles], dict[str, Any]]
+V = TypeVar("V")
 
 
-class SummaryCache:
-    """Per-run results of `summarize`, least recently used dropped beyond `max_runs`."""
+class FileCache(Generic[V]):
+    """Values by key, each stored with the fingerprint of the files it came from; least recently used dropped
+    beyond ``max_entries``."""
 
-    def __init__(self, summarize: Summarizer, max_runs: int = 64) -> None:
-        if max_runs < 1:
-            raise ValueError(f"max_runs must be >= 1, got {max_runs}")
-        self._summarize = summarize
-        self._max_runs = max_runs
-        self._entries: OrderedDict[str, tuple[Hashable, dict[str, Any]]] = OrderedDict()
-        self._locks: dict[str, threading.Lock] = {}
+    def __init__(self, max_entries: int) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        self._max_entries = max_entries
+        self._entries: OrderedDict[Hashable, tuple[Hashable, V]] = OrderedDict()
+        self._locks: dict[Hashable, threading.Lock] = {}
         self._guard = threading.Lock()
 
-    def get(self, run: RunFiles) -> dict[str, Any]:
-        """The result for `run`'s current files, computing it only when they changed since the last call.
-
-        The result carries `summarized_at` (epoch seconds) and `seconds` (time summarize took), so a client
-        can tell a fresh result from a stored one.
-        """
+    def get(self, key: Hashable, fingerprint: Hashable, compute: Callable[[], V]) -> V:
+        """The value for ``key``, from ``compute()`` only when ``fingerprint`` differs from the stored one."""
         with self._guard:
-            lock = self._locks.setdefault(run.name, threading.Lock())
+            lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             with self._guard:
-                entry = self._entries.get(run.name)
-                if entry is not None and entry[0] == run.fingerprint:
-                    self._entries.move_to_end(run.name)
+                entry = self._entries.get(key)
+                if entry is not None and entry[0] == fingerprint:
+                    self._entries.move_to_end(key)
                     return entry[1]
-            start = time.perf_counter()
-            result = self._summarize(run)
-            result.update(summarized_at=time.time(), seconds=time.perf_counter() - start)
+            value = compute()
             with self._guard:
-                self._entries[run.name] = (run.fingerprint, result)
-                self._entries.move_to_end(run.name)
-                while len(self._entries) > self._max_runs:
+                self._entries[key] = (fingerprint, value)
+                self._entries.move_to_end(key)
+                while len(self._entries) > self._max_entries:
                     evicted, _ = self._entries.popitem(last=False)
                     self._locks.pop(evicted, None)
-            return result
+            return value

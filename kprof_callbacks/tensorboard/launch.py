@@ -1,7 +1,9 @@
 """``kprof tensorboard``: serve a logdir with TensorBoard on 127.0.0.1, and the server handle the tests reuse.
 
 TensorBoard runs as a child in a process group of its own (torch-tb-profiler loads runs in worker processes),
-so stopping it ends every process it started, also when the code using it fails half-way.
+so stopping it ends every process it started, also when the code using it fails half-way, and also when
+``kprof tensorboard`` itself gets SIGTERM or SIGHUP (``timeout``, ``kill``, a closed terminal): it stops the group,
+reaps TensorBoard, then dies of the same signal. A port already in use is found before TensorBoard starts.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 HOST = "127.0.0.1"
+DEFAULT_PORT = 6006
+KPROF_TAB = "#kprof"
 PROFILER_TAB = "#pytorch_profiler"
+OFFLINE = "summary, step time, timeline; works offline"
+ONLINE = "needs internet access: its charts load from www.gstatic.com"
 _BIND_ERROR = "could not bind to port"  # TensorBoard's message when the port is taken
 _PORT_RETRIES = 2  # a free port can be taken between choosing it and TensorBoard binding it
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1 never goes through a proxy
@@ -41,6 +47,28 @@ def free_port(host: str = HOST) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def check_port(port: int, host: str = HOST) -> None:
+    """Raise TensorBoardError when ``port`` on ``host`` is taken: TensorBoard itself takes half a minute to say so.
+
+    The probe binds as TensorBoard's server does (SO_REUSEADDR), so a port that only has connections closing
+    (TIME_WAIT) counts as free, and one that another server listens on does not.
+    """
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise TensorBoardError(f"{_BIND_ERROR} {port} on {host}: {exc.strerror or exc}") from None
+
+
+def open_hint(logdir: str | os.PathLike, port: int = DEFAULT_PORT) -> str:
+    """How to read the traces in ``logdir``: the command, then the kprof tab (offline) and the PyTorch Profiler tab."""
+    url = f"http://{HOST}:{port}/"
+    return (f"open the traces:  kprof tensorboard {logdir}\n"
+            f"  kprof tab:             {url}{KPROF_TAB}   ({OFFLINE})\n"
+            f"  PyTorch Profiler tab:  {url}{PROFILER_TAB}   ({ONLINE})")
 
 
 class TensorBoardServer:
@@ -73,6 +101,8 @@ class TensorBoardServer:
     def start(self) -> TensorBoardServer:
         """Start TensorBoard and wait until it answers; on any failure nothing is left running."""
         retries = _PORT_RETRIES if self.requested_port == 0 else 0
+        if self.requested_port:
+            check_port(self.requested_port)
         while True:
             self.port = self.requested_port or free_port()
             self._spawn()
@@ -196,21 +226,62 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def serve(logdir: str | Path, port: int = 6006) -> int:
-    """``kprof tensorboard``: run TensorBoard for ``logdir`` on 127.0.0.1 until Ctrl-C; returns the exit status."""
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived: unwind (stopping TensorBoard on the way), then die of the same signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stopped_by(*signums: signal.Signals):
+    """Inside the block, each of ``signums`` raises _Stopped (where it still has Python's default action)."""
+
+    def stop(signum, frame) -> None:
+        for s in signums:  # a second signal must not cut the clean-up short
+            signal.signal(s, signal.SIG_IGN)
+        raise _Stopped(signum)
+
+    previous = {s: signal.getsignal(s) for s in signums}
+    for s, handler in previous.items():
+        if handler == signal.SIG_DFL:
+            signal.signal(s, stop)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def serve(logdir: str | Path, port: int = DEFAULT_PORT) -> int:
+    """``kprof tensorboard``: run TensorBoard for ``logdir`` on 127.0.0.1 until Ctrl-C; returns the exit status.
+
+    SIGTERM or SIGHUP stops TensorBoard and every process it started, then ends this process by the same signal.
+    """
     try:
         server = TensorBoardServer(logdir, port=port)
     except ValueError as exc:
         print(f"kprof tensorboard: {exc} (write traces first, e.g. `kprof demo`)", file=sys.stderr)
         return 2
     try:
-        with server:
+        with _stopped_by(signal.SIGTERM, signal.SIGHUP), server:
             print(f"TensorBoard for {server.logdir}: {server.url}", flush=True)
-            print(f"PyTorch Profiler tab: {server.url}{PROFILER_TAB}   (Ctrl-C to stop)", flush=True)
+            print(f"kprof tab:             {server.url}{KPROF_TAB}   ({OFFLINE})", flush=True)
+            print(f"PyTorch Profiler tab:  {server.url}{PROFILER_TAB}   ({ONLINE})", flush=True)
+            print("Ctrl-C to stop", flush=True)
             return server.wait()
     except TensorBoardError as exc:
-        hint = " (try --port 0 for a free port)" if _BIND_ERROR in str(exc) else ""
-        print(f"kprof tensorboard: {exc}{hint}", file=sys.stderr)
+        if _BIND_ERROR in str(exc):
+            print(f"kprof tensorboard: port {server.port} on {HOST} is in use (another TensorBoard?): "
+                  "stop that server, or pick another port (--port 0 picks a free one)", file=sys.stderr)
+        else:
+            print(f"kprof tensorboard: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
+    except _Stopped as stopped:  # TensorBoard's group is stopped and reaped by now
+        sys.stdout.flush()
+        signal.signal(stopped.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), stopped.signum)
+        raise SystemExit(128 + stopped.signum) from None  # only if the signal is blocked

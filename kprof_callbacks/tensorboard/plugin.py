@@ -1,17 +1,22 @@
-"""The "kprof" TensorBoard tab: run summaries, step time over the run, comparisons, raw trace downloads.
+"""The "kprof" TensorBoard tab: run summaries, step time over the run, a timeline, comparisons, raw trace downloads.
 
 TensorBoard finds `KprofPlugin` through this package's `tensorboard_plugins` entry point and serves its
 routes under `data/plugin/kprof/`. Summaries come from `kprof.summarize` on the trace files on disk,
-cached per run until its files change; step time comes from the `kprof/step_time_ms` scalars through
-TensorBoard's own data provider. The frontend is a plain ES module (static/index.js) in the tab's iframe.
+cached per run until its files change; the timeline serves one step of one trace file at a time from a decoded
+copy of the file, cached until it changes; step time comes from the `kprof/step_time_ms` scalars through
+TensorBoard's own data provider. The frontend is plain ES modules (static/*.js) in the tab's iframe.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import werkzeug
 from tensorboard import errors, plugin_util
 from tensorboard.backend import http_util
@@ -21,25 +26,55 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from werkzeug import wrappers
 
 from .. import layout
-from ..analysis import summarize
+from ..analysis import breakdown
+from ..analysis.reader import TraceError
+from ..analysis.slices import TraceSlices, median_step
+from ..analysis.summary import summarize_contents
 from . import logdir
-from .cache import SummaryCache
+from .cache import FileCache
 
 PLUGIN_NAME = "kprof"
 STATIC = Path(__file__).parent / "static"
-_STATIC_TYPES = {"index.js": "text/javascript", "charts.js": "text/javascript", "style.css": "text/css"}
+_STATIC_TYPES = {"index.js": "text/javascript", "charts.js": "text/javascript", "timeline.js": "text/javascript",
+                 "style.css": "text/css"}
 _MAX_POINTS = 10_000  # step-time points per run: TensorBoard keeps fewer by default, so this means "all it has"
 _JSON = "application/json"
+_OUTSIDE = "a link to a file outside the logdir: not read"
+_DECODED_TRACES = 4  # decoded trace files kept for the timeline: 49 bytes per event, ~7 MB for a 50 MB trace
 
 
 def summarize_run(run: logdir.RunFiles) -> dict[str, Any]:
-    """`summarize(run).to_dict()`, plus its problems as (file name, reason) pairs for the page."""
+    """`summarize` of the run's files (`to_dict()`), its problems as (file name, reason) pairs for the page, when it
+    was made (`summarized_at`, epoch seconds) and how long it took (`seconds`): a client tells fresh from stored."""
+    start = time.perf_counter()
+    outside = [{"file": name, "problem": _OUTSIDE} for name in run.outside]
     try:
-        summary = summarize(run.folder)
+        summary = summarize_contents(run.folder.name, run.contents())
     except ValueError as exc:  # not one readable trace file: the message names each file and why
-        return {"summary": None, "error": str(exc), "problems": []}
-    problems = [{"file": p.path.name, "problem": p.reason} for p in summary.problems]
-    return {"summary": summary.to_dict(), "error": None, "problems": problems}
+        result = {"summary": None, "error": str(exc), "problems": outside}
+    else:
+        problems = [{"file": p.path.name, "problem": p.reason} for p in summary.problems]
+        result = {"summary": summary.to_dict(), "error": None, "problems": problems + outside}
+    return dict(result, summarized_at=time.time(), seconds=time.perf_counter() - start)
+
+
+def read_comparison(path: Path) -> dict[str, Any]:
+    """A `compare.json`, checked to have what the page reads (variants with names); ValueError says what is wrong."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path.name} is not readable JSON: {exc}") from exc
+    variants = data.get("variants") if isinstance(data, dict) else None
+    if not isinstance(variants, list) or not all(isinstance(v, dict) and isinstance(v.get("name"), str)
+                                                 for v in variants):
+        raise ValueError(f"{path.name} is not a kprof.compare result: it needs a list of variants, each with a name")
+    for v in variants:
+        trace_dir = v.get("trace_dir")
+        if trace_dir is not None and not isinstance(trace_dir, str):
+            raise ValueError(f"{path.name}: variant {v['name']!r} has a trace_dir that is not a string")
+        if trace_dir:
+            logdir.check_name(Path(trace_dir).name, f"{path.name}: the trace_dir of variant {v['name']!r}")
+    return data
 
 
 class KprofPlugin(base_plugin.TBPlugin):
@@ -51,7 +86,8 @@ class KprofPlugin(base_plugin.TBPlugin):
         # No logdir with --logdir_spec; a remote logdir (gs://...) is not a folder here and shows no runs.
         self._logdir = Path(context.logdir).expanduser().resolve() if context.logdir else None
         self._provider = context.data_provider
-        self._cache = SummaryCache(summarize_run)
+        self._summaries: FileCache[dict[str, Any]] = FileCache(64)
+        self._traces: FileCache[TraceSlices] = FileCache(_DECODED_TRACES)
 
     def is_active(self) -> bool:
         return self._logdir is not None and logdir.has_data(self._logdir)
@@ -68,6 +104,7 @@ class KprofPlugin(base_plugin.TBPlugin):
             "/steptime": self._steptime_route,
             "/compare": self._compare_route,
             "/trace": self._trace_route,
+            "/timeline": self._timeline_route,
         })
         return apps
 
@@ -81,18 +118,26 @@ class KprofPlugin(base_plugin.TBPlugin):
     def _runs_route(self, request: werkzeug.Request) -> werkzeug.Response:
         """Runs and comparisons below the logdir, from folder listings and file stats only."""
         runs, comparisons = logdir.scan(self._logdir) if self._logdir else ([], [])
+        listed = []
+        for c in comparisons:
+            with contextlib.suppress(FileNotFoundError):  # removed since the walk
+                listed.append({"dir": layout.run_name(self._logdir, c.parent), "modified": c.stat().st_mtime})
+        compare_dirs = {c["dir"] for c in listed}
+        parent = {r.name: r.name.rpartition("/")[0] or "." for r in runs}  # a compare variant's run: in its folder
         return http_util.Respond(request, {
             "logdir": str(self._logdir or ""),
-            "runs": [r.to_dict() for r in runs],
-            "comparisons": [{"dir": layout.run_name(self._logdir, c.parent), "modified": c.stat().st_mtime}
-                            for c in comparisons],
+            "runs": [dict(r.to_dict(), comparison=parent[r.name] if parent[r.name] in compare_dirs else None)
+                     for r in runs],
+            "comparisons": listed,
+            "legend": breakdown.legend(),
         }, _JSON)
 
     @wrappers.Request.application
     def _summary_route(self, request: werkzeug.Request) -> werkzeug.Response:
         """The run's Summary (`to_dict()`), per-file problems, and its files; re-summarized only when they change."""
         run = self._run(request)
-        return http_util.Respond(request, dict(self._cache.get(run), run=run.name, files=run.to_dict()), _JSON)
+        result = self._summaries.get(run.name, run.fingerprint, lambda: summarize_run(run))
+        return http_util.Respond(request, dict(result, run=run.name, files=run.to_dict()), _JSON)
 
     @wrappers.Request.application
     def _steptime_route(self, request: werkzeug.Request) -> werkzeug.Response:
@@ -119,12 +164,14 @@ class KprofPlugin(base_plugin.TBPlugin):
         path = folder / layout.COMPARE_FILE
         if not path.is_file():
             raise errors.NotFoundError(f"no {layout.COMPARE_FILE} in {name!r}")
+        if not logdir.is_below(self._logdir, path):
+            raise errors.PermissionDeniedError(f"{layout.COMPARE_FILE} in {name!r}: {_OUTSIDE}")
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            return http_util.Respond(request, {"dir": name, "data": None, "error": f"{path.name}: {exc}"}, _JSON)
+            data = read_comparison(path)
+        except ValueError as exc:
+            return _unprocessable(request, f"{name}/{exc}")
         runs = {}
-        for variant in data.get("variants", []):
+        for variant in data["variants"]:
             trace_dir = variant.get("trace_dir")
             run = logdir.run_files(self._logdir, folder / Path(trace_dir).name) if trace_dir else None
             runs[variant["name"]] = run.name if run else None
@@ -133,20 +180,38 @@ class KprofPlugin(base_plugin.TBPlugin):
     @wrappers.Request.application
     def _trace_route(self, request: werkzeug.Request) -> werkzeug.Response:
         """One trace file of a run, as a download (to open in ui.perfetto.dev or chrome://tracing)."""
-        run = self._run(request)
-        name = request.args.get("file", "")
-        if name not in {f.name for f in run.traces}:
-            raise errors.NotFoundError(f"no trace file {name!r} in run {run.name!r}")
+        run, trace = self._trace_file(request)
         response = werkzeug.utils.send_file(
-            run.folder / name, request.environ, as_attachment=True, download_name=name, max_age=0,
-            mimetype="application/gzip" if name.endswith(".gz") else _JSON,
+            run.folder / trace.name, request.environ, as_attachment=True, download_name=trace.name, max_age=0,
+            mimetype="application/gzip" if trace.name.endswith(".gz") else _JSON,
         )
         response.headers["X-Content-Type-Options"] = "nosniff"
         return response
 
+    @wrappers.Request.application
+    def _timeline_route(self, request: werkzeug.Request) -> werkzeug.Response:
+        """One step of a trace file (`?step=`, default: the median step) as columns, and the file's steps."""
+        run, trace = self._trace_file(request)
+        try:
+            slices = self._traces.get((run.name, trace.name), trace, lambda: TraceSlices.read(run.folder / trace.name))
+        except TraceError as exc:
+            return _unprocessable(request, f"{trace.name}: {exc}")
+        windows = slices.steps()
+        wanted = request.args.get("step")
+        number = median_step([(w.step, w.wall_us) for w in windows]) if wanted is None else _step_number(wanted)
+        try:
+            piece = slices.step(number)
+        except KeyError as exc:
+            raise errors.NotFoundError(exc.args[0]) from exc
+        body = dict(piece.to_dict(), run=run.name, steps=[dataclasses.asdict(w) for w in windows])
+        return http_util.Respond(request, msgspec.json.encode(body), _JSON)
+
     # -- request helpers ---------------------------------------------------------------------------------------
     def _folder(self, name: str) -> Path:
-        folder = logdir.inside(self._logdir, name) if self._logdir else None
+        try:
+            folder = logdir.inside(self._logdir, name) if self._logdir else None
+        except logdir.BadName as exc:
+            raise errors.InvalidArgumentError(str(exc)) from exc
         if folder is None:
             raise errors.NotFoundError(f"no folder {name!r} in the logdir")
         return folder
@@ -159,3 +224,26 @@ class KprofPlugin(base_plugin.TBPlugin):
         if run is None:
             raise errors.NotFoundError(f"no trace files in run {name!r}")
         return run
+
+    def _trace_file(self, request: werkzeug.Request) -> tuple[logdir.RunFiles, logdir.FileStat]:
+        """The run and one of its trace files (`?file=`), which lies below the logdir."""
+        run = self._run(request)
+        name = request.args.get("file", "")
+        for trace in run.traces:
+            if trace.name == name:
+                return run, trace
+        if name in run.outside:
+            raise errors.PermissionDeniedError(f"{name!r} in run {run.name!r}: {_OUTSIDE}")
+        raise errors.NotFoundError(f"no trace file {name!r} in run {run.name!r}")
+
+
+def _step_number(text: str) -> int:
+    """``?step=`` as a step number; 400 for anything else."""
+    if not text.lstrip("-").isdecimal() or len(text) > 18:  # beyond 18 digits it would not fit the trace's int64
+        raise errors.InvalidArgumentError(f"step must be a step number, got {text[:40]!r}")
+    return int(text)
+
+
+def _unprocessable(request: werkzeug.Request, message: str) -> werkzeug.Response:
+    """422: the request named a file that exists but cannot be used; the message says which and why."""
+    return http_util.Respond(request, message, "text/plain", code=422)

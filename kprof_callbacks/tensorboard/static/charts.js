@@ -11,7 +11,7 @@ function pageWidth() {
 export function svg(tag, attrs = {}, ...children) {
   const el = document.createElementNS(NS, tag);
   for (const [key, value] of Object.entries(attrs)) el.setAttribute(key, value);
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child !== null && child !== undefined) el.append(child instanceof Node ? child : String(child));
   }
   return el;
@@ -44,14 +44,33 @@ export function quantile(values, q) {
   return s[Math.min(s.length - 1, Math.floor(q * s.length))];
 }
 
+/** The tick step (1, 2 or 5 x 10^k) that puts about `count` ticks across `span`. */
+export function tickStep(span, count = 8) {
+  const raw = span / count;
+  const base = 10 ** Math.floor(Math.log10(raw));
+  return [1, 2, 5, 10].map((m) => m * base).find((s) => s >= raw);
+}
+
+/** Labels at the wanted heights `ys`, moved apart so that none is closer than `gap` px to the next. */
+function spread(ys, gap) {
+  const order = ys.map((y, i) => i).sort((a, b) => ys[a] - ys[b]);
+  const out = [...ys];
+  order.forEach((i, k) => {
+    if (k > 0) out[i] = Math.max(out[i], out[order[k - 1]] + gap);
+  });
+  return out;
+}
+
 /**
- * Step time over a run: `points` is [[step, ms], ...] in step order. The y axis starts at 0; a dashed
- * line marks the median. Steps slower than 4x the 90th percentile (the first step, a checkpoint) would
- * flatten everything else, so the axis stops there and each of them is drawn at the top, labelled with
- * its real time.
+ * Step time over a run: `points` is [[step, ms], ...] in step order. The y axis starts at 0. Shaded bands mark
+ * `windows` ([[first, last], ...]: the profiled steps), red dots the `slow` steps (step numbers). Dashed lines
+ * mark the median of every step and, when there are windows, of the profiled steps; their labels sit in the
+ * right margin, outside the plot, so they never cover the line. Steps slower than 4x the 90th percentile (the
+ * first step, a checkpoint) would flatten everything else, so the axis stops there and each of them is drawn
+ * as a triangle at the top, its real time in its tooltip.
  */
-export function lineChart(points, unit = 'ms') {
-  const width = pageWidth(), height = 170, left = 76, right = 12, top = 16, bottom = 24;
+export function lineChart(points, {windows = [], slow = [], unit = 'ms'} = {}) {
+  const width = pageWidth(), height = 190, left = 76, right = 190, top = 22, bottom = 24;
   const chart = frame(width, height, `step time over ${points.length} steps`);
   const steps = points.map((p) => p[0]);
   const values = points.map((p) => p[1]);
@@ -61,7 +80,19 @@ export function lineChart(points, unit = 'ms') {
   const yMax = (max > cap ? cap : max * 1.05) || 1;
   const x = (s) => left + (x1 === x0 ? 0.5 : (s - x0) / (x1 - x0)) * (width - left - right);
   const y = (v) => top + (1 - Math.min(v, yMax) / yMax) * (height - top - bottom);
-  const mid = median(values);
+  const half = x1 === x0 ? 4 : (width - left - right) / (x1 - x0) / 2;
+  let lastLabel = -Infinity;
+  for (const [first, last] of windows) {
+    const a = x(first) - half, b = x(last) + half;
+    chart.append(svg('rect', {x: a, y: top, width: b - a, height: height - top - bottom, class: 'window'},
+      svg('title', {}, `profiled: step ${first}${last > first ? `–${last}` : ''}`)));
+    if (a > lastLabel + 8) {
+      const text = svg('text', {x: a, y: top - 8, class: 'tick window-label'},
+        `profiled ${first}${last > first ? `–${last}` : ''}`);
+      chart.append(text);
+      lastLabel = a + 6.2 * text.textContent.length;
+    }
+  }
   for (const v of [0, yMax / 2, yMax]) {
     chart.append(svg('line', {x1: left, x2: width - right, y1: y(v), y2: y(v), class: 'grid'}));
     chart.append(svg('text', {x: left - 6, y: y(v) + 4, class: 'tick', 'text-anchor': 'end'}, `${num(v)} ${unit}`));
@@ -70,22 +101,36 @@ export function lineChart(points, unit = 'ms') {
   for (const [s, anchor] of ends) {
     chart.append(svg('text', {x: x(s), y: height - 6, class: 'tick', 'text-anchor': anchor}, `step ${s}`));
   }
-  chart.append(svg('line', {x1: left, x2: width - right, y1: y(mid), y2: y(mid), class: 'median'}));
-  chart.append(svg('text', {x: left + 4, y: y(mid) - 4, class: 'tick'}, `median ${num(mid)} ${unit}`));
+  const profiled = new Set(windows.flatMap(([a, b]) => Array.from({length: b - a + 1}, (_, k) => a + k)));
+  const inWindows = points.filter(([s]) => profiled.has(s)).map((p) => p[1]);
+  const medians = [[median(values), `median, all ${values.length} steps`, 'median']];
+  if (inWindows.length) medians.push([median(inWindows), `median, ${inWindows.length} profiled`, 'median-profiled']);
+  const labelY = spread(medians.map(([v]) => y(v) + 4), 13);
+  medians.forEach(([v, text, cls], i) => {
+    chart.append(svg('line', {x1: left, x2: width - right, y1: y(v), y2: y(v), class: cls}));
+    chart.append(svg('text', {x: width - right + 8, y: labelY[i], class: `tick ${cls}-label`},
+      `${text}: ${num(v)} ${unit}`));
+  });
   if (points.length === 1) {
     chart.append(svg('circle', {cx: x(steps[0]), cy: y(values[0]), r: 3, class: 'dot'}));
   } else {
     chart.append(svg('polyline', {points: points.map(([s, v]) => `${x(s)},${y(v)}`).join(' '), class: 'line'}));
   }
+  const slowSet = new Set(slow);
+  for (const [s, v] of points.filter(([s]) => slowSet.has(s))) {
+    chart.append(svg('circle', {cx: x(s), cy: y(v), r: 3.5, class: 'slow'},
+      svg('title', {}, `slow step ${s}: ${num(v)} ${unit}`)));
+  }
   for (const [s, v] of points.filter((p) => p[1] > yMax)) {
-    chart.append(svg('circle', {cx: x(s), cy: y(v), r: 3, class: 'dot'}, svg('title', {}, `step ${s}: ${num(v)} ${unit}`)));
-    chart.append(svg('text', {x: x(s) + 5, y: top - 4 + 8, class: 'tick'}, `${num(v)} ${unit} (step ${s})`));
+    const [px, py] = [x(s), top];
+    chart.append(svg('path', {d: `M${px - 5},${py + 7} L${px + 5},${py + 7} L${px},${py} Z`, class: 'off-scale'},
+      svg('title', {}, `step ${s}: ${num(v)} ${unit}, above the axis`)));
   }
   return chart;
 }
 
 /**
- * One horizontal stacked bar per row: `rows` are {label, parts: [{value, cls, name}]}; all bars share
+ * One horizontal stacked bar per row: `rows` are {label, parts: [{value, color, name}]}; all bars share
  * one scale so longer steps draw longer bars. Hovering a segment shows its name and value.
  */
 export function stackedBars(rows, unit = 'ms') {
@@ -103,7 +148,7 @@ export function stackedBars(rows, unit = 'ms') {
     for (const part of row.parts) {
       if (part.value <= 0) continue;
       const w = part.value * scale;
-      chart.append(svg('rect', {x, y, width: w, height: bar, class: part.cls},
+      chart.append(svg('rect', {x, y, width: w, height: bar, fill: part.color},
         svg('title', {}, `${row.label}: ${part.name} ${num(part.value)} ${unit}`)));
       x += w;
     }
@@ -113,31 +158,42 @@ export function stackedBars(rows, unit = 'ms') {
 }
 
 /**
- * Variants side by side: a bar to each median with a whisker from p10 to p90. `items` are
- * {label, median, low, high, cls}; items without a median are left out.
+ * Variants side by side on one time axis: a light bar to each median, a whisker from p10 to p90 and a dark mark
+ * at the median, labelled at the mark. `items` are {label, median, low, high, color}; items without a median
+ * are left out.
  */
 export function rangeBars(items, unit = 'ms') {
   const shown = items.filter((it) => it.median !== null && it.median !== undefined);
-  const bar = 16, gap = 8, left = 120, right = 90;
-  const height = shown.length * (bar + gap) + gap;
+  const row = 36, left = 130, right = 30, top = 6, axis = 26;
+  const height = top + shown.length * row + axis;
   const width = pageWidth();
   const chart = frame(width, height, `median step time of ${shown.length} variants`);
-  const max = Math.max(...shown.map((it) => it.high ?? it.median)) || 1;
-  const scale = (width - left - right) / max;
+  const max = Math.max(...shown.map((it) => it.high ?? it.median)) * 1.08 || 1;
+  const x = (v) => left + (v / max) * (width - left - right);
+  const bottom = top + shown.length * row;
+  const step = tickStep(max, Math.max(2, Math.floor((width - left - right) / 90)));
+  for (let v = 0; v <= max; v += step) {
+    chart.append(svg('line', {x1: x(v), x2: x(v), y1: top, y2: bottom, class: 'grid'}));
+    chart.append(svg('text', {x: x(v), y: bottom + 16, class: 'tick', 'text-anchor': 'middle'}, `${num(v)} ${unit}`));
+  }
+  chart.append(svg('line', {x1: left, x2: width - right, y1: bottom, y2: bottom, class: 'axis'}));
   shown.forEach((it, i) => {
-    const y = gap + i * (bar + gap);
-    const mid = y + bar / 2;
-    chart.append(svg('text', {x: left - 6, y: mid + 4, class: 'tick', 'text-anchor': 'end'}, it.label));
-    chart.append(svg('rect', {x: left, y, width: it.median * scale, height: bar, class: it.cls},
+    const mid = top + i * row + 23;
+    chart.append(svg('text', {x: left - 8, y: mid + 4, class: 'tick', 'text-anchor': 'end'}, it.label));
+    chart.append(svg('rect',
+      {x: left, y: mid - 6, width: x(it.median) - left, height: 12, fill: it.color, class: 'range-bar'},
       svg('title', {}, `${it.label}: median ${num(it.median)} ${unit}`)));
     if (it.low !== null && it.high !== null) {
-      chart.append(svg('line', {x1: left + it.low * scale, x2: left + it.high * scale, y1: mid, y2: mid, class: 'whisker'}));
+      chart.append(svg('line', {x1: x(it.low), x2: x(it.high), y1: mid, y2: mid, class: 'whisker'},
+        svg('title', {}, `${it.label}: p10 ${num(it.low)} ${unit}, p90 ${num(it.high)} ${unit}`)));
       for (const v of [it.low, it.high]) {
-        chart.append(svg('line', {x1: left + v * scale, x2: left + v * scale, y1: y + 3, y2: y + bar - 3, class: 'whisker'}));
+        chart.append(svg('line', {x1: x(v), x2: x(v), y1: mid - 5, y2: mid + 5, class: 'whisker'}));
       }
     }
-    const end = left + Math.max(it.median, it.high ?? 0) * scale;
-    chart.append(svg('text', {x: end + 6, y: mid + 4, class: 'tick'}, `${num(it.median)} ${unit}`));
+    chart.append(svg('line', {x1: x(it.median), x2: x(it.median), y1: mid - 8, y2: mid + 8, class: 'median-mark'}));
+    const anchor = x(it.median) > width - right - 40 ? 'end' : 'middle';
+    chart.append(svg('text', {x: x(it.median), y: mid - 11, class: 'tick value', 'text-anchor': anchor},
+      `${num(it.median)} ${unit}`));
   });
   return chart;
 }

@@ -2,9 +2,11 @@
 // goes to this plugin's routes (relative URLs under data/plugin/kprof/), nothing to the network.
 
 import {lineChart, median, num, rangeBars, stackedBars} from './charts.js';
+import {timelineView} from './timeline.js';
 
 const TOP = 15;
-const state = {runs: [], comparisons: [], logdir: '', view: null};
+const SLOW = 3; // a step slower than this times the median is marked slow (the slow-step trigger's default)
+const state = {runs: [], comparisons: [], logdir: '', view: null, legend: null};
 
 /** An HTML element with attributes (`on*` are listeners) and children (strings become text, never HTML). */
 function h(tag, attrs = {}, ...children) {
@@ -14,7 +16,7 @@ function h(tag, attrs = {}, ...children) {
     if (key.startsWith('on')) el.addEventListener(key.slice(2), value);
     else el.setAttribute(key, value === true ? '' : value);
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child !== null && child !== undefined && child !== false) el.append(child instanceof Node ? child : String(child));
   }
   return el;
@@ -59,6 +61,7 @@ function table(columns, rows, limit = TOP, cls = null) {
 
 // -- page skeleton ------------------------------------------------------------------------------------------
 const picker = h('select', {id: 'picker', 'aria-label': 'run', onchange: () => select(picker.value)});
+const pickerLabel = h('label', {}, 'Run ', picker);
 const status = h('span', {id: 'status', class: 'status'});
 const main = h('main', {id: 'content'});
 
@@ -67,7 +70,7 @@ export async function render() {
   document.body.append(h('div', {class: 'wrap'},
     h('header', {},
       h('h1', {}, 'kprof'),
-      h('label', {}, 'Run ', picker),
+      pickerLabel,
       h('button', {type: 'button', onclick: () => load()}, 'Reload'),
       status),
     main));
@@ -85,10 +88,11 @@ async function load() {
     main.replaceChildren(note(`Could not list runs: ${err.message}`, 'error'));
     return;
   }
-  Object.assign(state, {runs: listing.runs, comparisons: listing.comparisons, logdir: listing.logdir});
-  if (!state.runs.length && !state.comparisons.length) {
+  Object.assign(state, {runs: listing.runs, comparisons: listing.comparisons, logdir: listing.logdir,
+    legend: listing.legend});
+  pickerLabel.hidden = !state.runs.length && !state.comparisons.length;
+  if (pickerLabel.hidden) {
     status.textContent = '';
-    picker.replaceChildren();
     main.replaceChildren(emptyPage());
     return;
   }
@@ -117,6 +121,7 @@ function latestView() {
 async function select(view) {
   state.view = view;
   picker.value = view;
+  main.dataset.view = view;
   history.replaceState(null, '', `#${encodeURIComponent(view)}`);
   const [kind, name] = [view.slice(0, view.indexOf('=')), view.slice(view.indexOf('=') + 1)];
   status.textContent = `Loading ${name}…`;
@@ -143,7 +148,7 @@ function emptyPage() {
     h('p', {}, `Nothing in ${state.logdir || 'the logdir'} has torch.profiler trace files (*.pt.trace.json[.gz]) `
       + 'or a compare.json. Profile a few steps of your training loop:'),
     h('pre', {}, code),
-    h('p', {}, 'then start ', h('code', {}, 'tensorboard --logdir log'),
+    h('p', {}, 'then start ', h('code', {}, 'kprof tensorboard log'),
       ' again (or press Reload). In a terminal, ', h('code', {}, 'kprof summary log'), ' prints the same summary.'));
 }
 
@@ -165,10 +170,11 @@ async function runPage(name) {
   if (s) {
     parts.push(diagnosticsSection(s.diagnostics));
   }
-  parts.push(stepTimeSection(steptime.points));
+  const info = state.runs.find((r) => r.run === name);
+  parts.push(stepTimeSection(steptime.points, s ? s.steps : [], info && info.comparison));
   if (s) {
     const gpu = s.kernels.length > 0;
-    parts.push(stepsSection(s.steps, gpu), opsSection(s.ops, gpu));
+    parts.push(stepsSection(s.steps, gpu), timelineSection(name, files, s.files), opsSection(s.ops, gpu));
     if (gpu) parts.push(kernelsSection(s.kernels));
     parts.push(labelsSection(s.labels, gpu));
     if (s.ranks.length > 1) parts.push(ranksSection(s.ranks, s.step_skew));
@@ -195,49 +201,123 @@ function diagnosticsSection(diagnostics) {
   return section('Findings', body);
 }
 
-function stepTimeSection(points) {
+/** Consecutive runs of step numbers, as [[first, last], ...]: the profiled windows. */
+function windowsOf(numbers) {
+  const sorted = [...new Set(numbers)].filter((n) => n >= 0).sort((a, b) => a - b);
+  const out = [];
+  for (const n of sorted) {
+    if (out.length && n === out[out.length - 1][1] + 1) out[out.length - 1][1] = n;
+    else out.push([n, n]);
+  }
+  return out;
+}
+
+function stepTimeSection(points, profiledSteps, comparison) {
   if (!points.length) {
-    return section('Step time over the run', note('No kprof/step_time_ms scalars for this run yet: the session writes '
-      + 'them every 50 steps and at exit, and TensorBoard picks them up on its next reload (a few seconds).'));
+    const why = comparison
+      ? [`kprof.compare writes no step-time scalars; the step times of its variants are in the comparison `,
+        h('a', {href: `#compare=${encodeURIComponent(comparison)}`, onclick: (e) => {
+          e.preventDefault();
+          select(`compare=${comparison}`);
+        }}, comparison === '.' ? 'of the logdir' : comparison), '.']
+      : ['No kprof/step_time_ms scalars for this run yet: the session writes them every 50 steps and at exit, and '
+        + 'TensorBoard picks them up on its next reload (a few seconds).'];
+    return section('Step time over the run', h('p', {class: 'note'}, ...why));
   }
   const values = points.map((p) => p[1]);
+  const typical = median(values);
+  const slow = points.filter(([, v]) => v > SLOW * typical);
+  const windows = windowsOf(profiledSteps.map((r) => r.step));
+  const after = windows.map(([first]) => slow.filter(([n]) => n < first && first - n <= 4).pop())
+    .map((found, i) => (found ? `profiled ${windows[i][0]}–${windows[i][1]} follows slow step ${found[0]}` : null))
+    .filter(Boolean);
   const last = values[values.length - 1];
   return section('Step time over the run',
-    h('figure', {}, lineChart(points)),
-    note(`${points.length} steps; median ${num(median(values))} ms, min ${num(Math.min(...values))} ms, `
-      + `max ${num(Math.max(...values))} ms, last ${num(last)} ms (every step, not only the profiled ones).`));
+    h('figure', {}, lineChart(points, {windows, slow: slow.map(([n]) => n)})),
+    h('p', {class: 'legend'},
+      windows.length ? [h('span', {class: 'swatch window'}), 'profiled steps (the trace files) '] : null,
+      slow.length ? [h('span', {class: 'swatch slow'}), `slow step (over ${SLOW}x the median) `] : null,
+      'a triangle at the top: a step above the axis (hover for its time)'),
+    note(`${points.length} steps, every step of the run (not only the profiled ones); `
+      + `min ${num(Math.min(...values))} ms, max ${num(Math.max(...values))} ms, last ${num(last)} ms.`
+      + (slow.length ? ` ${slow.length} slow: `
+        + `${slow.slice(0, 8).map(([n, v]) => `step ${n} (${num(v)} ms)`).join(', ')}${slow.length > 8 ? ', …' : ''}.`
+        : '')
+      + (after.length ? ` ${after.join('; ')}: a capture the slow-step trigger may have started.` : '')));
 }
 
 function stepsSection(steps, gpu) {
+  const {parts: allParts, columns: names} = state.legend;
+  const parts = gpu ? allParts : allParts.filter((p) => p.key !== 'gpu_busy_us');
+  const other = (r) => Math.max(r.wall_us - r.gpu_busy_us - r.cpu_only_us, 0); // breakdown.py's other_us
+  const value = (p, r) => (p.key === 'other_us' ? other(r) : r[p.key]);
   const workers = new Set(steps.map((r) => r.worker)).size;
   const label = (r) => (workers > 1 ? `${r.rank ?? r.worker} #${r.step}` : `step ${r.step}`);
-  const rows = steps.map((r) => {
-    const busy = gpu ? r.gpu_busy_us : 0;
-    return {label: label(r), parts: [
-      {value: busy / 1000, cls: 'seg-gpu', name: 'GPU busy'},
-      {value: r.cpu_only_us / 1000, cls: 'seg-host', name: gpu ? 'host only, GPU idle' : 'host operators'},
-      {value: Math.max(r.wall_us - busy - r.cpu_only_us, 0) / 1000, cls: 'seg-other', name: 'neither (Python, waits)'},
-    ]};
+  const rows = steps.map((r) => ({
+    label: label(r), parts: parts.map((p) => ({value: value(p, r) / 1000, color: p.color, name: p.name})),
+  }));
+  const legend = h('p', {class: 'legend'}, parts.map((p) => [
+    h('span', {class: 'swatch', style: `background:${p.color}`}), h('span', {title: p.meaning}, `${p.name} `)]));
+  const column = (key, fmt, keep = false) => ({
+    label: names[key], get: key === 'other_us' ? other : (r) => r[key], fmt, keep,
   });
-  const legend = h('p', {class: 'legend'},
-    gpu ? [h('span', {class: 'swatch seg-gpu'}), 'GPU busy '] : null,
-    h('span', {class: 'swatch seg-host'}), gpu ? 'host only, GPU idle ' : 'host operators ',
-    h('span', {class: 'swatch seg-other'}), 'neither (Python, waits)');
   const columns = [
     {label: 'step', get: (r) => r.step, cls: 'num', keep: true},
     {label: 'rank / worker', get: (r) => (workers > 1 ? (r.rank ?? r.worker) : null), cls: 'name'},
-    {label: 'wall', get: (r) => r.wall_us, fmt: ms, keep: true},
-    {label: 'GPU busy', get: (r) => r.gpu_busy_us, fmt: ms},
-    {label: 'kernels', get: (r) => r.kernel_us, fmt: ms},
-    {label: 'memcpy', get: (r) => r.memcpy_us, fmt: ms},
-    {label: 'memset', get: (r) => r.memset_us, fmt: ms},
-    {label: 'comm', get: (r) => r.comm_us, fmt: ms},
-    {label: gpu ? 'host only' : 'host ops', get: (r) => r.cpu_only_us, fmt: ms},
-    {label: 'data loading', get: (r) => r.dataloader_us, fmt: ms},
-    {label: 'GPU idle', get: (r) => r.gpu_idle_us, fmt: ms},
-    {label: 'peak memory', get: (r) => r.peak_memory, fmt: mb},
+    column('wall_us', ms, true), column('gpu_busy_us', ms), column('gpu_idle_us', ms), column('kernel_us', ms),
+    column('memcpy_us', ms), column('memset_us', ms), column('comm_us', ms), column('cpu_only_us', ms, true),
+    column('other_us', ms, true), column('dataloader_us', ms), column('peak_memory', mb),
   ];
   return section('Per-step breakdown', h('figure', {}, stackedBars(rows)), legend, table(columns, steps, 64, 'compact'));
+}
+
+/**
+ * One step of one trace file, drawn by timeline.js; the step is loaded after the page shows, a step at a time.
+ * It opens on the first file the summary could read (`readable`: their paths), at that file's median step.
+ */
+function timelineSection(name, files, readable) {
+  const fileSel = h('select', {'aria-label': 'trace file'},
+    files.traces.map((f) => h('option', {value: f.name}, f.name)));
+  const stepSel = h('select', {'aria-label': 'step', id: 'timeline-step'});
+  const body = h('div', {id: 'timeline'});
+  let view = null;
+  async function show(file, step) {
+    body.replaceChildren(note('Loading the timeline…'));
+    const params = step === undefined ? {run: name, file} : {run: name, file, step};
+    let data;
+    try {
+      data = await getJSON(`timeline?${query(params)}`);
+    } catch (err) {
+      body.replaceChildren(note(`No timeline: ${err.message}`, 'error'));
+      return;
+    }
+    const walls = data.steps.map((w) => w.wall_us);
+    const slowest = data.steps.reduce((a, b) => (b.wall_us > a.wall_us ? b : a)).step;
+    const mid = median(walls);
+    stepSel.replaceChildren(...data.steps.map((w) => h('option', {value: w.step},
+      `${w.step < 0 ? 'whole trace' : `step ${w.step}`}, ${ms(w.wall_us)}`
+      + (w.step === slowest && data.steps.length > 1 ? ' (slowest)' : w.wall_us === mid ? ' (median)' : ''))));
+    stepSel.value = String(data.step);
+    view = timelineView(data, state.legend.kinds);
+    const kinds = [...new Set(data.events.kind)].sort((a, b) => a - b).map((k) => data.kinds[k]);
+    body.replaceChildren(view, h('p', {class: 'legend'}, kinds.map((k) => [
+      h('span', {class: 'swatch', style: `background:${state.legend.kinds[k]}`}), `${k} `])),
+    note(`${data.events.start.length} events in ${data.lanes.length} lane${data.lanes.length === 1 ? '' : 's'}, `
+      + `from ${data.file}.`));
+    view.view.draw(); // now that it has its width on the page
+  }
+  fileSel.addEventListener('change', () => show(fileSel.value));
+  stepSel.addEventListener('change', () => show(fileSel.value, stepSel.value));
+  const first = readable.length ? readable[0].split('/').pop() : files.traces[0].name;
+  fileSel.value = first;
+  show(first);
+  return section('Timeline',
+    h('div', {class: 'controls'}, h('label', {}, 'Trace ', fileSel), h('label', {}, 'Step ', stepSel),
+      h('button', {type: 'button', onclick: () => view && view.view.show(0, Infinity)}, 'Whole step')),
+    note('Wheel: zoom · drag: pan · shift+wheel: scroll the lanes · hover: details · click: keep them · '
+      + 'double-click: zoom to the event · W/S zoom, A/D pan, 0 resets (click the timeline first). '
+      + 'Arrows lead from a launch (cudaLaunchKernel, cudaMemcpyAsync) to the GPU work it started.'),
+    body);
 }
 
 function opsSection(ops, gpu) {
@@ -272,6 +352,7 @@ function labelsSection(labels, gpu) {
   if (!labels.length) {
     return section('Labels', note('No record_function labels: wrap parts of a step in s.region("forward") to see them here.'));
   }
+  const nested = labels.some((r) => r.contains.length);
   const columns = [
     {label: 'label', get: (r) => shorten(r.name), title: (r) => r.name, keep: true},
     {label: 'count', get: (r) => r.count, fmt: String, keep: true},
@@ -279,8 +360,11 @@ function labelsSection(labels, gpu) {
     {label: 'mean', get: (r) => r.mean_us, fmt: ms, keep: true},
     {label: 'GPU time', get: (r) => (gpu ? r.cuda_total_us : 0), fmt: ms},
     {label: 'share of steps', get: (r) => r.step_share, fmt: pct, keep: true},
+    {label: 'contains', get: (r) => r.contains.join(', '), cls: 'name contains'},
   ];
-  return section('Labels (regions)', table(columns, labels));
+  return section('Labels (regions)', table(columns, labels),
+    nested ? note('A label that contains others (under Lightning, Optimizer.step#... holds the forward and backward '
+      + 'of its closure) counts their time too, so the shares add up to more than the steps.') : null);
 }
 
 function ranksSection(ranks, skew) {
@@ -312,7 +396,7 @@ function tracesSection(name, files, snapshots) {
     ? note(`${files.partial.length} file(s) still being written (*.partial) are not shown yet; press Reload when they land.`)
     : null;
   const perfetto = h('p', {},
-    'To see the timeline: download a trace, open ',
+    'The timeline above shows one step at a time. To see a whole trace file: download it, open ',
     h('a', {href: 'https://ui.perfetto.dev', target: '_blank', rel: 'noopener noreferrer'}, 'ui.perfetto.dev'),
     ', choose "Open trace file" and pick the downloaded file (.json and .json.gz both open; the file stays on '
     + 'your machine). chrome://tracing reads the same files.');
@@ -353,8 +437,9 @@ async function comparePage(dir) {
     h('td', {class: 'num'}, v.peak_mem_mb === null ? '–' : `${num(v.peak_mem_mb)} MB`)));
   const head = h('tr', {}, ['variant', 'median', 'p10–p90', `speedup [${conf}]`, 'verdict', 'correctness check', 'peak memory']
     .map((t, i) => h('th', {class: [0, 4, 5].includes(i) ? 'name' : 'num'}, t)));
+  const [gpu, , other] = state.legend.parts.map((p) => p.color);
   const chart = rangeBars(variants.map((v) => ({
-    label: v.name, median: v.median_ms, low: v.p10_ms, high: v.p90_ms, cls: v.name === c.baseline ? 'seg-other' : 'seg-gpu',
+    label: v.name, median: v.median_ms, low: v.p10_ms, high: v.p90_ms, color: v.name === c.baseline ? other : gpu,
   })));
   const errors = variants.filter((v) => v.error).map((v) => h('li', {}, h('code', {}, v.name), `: ${v.error}`));
   const versions = Object.entries(c.versions || {}).filter(([, v]) => v).map(([k, v]) => `${k} ${v}`).join(', ');
@@ -364,6 +449,28 @@ async function comparePage(dir) {
       + `Speedup = median(${c.baseline}) / median(variant).`),
     h('table', {id: 'compare'}, h('thead', {}, head), h('tbody', {}, rows)),
     h('figure', {}, chart),
+    note('Bars end at the median step time; whiskers span p10 to p90 of the timed steps.'),
+    noiseWarning(variants, settings, conf),
+    variants.some((v) => v.trace_diff) ? [h('h3', {}, `In the traces, against ${c.baseline} (kprof diff)`),
+      h('ul', {class: 'files', id: 'trace-diff'}, variants.filter((v) => v.trace_diff).map((v) =>
+        h('li', {}, h('code', {}, v.name), `: ${v.trace_diff}`)))] : null,
     errors.length ? h('ul', {class: 'problems'}, errors) : null,
     note(`Versions: ${versions}. Click a variant to open its profiled run.`))];
+}
+
+/**
+ * A warning when the measurement cannot resolve the changes the verdict is about: a speedup's confidence interval
+ * wider than the noise threshold either way.
+ */
+function noiseWarning(variants, settings, conf) {
+  const threshold = settings.noise_threshold ?? 0.02;
+  const noisy = variants.filter((v) => v.ci_low !== null && v.ci_high !== null && v.speedup
+    && (v.ci_high - v.ci_low) / 2 / v.speedup > threshold);
+  if (!noisy.length) return null;
+  const spans = noisy.map((v) => `${v.name}: [${v.ci_low.toFixed(3)}, ${v.ci_high.toFixed(3)}], `
+    + `±${(50 * (v.ci_high - v.ci_low) / v.speedup).toFixed(1)}%`);
+  return h('p', {class: 'diag warning', id: 'noise'}, h('span', {class: 'badge'}, 'noisy'),
+    `The ${conf} of the speedup is wider than the ${(100 * threshold).toFixed(0)}% the verdict treats as noise (`
+    + `${spans.join('; ')}): this measurement cannot tell a change that small from noise. Time more steps (--steps), `
+    + 'on a quieter machine, or with fewer other processes running.');
 }
