@@ -1,8 +1,9 @@
 """Custom layers with CUDA and C++ CPU kernels, importable as ``kprof_callbacks.kernels``.
 
-Each op is a kernel pair (``<op>.cu`` for CUDA, ``<op>.cpp`` for the CPU and the torch binding),
-an autograd.Function, a functional form and an ``nn.Module`` with ``from_module``. Nothing is
-compiled at import: each extension is built (or loaded from the cache) at its first call.
+Each op is a registered PyTorch operator, ``torch.ops.kprof.<op>`` (``<op>.cu`` holds the CUDA kernels, ``<op>.cpp``
+the CPU kernels, autograd, autocast and the registration), with a functional form and an ``nn.Module`` with
+``from_module``. Nothing is compiled at import: each extension is built (or loaded from the cache) when a layer
+is constructed or a functional form first runs.
 
 The functions ``square``, ``add`` and ``gelu`` share their names with the modules defining them; the
 functions win here, and ``importlib.import_module("kprof_callbacks.kernels.gelu")`` reaches a module.
