@@ -33,7 +33,9 @@ __all__ = ["KernelBuildError", "load", "load_inline", "Add", "add", "GELU", "Bia
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value  # later lookups are plain attribute reads, not an import per call
+    return value
 
 
 def __dir__() -> list[str]:

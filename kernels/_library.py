@@ -21,7 +21,11 @@ _lock = threading.Lock()
 
 
 class OpLibrary:
-    """The operators ``ops`` of one extension; ``build`` compiles or loads it (``_build.load``/``load_inline``)."""
+    """The operators ``ops`` of one extension; ``build`` compiles or loads it (``_build.load``/``load_inline``).
+
+    Once loaded, each operator's ``OpOverload`` is an attribute (``LIBRARY.gelu`` is ``torch.ops.kprof.gelu.default``):
+    one attribute read per call instead of four, and Dynamo puts it in the graph all the same.
+    """
 
     def __init__(self, name: str, build: Callable[[], types.ModuleType], ops: tuple[str, ...]) -> None:
         self.name = name
@@ -48,7 +52,8 @@ class OpLibrary:
         return record
 
     def load(self) -> bool:
-        """Build or load the extension (once per process) and register its fake kernels; True when done.
+        """Build or load the extension (once per process), register its fake kernels and bind its operators as
+        attributes; True when done.
 
         A library whose operators are already registered in this process is not loaded a second time (a second
         copy's registrations would fail inside the dynamic loader, where an error ends the process).
@@ -62,5 +67,7 @@ class OpLibrary:
                 for op, fn in self._fakes.items():
                     if torch._library.simple_registry.singleton.find(f"kprof::{op}").fake_impl.kernel is None:
                         torch.library.register_fake(f"kprof::{op}", fn)
+                for op in self.ops:
+                    setattr(self, op, getattr(torch.ops.kprof, op).default)
                 self._loaded = True
         return True

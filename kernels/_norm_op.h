@@ -24,8 +24,8 @@ inline at::ScalarType norm_stats_dtype(const at::Tensor& x) {
   return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// A norm call's tensors as the kernels read them: x as [rows, n] (n = the product of normalized_shape), weight
-// (and bias) as [n], all contiguous.
+// A norm call's tensors as the kernels read them, contiguous: x holds `rows` rows of n elements (n = the product of
+// normalized_shape), weight (and bias) n elements. No views are made: each would be a dispatcher call per call.
 struct NormArgs {
   at::Tensor x, weight;
   std::optional<at::Tensor> bias;
@@ -41,7 +41,7 @@ inline at::Tensor norm_param(const char* op, const char* arg, const at::Tensor& 
   const bool reduced = xt == at::kHalf || xt == at::kBFloat16;
   TORCH_CHECK_TYPE(pt == xt || (pt == at::kFloat && reduced), op, ": ", arg, " dtype ", pt,
                    " does not go with x dtype ", xt, " (use x's dtype, or float32 for float16/bfloat16 x)");
-  return p.contiguous().view({-1});
+  return p.contiguous();
 }
 
 // Checks a norm call (x [..., *normalized_shape], weight, optional bias, eps) before any launch.
@@ -64,7 +64,6 @@ inline NormArgs norm_args(const char* op, const at::Tensor& x_in, at::IntArrayRe
   a.rows = a.n == 0 ? 0 : x.numel() / a.n;
   TORCH_CHECK_VALUE(!x.is_cuda() || a.n <= kCudaMaxCols, op, ": the CUDA kernels take rows of at most ", kCudaMaxCols,
                     " elements, normalized_shape ", shape, " has ", a.n, "; use impl='torch' for this layer");
-  a.x = x.view({a.rows, a.n});
   return a;
 }
 
@@ -77,9 +76,9 @@ inline at::Tensor norm_stat(const char* op, const char* arg, const NormArgs& a, 
   return t.contiguous();
 }
 
-// A backward's incoming gradient: x's shape, dtype and device, as [rows, n].
-inline at::Tensor norm_grad(const char* op, const NormArgs& a, const at::Tensor& x_in, const at::Tensor& grad) {
-  return checked_like(x_in, grad, op, "grad").view({a.rows, a.n});
+// A backward's incoming gradient: x's shape, dtype and device, contiguous.
+inline at::Tensor norm_grad(const char* op, const at::Tensor& x_in, const at::Tensor& grad) {
+  return checked_like(x_in, grad, op, "grad");
 }
 
 // The accumulation dtype of a twin: float64 for float64 x, float32 otherwise.
@@ -113,22 +112,23 @@ void norm_dispatch_cpu(const at::Tensor& x, const at::Tensor& w, F&& f) {
   });
 }
 
-// f(r) for every row r of x, rows split over CPU threads in chunks of about 32768 elements (ATen's grain).
+// f(r) for every row r < rows (of n elements), rows split over CPU threads in chunks of about 32768 elements
+// (ATen's grain).
 template <typename F>
-void for_each_row(const at::Tensor& x, F&& f) {
-  const int64_t grain = std::max<int64_t>(1, kGrain / x.size(1));
-  at::parallel_for(0, x.size(0), grain, [&](int64_t begin, int64_t end) {
+void for_each_row(int64_t rows, int64_t n, F&& f) {
+  const int64_t grain = std::max<int64_t>(1, kGrain / n);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) f(r);
   });
 }
 
-// f(r, part) for every row r of x, where part[k] is a zeroed [n] accumulator for gradient k private to
-// the row's chunk; afterwards grads[k][c] = sum over chunks of part[k][c]. A fixed chunk count keeps the
-// result independent of the thread count.
+// f(r, part) for every row r < rows (of n elements), where part[k] is a zeroed [n] accumulator for gradient k
+// private to the row's chunk; afterwards grads[k][c] = sum over chunks of part[k][c]. A fixed chunk count keeps
+// the result independent of the thread count.
 template <typename Acc, typename W, typename F>
-void rows_with_partials(const at::Tensor& x, const std::vector<W*>& grads, F&& f) {
+void rows_with_partials(int64_t rows, int64_t n, const std::vector<W*>& grads, F&& f) {
   constexpr int64_t kChunks = 64;
-  const int64_t rows = x.size(0), n = x.size(1), chunks = std::min(rows, kChunks);
+  const int64_t chunks = std::min(rows, kChunks);
   const auto k_grads = static_cast<int64_t>(grads.size());
   std::vector<Acc> part(static_cast<size_t>(chunks * k_grads * n), Acc(0));
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {

@@ -25,7 +25,7 @@ def add(a: torch.Tensor, b: torch.Tensor, *, impl: str | None = None) -> torch.T
             return torch.add(a, b)
         check_kernel_impl(impl, a, "kprof add")
     LIBRARY.ensure()
-    return torch.ops.kprof.add.default(a, b)
+    return LIBRARY.add(a, b)
 
 
 class Add(KernelLayer):

@@ -46,7 +46,7 @@ def gelu(x: torch.Tensor, approximate: str = "none", *, impl: str | None = None)
             return F.gelu(x, approximate=approximate)
         check_kernel_impl(impl, x, "kprof gelu")
     LIBRARY.ensure()
-    return torch.ops.kprof.gelu.default(x, approximate)
+    return LIBRARY.gelu(x, approximate)
 
 
 def bias_gelu(
@@ -58,7 +58,7 @@ def bias_gelu(
             return F.gelu(x + bias, approximate=approximate)
         check_kernel_impl(impl, x, "kprof bias_gelu")
     LIBRARY.ensure()
-    return torch.ops.kprof.bias_gelu.default(x, bias, approximate)
+    return LIBRARY.bias_gelu(x, bias, approximate)
 
 
 def _check_approximate(approximate: str) -> str:

@@ -35,7 +35,7 @@ void forward_cpu(const kprof::NormArgs& a, double eps, Tensor& y, Tensor& mean, 
   T* yp = y.mutable_data_ptr<T>();
   acc_t* mp = mean.mutable_data_ptr<acc_t>();
   acc_t* rp = rstd.mutable_data_ptr<acc_t>();
-  kprof::for_each_row(a.x, [&](int64_t r) {
+  kprof::for_each_row(a.rows, n, [&](int64_t r) {
     const T* xr = xp + r * n;
     acc_t sum = 0;
     for (int64_t c = 0; c < n; ++c) sum += static_cast<acc_t>(xr[c]);
@@ -65,7 +65,7 @@ void backward_cpu(const kprof::NormArgs& a, const Tensor& dy, const Tensor& mean
   T* dxp = dx.mutable_data_ptr<T>();
   std::vector<W*> grads{dw.mutable_data_ptr<W>()};
   if (db != nullptr) grads.push_back(db->mutable_data_ptr<W>());
-  kprof::rows_with_partials<acc_t>(a.x, grads, [&](int64_t r, acc_t* const* part) {
+  kprof::rows_with_partials<acc_t>(a.rows, n, grads, [&](int64_t r, acc_t* const* part) {
     const T *xr = xp + r * n, *dyr = dyp + r * n;
     const acc_t mu = mp[r], rs = rp[r];
     acc_t s_gx = 0, s_g = 0;
@@ -114,7 +114,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad, const
                                                        const Tensor& mean_in, const Tensor& rstd_in, double eps,
                                                        bool bias) {
   const auto a = kprof::norm_args(kOp, x, weight.sizes(), weight, std::nullopt, eps);
-  const Tensor dy = kprof::norm_grad(kOp, a, x, grad);
+  const Tensor dy = kprof::norm_grad(kOp, x, grad);
   const Tensor mean = kprof::norm_stat(kOp, "mean", a, mean_in), rstd = kprof::norm_stat(kOp, "rstd", a, rstd_in);
   Tensor dx = at::empty(x.sizes(), a.x.options());
   Tensor dw = at::empty(weight.sizes(), a.weight.options());

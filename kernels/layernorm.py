@@ -54,7 +54,7 @@ def layer_norm(
             return F.layer_norm(x, shape_arg(normalized_shape), weight, bias, eps)
         check_kernel_impl(impl, x, "kprof layer_norm")
     LIBRARY.ensure()
-    return torch.ops.kprof.layer_norm.default(x, shape_arg(normalized_shape), weight, bias, eps)
+    return LIBRARY.layer_norm(x, shape_arg(normalized_shape), weight, bias, eps)
 
 
 class LayerNorm(RowNorm):

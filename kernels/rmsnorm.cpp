@@ -38,7 +38,7 @@ void forward_cpu(const kprof::NormArgs& a, double eps, Tensor& y, Tensor& rstd) 
   const W* wp = a.weight.const_data_ptr<W>();
   T* yp = y.mutable_data_ptr<T>();
   acc_t* rp = rstd.mutable_data_ptr<acc_t>();
-  kprof::for_each_row(a.x, [&](int64_t r) {
+  kprof::for_each_row(a.rows, n, [&](int64_t r) {
     const T* xr = xp + r * n;
     acc_t sq = 0;
     for (int64_t c = 0; c < n; ++c) sq += static_cast<acc_t>(xr[c]) * static_cast<acc_t>(xr[c]);
@@ -58,7 +58,8 @@ void backward_cpu(const kprof::NormArgs& a, const Tensor& dy, const Tensor& rstd
   const W* wp = a.weight.const_data_ptr<W>();
   const acc_t* rp = rstd.const_data_ptr<acc_t>();
   T* dxp = dx.mutable_data_ptr<T>();
-  kprof::rows_with_partials<acc_t>(a.x, std::vector<W*>{dw.mutable_data_ptr<W>()}, [&](int64_t r, acc_t* const* part) {
+  const std::vector<W*> grads{dw.mutable_data_ptr<W>()};
+  kprof::rows_with_partials<acc_t>(a.rows, n, grads, [&](int64_t r, acc_t* const* part) {
     const T *xr = xp + r * n, *dyr = dyp + r * n;
     const acc_t rs = rp[r];
     acc_t s_gx = 0;
@@ -99,7 +100,7 @@ std::tuple<Tensor, Tensor> rms_norm_fwd(const Tensor& x, c10::SymIntArrayRef nor
 std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
                                              const Tensor& rstd_in, double eps) {
   const auto a = kprof::norm_args(kOp, x, weight.sizes(), weight, std::nullopt, eps);
-  const Tensor dy = kprof::norm_grad(kOp, a, x, grad);
+  const Tensor dy = kprof::norm_grad(kOp, x, grad);
   const Tensor rstd = kprof::norm_stat(kOp, "rstd", a, rstd_in);
   Tensor dx = at::empty(x.sizes(), a.x.options());
   Tensor dw = at::empty(weight.sizes(), a.weight.options());

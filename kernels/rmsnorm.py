@@ -51,7 +51,7 @@ def rms_norm(
             return F.rms_norm(x, shape_arg(normalized_shape), weight, eps)
         check_kernel_impl(impl, x, "kprof rms_norm")
     LIBRARY.ensure()
-    return torch.ops.kprof.rms_norm.default(x, shape_arg(normalized_shape), weight, eps)
+    return LIBRARY.rms_norm(x, shape_arg(normalized_shape), weight, eps)
 
 
 class RMSNorm(RowNorm):

@@ -228,7 +228,7 @@ def square(x: torch.Tensor, *, variant: str = "vectorized", impl: str | None = N
             return torch.square(x)
         check_kernel_impl(impl, x, "kprof square")
     LIBRARY.ensure()
-    return torch.ops.kprof.square.default(x, variant)
+    return LIBRARY.square(x, variant)
 
 
 class Square(KernelLayer):

@@ -37,7 +37,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, *, impl: str | None = None) -> 
             return F.silu(gate) * up
         check_kernel_impl(impl, gate, "kprof swiglu")
     LIBRARY.ensure()
-    return torch.ops.kprof.swiglu.default(gate, up)
+    return LIBRARY.swiglu(gate, up)
 
 
 class SwiGLU(KernelLayer):

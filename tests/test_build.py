@@ -220,7 +220,8 @@ def test_wheel_ships_kernel_sources_under_kprof_callbacks_only(tmp_path: Path) -
     (wheel,) = (tmp_path / "dist").glob("kprof_callbacks-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert not any(n.startswith("kernels/") for n in names), "the wheel must not own a top-level `kernels`"
-    for source in ("add.cpp", "add.cu", "gelu.cpp", "gelu.cu", "_op.h", "_dispatch.h", "_elementwise.cuh", "_gelu_math.h"):
+    for source in ("add.cpp", "add.cu", "gelu.cpp", "gelu.cu", "_op.h", "_dispatch.h", "_elementwise.cuh",
+                   "_gelu_math.h"):
         assert f"kprof_callbacks/kernels/{source}" in names
 
     _build.load("add", ["add.cpp", "add.cu"])  # the checkout's build, in the default cache
