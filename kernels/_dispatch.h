@@ -18,10 +18,13 @@
 
 namespace kprof {
 
-// The typed dispatcher handle of an operator; call sites keep it: `static const auto op = find_op<Sig>(name);`.
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+// The dispatcher handle of the operator `name` whose kernels have the signature of `kernel`, looked up once per
+// process: op<gelu_forward>("kprof::gelu").call(x, "tanh") dispatches kprof::gelu.
+template <auto& kernel>
+const auto& op(const char* name) {
+  using Sig = std::remove_reference_t<decltype(kernel)>;
+  static const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+  return handle;
 }
 
 // Calls `op` below the autograd keys: what an Autograd kernel does for the computation it records itself.

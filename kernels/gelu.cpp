@@ -168,25 +168,10 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad, co
   return {dx, grad_bias.to(bias.scalar_type())};
 }
 
-const auto& gelu_op() {
-  static const auto op = kprof::find_op<decltype(gelu_forward)>("kprof::gelu");
-  return op;
-}
-
-const auto& gelu_backward_op() {
-  static const auto op = kprof::find_op<decltype(gelu_backward)>("kprof::gelu_backward");
-  return op;
-}
-
-const auto& bias_gelu_op() {
-  static const auto op = kprof::find_op<decltype(bias_gelu_forward)>("kprof::bias_gelu");
-  return op;
-}
-
-const auto& bias_gelu_backward_op() {
-  static const auto op = kprof::find_op<decltype(bias_gelu_backward)>("kprof::bias_gelu_backward");
-  return op;
-}
+const auto& gelu_op() { return kprof::op<gelu_forward>("kprof::gelu"); }
+const auto& gelu_backward_op() { return kprof::op<gelu_backward>("kprof::gelu_backward"); }
+const auto& bias_gelu_op() { return kprof::op<bias_gelu_forward>("kprof::bias_gelu"); }
+const auto& bias_gelu_backward_op() { return kprof::op<bias_gelu_backward>("kprof::bias_gelu_backward"); }
 
 struct GeluFunction : torch::autograd::Function<GeluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::string_view approximate) {

@@ -142,15 +142,8 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad, const
   return {dx, dw, db};
 }
 
-const auto& fwd_op() {
-  static const auto op = kprof::find_op<decltype(layer_norm_fwd)>("kprof::layer_norm_fwd");
-  return op;
-}
-
-const auto& backward_op() {
-  static const auto op = kprof::find_op<decltype(layer_norm_backward)>("kprof::layer_norm_backward");
-  return op;
-}
+const auto& fwd_op() { return kprof::op<layer_norm_fwd>("kprof::layer_norm_fwd"); }
+const auto& backward_op() { return kprof::op<layer_norm_backward>("kprof::layer_norm_backward"); }
 
 // The public operator, a composite of the forward (as aten::layer_norm is of native_layer_norm): y alone.
 Tensor layer_norm(const Tensor& x, c10::SymIntArrayRef normalized_shape, const Tensor& weight,

@@ -120,15 +120,8 @@ std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad, const Tensor& x
   return {dx, dw};
 }
 
-const auto& fwd_op() {
-  static const auto op = kprof::find_op<decltype(rms_norm_fwd)>("kprof::rms_norm_fwd");
-  return op;
-}
-
-const auto& backward_op() {
-  static const auto op = kprof::find_op<decltype(rms_norm_backward)>("kprof::rms_norm_backward");
-  return op;
-}
+const auto& fwd_op() { return kprof::op<rms_norm_fwd>("kprof::rms_norm_fwd"); }
+const auto& backward_op() { return kprof::op<rms_norm_backward>("kprof::rms_norm_backward"); }
 
 // The public operator, a composite of the forward: y alone.
 Tensor rms_norm(const Tensor& x, c10::SymIntArrayRef normalized_shape, const Tensor& weight,

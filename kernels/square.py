@@ -148,15 +148,8 @@ at::Tensor square_backward(const at::Tensor& grad, const at::Tensor& input) {
   return dx;
 }
 
-const auto& square_op() {
-  static const auto op = kprof::find_op<decltype(square)>("kprof::square");
-  return op;
-}
-
-const auto& square_backward_op() {
-  static const auto op = kprof::find_op<decltype(square_backward)>("kprof::square_backward");
-  return op;
-}
+const auto& square_op() { return kprof::op<square>("kprof::square"); }
+const auto& square_backward_op() { return kprof::op<square_backward>("kprof::square_backward"); }
 
 struct SquareFunction : torch::autograd::Function<SquareFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::string_view variant) {

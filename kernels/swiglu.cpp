@@ -73,15 +73,8 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad, const
   return {dgate, dup};
 }
 
-const auto& swiglu_op() {
-  static const auto op = kprof::find_op<decltype(swiglu_forward)>("kprof::swiglu");
-  return op;
-}
-
-const auto& swiglu_backward_op() {
-  static const auto op = kprof::find_op<decltype(swiglu_backward)>("kprof::swiglu_backward");
-  return op;
-}
+const auto& swiglu_op() { return kprof::op<swiglu_forward>("kprof::swiglu"); }
+const auto& swiglu_backward_op() { return kprof::op<swiglu_backward>("kprof::swiglu_backward"); }
 
 struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {

@@ -8,6 +8,7 @@ import copy
 import importlib
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +248,14 @@ def test_swapped_gpt_matches_torch_under_bf16_autocast(device: str) -> None:
     for name, grad in grads(model).items():
         scale = grad.abs().max().item()
         torch.testing.assert_close(kprof_grads[name], grad, rtol=5e-2, atol=5e-2 * scale, msg=name)
+
+
+def test_gpt_swap_example_runs_and_reports_no_graph_break() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "gpt_swap.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(example), "--device", "cpu", "--steps", "3"], capture_output=True,
+                            text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "swapped ln_f: nn.LayerNorm -> kernels.LayerNorm" in result.stdout
+    assert "1 graph(s), 0 graph break(s)" in result.stdout
+    assert re.findall(r"^(torch|kprof) +\d+\.\d+ ", result.stdout, re.MULTILINE) == ["torch", "kprof"]  # timed rows
