@@ -51,6 +51,19 @@ bool records(const Args&... args) {
   return at::GradMode::is_enabled() && (requires_grad(args) || ...);
 }
 
+// The Autograd kernel of an operator that runs below another operator's autograd (a norm's forward that also
+// returns the statistics its backward reads): it runs the kernel, and differentiating it directly is a clear error,
+// not a silently missing gradient. Boxed, so one function serves every schema.
+inline void no_autograd_of_its_own(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
+  for (auto it = stack->end() - n; it != stack->end(); ++it) {
+    TORCH_CHECK(!(at::GradMode::is_enabled() && it->isTensor() && it->toTensor().requires_grad()),
+                op.schema().name(), " has no autograd of its own: it is the forward that the layer's operator ",
+                "differentiates (kprof::layer_norm, kprof::rms_norm); call that to get gradients");
+  }
+  op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+}
+
 // The fp32 autocast policy (torch's for layer_norm, pow, ... on CUDA): every floating tensor argument on the
 // autocast device goes to float32, then the operator runs with this autocast key off. Boxed, so one function
 // serves every schema.

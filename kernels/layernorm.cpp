@@ -1,8 +1,9 @@
-// LayerNorm as torch operators: kprof::layer_norm (the public one, F.layer_norm's signature with a weight required),
-// kprof::layer_norm_fwd (y, mean, rstd) and kprof::layer_norm_backward. CPU kernels here (at::parallel_for over
-// rows, accumulation in float, or double for double inputs), the CUDA launchers in layernorm.cu, autograd, autocast
-// as torch's layer_norm, and the registration (see _dispatch.h). Weight and bias are in x's dtype or float32 for
-// float16/bfloat16 x; mean/rstd are [rows] in the accumulation type (norm_stats_dtype).
+// LayerNorm as torch operators: kprof::layer_norm (the public one, F.layer_norm's signature with a weight required,
+// differentiable), kprof::layer_norm_fwd (y, mean, rstd: what it runs below autograd) and
+// kprof::layer_norm_backward. CPU kernels here (at::parallel_for over rows, accumulation in float, or double for
+// double inputs), the CUDA launchers in layernorm.cu, autograd, autocast as torch's layer_norm, and the registration
+// (see _dispatch.h). Weight and bias are in x's dtype or float32 for float16/bfloat16 x; mean/rstd are [rows] in the
+// accumulation type (norm_stats_dtype).
 #include "_dispatch.h"
 #include "_norm_op.h"
 
@@ -145,28 +146,25 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad, const
 const auto& fwd_op() { return kprof::op<layer_norm_fwd>("kprof::layer_norm_fwd"); }
 const auto& backward_op() { return kprof::op<layer_norm_backward>("kprof::layer_norm_backward"); }
 
-// The public operator, a composite of the forward (as aten::layer_norm is of native_layer_norm): y alone.
+// The public operator below autograd (and on meta/fake tensors): the forward's output without its statistics.
 Tensor layer_norm(const Tensor& x, c10::SymIntArrayRef normalized_shape, const Tensor& weight,
                   const std::optional<Tensor>& bias, double eps) {
   return std::get<0>(fwd_op().call(x, normalized_shape, weight, bias, eps));
 }
 
-// Autograd of the forward: y is differentiable, the statistics are not (the backward recomputes their dependence on
-// x when it must be differentiable itself).
+// Autograd of the public operator: the forward runs below autograd and its statistics stay in the context (one
+// differentiable output; the backward recomputes their dependence on x when it must be differentiable itself).
 struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
-  static variable_list forward(AutogradContext* ctx, const Tensor& x, c10::SymIntArrayRef normalized_shape,
-                               const Tensor& weight, const std::optional<Tensor>& bias, double eps) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, c10::SymIntArrayRef normalized_shape,
+                        const Tensor& weight, const std::optional<Tensor>& bias, double eps) {
     auto [y, mean, rstd] = kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, bias, eps);
     ctx->save_for_backward({x, weight, mean, rstd});
-    ctx->mark_non_differentiable({mean, rstd});
-    ctx->set_materialize_grads(false);
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["bias"] = bias.has_value();
-    return {y, mean, rstd};
+    return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return variable_list(5);  // only the statistics were used
     const auto s = ctx->get_saved_variables();
     const bool bias = ctx->saved_data["bias"].toBool();
     auto [dx, dw, db] = backward_op().call(grads[0], s[0], s[1], s[2], s[3], ctx->saved_data["eps"].toDouble(), bias);
@@ -174,14 +172,12 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
   }
 };
 
-std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_autograd(const Tensor& x, c10::SymIntArrayRef normalized_shape,
-                                                           const Tensor& weight, const std::optional<Tensor>& bias,
-                                                           double eps) {
+Tensor layer_norm_autograd(const Tensor& x, c10::SymIntArrayRef normalized_shape, const Tensor& weight,
+                           const std::optional<Tensor>& bias, double eps) {
   if (!kprof::records(x, weight, bias)) {
-    return kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, bias, eps);
+    return std::get<0>(kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, bias, eps));
   }
-  auto out = LayerNormFunction::apply(x, normalized_shape, weight, bias, eps);
-  return {out[0], out[1], out[2]};
+  return LayerNormFunction::apply(x, normalized_shape, weight, bias, eps);
 }
 
 // The backward from differentiable ATen ops, statistics recomputed from x, in float32 (float64 for float64 x):
@@ -227,10 +223,11 @@ TORCH_LIBRARY_FRAGMENT(kprof, m) {
 
 KPROF_CPU_AND_CUDA_KERNELS(kernels)
 
-TORCH_LIBRARY_IMPL(kprof, CompositeImplicitAutograd, m) { m.impl("layer_norm", &layer_norm); }
+TORCH_LIBRARY_IMPL(kprof, CompositeExplicitAutograd, m) { m.impl("layer_norm", &layer_norm); }
 
 TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
-  m.impl("layer_norm_fwd", &layer_norm_fwd_autograd);
+  m.impl("layer_norm", &layer_norm_autograd);
+  m.impl("layer_norm_fwd", torch::CppFunction::makeFromBoxedFunction<&kprof::no_autograd_of_its_own>());
   m.impl("layer_norm_backward", &layer_norm_backward_autograd);
 }
 

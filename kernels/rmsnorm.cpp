@@ -1,8 +1,8 @@
-// RMSNorm as torch operators: kprof::rms_norm (the public one, F.rms_norm's signature with a weight required),
-// kprof::rms_norm_fwd (y, rstd) and kprof::rms_norm_backward. CPU kernels here (at::parallel_for over rows,
-// accumulation in float, or double for double inputs), the CUDA launchers in rmsnorm.cu, autograd, autocast as
-// torch's rms_norm, and the registration (see _dispatch.h). Same conventions as layernorm.cpp; eps=None is torch's
-// default, the machine epsilon of the accumulation type.
+// RMSNorm as torch operators: kprof::rms_norm (the public one, F.rms_norm's signature with a weight required,
+// differentiable), kprof::rms_norm_fwd (y, rstd: what it runs below autograd) and kprof::rms_norm_backward. CPU
+// kernels here (at::parallel_for over rows, accumulation in float, or double for double inputs), the CUDA launchers
+// in rmsnorm.cu, autograd, autocast as torch's rms_norm, and the registration (see _dispatch.h). Same conventions as
+// layernorm.cpp; eps=None is torch's default, the machine epsilon of the accumulation type.
 #include "_dispatch.h"
 #include "_norm_op.h"
 
@@ -123,37 +123,35 @@ std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad, const Tensor& x
 const auto& fwd_op() { return kprof::op<rms_norm_fwd>("kprof::rms_norm_fwd"); }
 const auto& backward_op() { return kprof::op<rms_norm_backward>("kprof::rms_norm_backward"); }
 
-// The public operator, a composite of the forward: y alone.
+// The public operator below autograd (and on meta/fake tensors): the forward's output without its statistic.
 Tensor rms_norm(const Tensor& x, c10::SymIntArrayRef normalized_shape, const Tensor& weight,
                 std::optional<double> eps) {
   return std::get<0>(fwd_op().call(x, normalized_shape, weight, eps));
 }
 
-// Autograd of the forward: y is differentiable, rstd is not (see LayerNormFunction).
+// Autograd of the public operator: rstd stays in the context (see LayerNormFunction).
 struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
-  static variable_list forward(AutogradContext* ctx, const Tensor& x, c10::SymIntArrayRef normalized_shape,
-                               const Tensor& weight, std::optional<double> eps) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, c10::SymIntArrayRef normalized_shape,
+                        const Tensor& weight, std::optional<double> eps) {
     auto [y, rstd] = kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, eps);
     ctx->save_for_backward({x, weight, rstd});
-    ctx->mark_non_differentiable({rstd});
-    ctx->set_materialize_grads(false);
     ctx->saved_data["eps"] = resolve_eps(x, eps);
-    return {y, rstd};
+    return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return variable_list(4);  // only the statistic was used
     const auto s = ctx->get_saved_variables();
     auto [dx, dw] = backward_op().call(grads[0], s[0], s[1], s[2], ctx->saved_data["eps"].toDouble());
     return {dx, Tensor(), dw, Tensor()};
   }
 };
 
-std::tuple<Tensor, Tensor> rms_norm_fwd_autograd(const Tensor& x, c10::SymIntArrayRef normalized_shape,
-                                                 const Tensor& weight, std::optional<double> eps) {
-  if (!kprof::records(x, weight)) return kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, eps);
-  auto out = RMSNormFunction::apply(x, normalized_shape, weight, eps);
-  return {out[0], out[1]};
+Tensor rms_norm_autograd(const Tensor& x, c10::SymIntArrayRef normalized_shape, const Tensor& weight,
+                         std::optional<double> eps) {
+  if (!kprof::records(x, weight)) {
+    return std::get<0>(kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, eps));
+  }
+  return RMSNormFunction::apply(x, normalized_shape, weight, eps);
 }
 
 // The backward from differentiable ATen ops, rstd recomputed from x, in float32 (float64 for float64 x): what runs
@@ -191,10 +189,11 @@ TORCH_LIBRARY_FRAGMENT(kprof, m) {
 
 KPROF_CPU_AND_CUDA_KERNELS(kernels)
 
-TORCH_LIBRARY_IMPL(kprof, CompositeImplicitAutograd, m) { m.impl("rms_norm", &rms_norm); }
+TORCH_LIBRARY_IMPL(kprof, CompositeExplicitAutograd, m) { m.impl("rms_norm", &rms_norm); }
 
 TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
-  m.impl("rms_norm_fwd", &rms_norm_fwd_autograd);
+  m.impl("rms_norm", &rms_norm_autograd);
+  m.impl("rms_norm_fwd", torch::CppFunction::makeFromBoxedFunction<&kprof::no_autograd_of_its_own>());
   m.impl("rms_norm_backward", &rms_norm_backward_autograd);
 }
 

@@ -43,11 +43,12 @@ def operator_samples(device: str, dtype: torch.dtype) -> list[tuple[str, tuple]]
         ("bias_gelu", (x, r(n), "none")), ("bias_gelu_backward", (r(3, 5), x, r(n), "tanh")),
         ("swiglu", (x, r(3, 5))), ("swiglu_backward", (r(3, 5), x, r(3, 5))),
         ("layer_norm", (r(2, 3, n), [n], r(n), r(n), 1e-5)), ("layer_norm", (r(2, 3, n), [3, n], r(3, n), None, 1e-3)),
-        ("layer_norm_fwd", (x, [n], r(n), r(n), 1e-5)),
+        ("layer_norm_fwd", (x.detach(), [n], r(n, grad=False), r(n, grad=False), 1e-5)),  # runs below autograd
         ("layer_norm_backward", (r(3, 5), x, r(n), mean, rstd, 1e-5, True)),
         ("layer_norm_backward", (r(3, 5), x, r(n), mean, rstd, 1e-5, False)),
         ("rms_norm", (r(2, 3, n), [n], r(n), None)), ("rms_norm", (r(3, n), [n], r(n), 1e-3)),
-        ("rms_norm_fwd", (x, [n], r(n), None)), ("rms_norm_backward", (r(3, 5), x, r(n), rms, 1e-6)),
+        ("rms_norm_fwd", (x.detach(), [n], r(n, grad=False), None)),
+        ("rms_norm_backward", (r(3, 5), x, r(n), rms, 1e-6)),
     ]
 
 
@@ -63,6 +64,18 @@ def test_opcheck_every_operator(device: str) -> None:
     for name, args in operator_samples(device, dtype):
         result = torch.library.opcheck(getattr(torch.ops.kprof, name).default, args)
         assert set(result.values()) == {"SUCCESS"}, (name, result)
+
+
+def test_a_norm_forward_is_not_differentiated_directly() -> None:
+    """layer_norm_fwd/rms_norm_fwd return the statistics their backward reads; their gradients come from the public
+    operators, so differentiating them directly is an error, not a silently missing gradient."""
+    x, w = torch.randn(3, 5, requires_grad=True), torch.randn(5)
+    for call in (lambda: torch.ops.kprof.layer_norm_fwd(x, [5], w, None, 1e-5),
+                 lambda: torch.ops.kprof.rms_norm_fwd(x, [5], w, None)):
+        with pytest.raises(RuntimeError, match="has no autograd of its own.*call that to get gradients"):
+            call()
+        with torch.no_grad():
+            assert call()[0].shape == (3, 5)
 
 
 def test_poisoned_outputs_start_as_nan() -> None:
