@@ -176,12 +176,12 @@ const auto& bias_gelu_backward_op() { return kprof::op<bias_gelu_backward>("kpro
 struct GeluFunction : torch::autograd::Function<GeluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::string_view approximate) {
     ctx->save_for_backward({x});
-    ctx->saved_data["approximate"] = std::string(approximate);
+    ctx->saved_data["tanh"] = tanh_form(approximate, kGelu);  // a bool: no string to allocate per call
     return kprof::call_below_autograd(gelu_op(), x, approximate);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto& approximate = ctx->saved_data["approximate"].toStringRef();
+    const char* approximate = ctx->saved_data["tanh"].toBool() ? "tanh" : "none";
     return {gelu_backward_op().call(grads[0], ctx->get_saved_variables()[0], approximate), at::Tensor()};
   }
 };
@@ -190,13 +190,13 @@ struct BiasGeluFunction : torch::autograd::Function<BiasGeluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bias,
                             c10::string_view approximate) {
     ctx->save_for_backward({x, bias});
-    ctx->saved_data["approximate"] = std::string(approximate);
+    ctx->saved_data["tanh"] = tanh_form(approximate, kBiasGelu);
     return kprof::call_below_autograd(bias_gelu_op(), x, bias, approximate);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto& approximate = ctx->saved_data["approximate"].toStringRef();
+    const char* approximate = ctx->saved_data["tanh"].toBool() ? "tanh" : "none";
     auto [dx, dbias] = bias_gelu_backward_op().call(grads[0], saved[0], saved[1], approximate);
     return {dx, dbias, at::Tensor()};
   }
