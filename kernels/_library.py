@@ -30,7 +30,7 @@ class OpLibrary:
     def __init__(self, name: str, build: Callable[[], types.ModuleType], ops: tuple[str, ...]) -> None:
         self.name = name
         self.ops = ops
-        self._build = build
+        self._builder = build
         self._fakes: dict[str, Callable] = {}
         self._loaded = False
 
@@ -63,8 +63,8 @@ class OpLibrary:
         with _lock:
             if not self._loaded:
                 if not hasattr(torch.ops.kprof, self.ops[0]):
-                    self._build()
-                for op, fn in self._fakes.items():
+                    self._builder()
+                for op, fn in self._fakes.items():  # a second OpLibrary object would find them registered
                     if torch._library.simple_registry.singleton.find(f"kprof::{op}").fake_impl.kernel is None:
                         torch.library.register_fake(f"kprof::{op}", fn)
                 for op in self.ops:
