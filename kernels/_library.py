@@ -64,7 +64,7 @@ class OpLibrary:
             if not self._loaded:
                 if not hasattr(torch.ops.kprof, self.ops[0]):
                     self._builder()
-                for op, fn in self._fakes.items():  # a second OpLibrary object would find them registered
+                for op, fn in self._fakes.items():  # a load that failed half-way may be retried
                     if torch._library.simple_registry.singleton.find(f"kprof::{op}").fake_impl.kernel is None:
                         torch.library.register_fake(f"kprof::{op}", fn)
                 for op in self.ops:
