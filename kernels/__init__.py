@@ -1,8 +1,9 @@
 """Custom layers with CUDA and C++ CPU kernels, importable as ``kprof_callbacks.kernels``.
 
-Each op is a kernel pair (``<op>.cu`` for CUDA, ``<op>.cpp`` for the CPU and the torch binding),
-an autograd.Function, a functional form and an ``nn.Module`` with ``from_module``. Nothing is
-compiled at import: each extension is built (or loaded from the cache) at its first call.
+Each op is a registered PyTorch operator, ``torch.ops.kprof.<op>`` (``<op>.cu`` holds the CUDA kernels, ``<op>.cpp``
+the CPU kernels, autograd, autocast and the registration), with a functional form and an ``nn.Module`` with
+``from_module``. Nothing is compiled at import: each extension is built (or loaded from the cache) when a layer
+is constructed or a functional form first runs.
 
 The functions ``square``, ``add`` and ``gelu`` share their names with the modules defining them; the
 functions win here, and ``importlib.import_module("kprof_callbacks.kernels.gelu")`` reaches a module.
@@ -14,6 +15,7 @@ import importlib
 from typing import Any
 
 from ._build import KernelBuildError, load, load_inline
+from ._layer import IMPLS, check_impl
 from .add import Add, add
 from .gelu import GELU, BiasGELU, LinearGELU, bias_gelu, gelu
 from .square import Square, square
@@ -25,14 +27,16 @@ _LAZY = {
     "rms_norm": "rmsnorm", "RMSNorm": "rmsnorm",
 }
 
-__all__ = ["KernelBuildError", "load", "load_inline", "Add", "add", "GELU", "BiasGELU", "LinearGELU", "bias_gelu",
+__all__ = ["IMPLS", "KernelBuildError", "check_impl", "load", "load_inline", "Add", "add", "GELU", "BiasGELU", "LinearGELU", "bias_gelu",
            "gelu", "Square", "square", "SwiGLU", "SwiGLUMLP", "swiglu", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value  # later lookups are plain attribute reads, not an import per call
+    return value
 
 
 def __dir__() -> list[str]:

@@ -6,10 +6,10 @@ folder is keyed by a hash of the sources, torch/CUDA versions, arch list and fla
 marker file written after a successful build says the library in it is complete (and how big it
 is: a truncated library is rebuilt, not imported).
 
-Extension sources follow one contract: the ``.cpp`` holds the torch binding
-(``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``) and the CPU kernels; ``.cu`` files hold only
-kernels and ``extern "C"`` launchers (no torch headers) and are compiled only when CUDA is
-usable, in which case ``KPROF_WITH_CUDA`` is defined for the C++ side.
+Extension sources follow one contract: the ``.cpp`` registers the ``torch.ops.kprof`` operators (schemas, CPU
+kernels, autograd, autocast; see ``_dispatch.h``) and defines the Python module whose import runs those
+registrations; ``.cu`` files hold only kernels and ``extern "C"`` launchers (no torch headers) and are compiled
+only when CUDA is usable, in which case ``KPROF_WITH_CUDA`` is defined for the C++ side.
 """
 
 from __future__ import annotations
@@ -80,15 +80,16 @@ def _flags(with_cuda: bool) -> dict[str, list[str]]:
 
 
 def load(name: str, sources: list[str], *, verbose: bool | None = None) -> types.ModuleType:
-    """Build (or load from cache) the extension made of these files in kernels/ (a .cpp binding, plus .cu files
-    that are compiled only when CUDA is usable). Defines KPROF_WITH_CUDA for the C++ side when .cu files are built.
+    """Build (or load from cache) the extension made of these files in kernels/ (a .cpp defining the module, plus .cu
+    files that are compiled only when CUDA is usable). Defines KPROF_WITH_CUDA for the C++ side when .cu files are
+    built.
 
     Relative paths are taken from the kernels/ folder; absolute paths are used as given.
     """
     with_cuda = cuda_enabled()
     paths = [KERNELS_DIR / s for s in sources]
     if not any(p.suffix == ".cpp" for p in paths):
-        raise ValueError(f"sources: {name!r} needs a .cpp file holding the torch binding, got {sources}")
+        raise ValueError(f"sources: {name!r} needs a .cpp file defining the module, got {sources}")
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise ValueError(f"sources: no such file(s): {missing}")
@@ -108,26 +109,29 @@ def load(name: str, sources: list[str], *, verbose: bool | None = None) -> types
 
 
 def load_inline(
-    name: str, cpp_source: str, cuda_source: str | None, functions: list[str], *, verbose: bool | None = None
+    name: str, cpp_source: str, cuda_source: str | None, functions: list[str] | None = None, *,
+    verbose: bool | None = None,
 ) -> types.ModuleType:
-    """Build (or load from cache) an extension from source strings, binding ``functions`` with pybind11.
+    """Build (or load from cache) an extension from source strings.
 
-    No header is added implicitly: ``cpp_source`` includes what it uses (ATen, ``torch/csrc/utils/pybind.h``).
-    The functions are bound as plain pybind11 functions, as the file-based extensions bind theirs, so c10
-    errors reach Python through torch's exception translators (TORCH_CHECK_VALUE -> ValueError, ...).
-    ``cuda_source`` is compiled only when CUDA is usable.
+    No header is added implicitly: ``cpp_source`` includes what it uses. With ``functions``, those are bound as
+    plain pybind11 functions (``cpp_source`` includes ``torch/csrc/utils/pybind.h``), so c10 errors reach Python
+    through torch's exception translators (TORCH_CHECK_VALUE -> ValueError, ...); without, ``cpp_source`` defines
+    its module itself (kprof's operators: ``KPROF_PYTHON_MODULE()``). ``cuda_source`` is compiled only when CUDA
+    is usable.
     """
     with_cuda = cuda_enabled() and cuda_source is not None
     flags = _flags(with_cuda)
     sources = [cpp_source, *([cuda_source] if with_cuda else [])]
     headers = [h.read_bytes() for h in _local_headers(sources, KERNELS_DIR)]
-    key = _key(name, [*(s.encode() for s in sources), *headers, ",".join(functions).encode()], flags)
+    key = _key(name, [*(s.encode() for s in sources), *headers, json.dumps(functions).encode()], flags)
 
     def build(ext_name: str, build_dir: Path, verbose: bool) -> types.ModuleType:
         from torch.utils import cpp_extension
 
         return cpp_extension.load_inline(
-            ext_name, [cpp_source], [cuda_source] if with_cuda else None, functions=list(functions),
+            ext_name, [cpp_source], [cuda_source] if with_cuda else None,
+            functions=list(functions) if functions is not None else None,
             build_directory=str(build_dir), verbose=verbose, with_cuda=with_cuda, with_pytorch_error_handling=False,
             extra_include_paths=[str(KERNELS_DIR)], no_implicit_headers=True, **flags,
         )

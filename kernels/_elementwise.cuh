@@ -1,6 +1,6 @@
 // Device helpers shared by the elementwise kernels (square, add, gelu): dtype codes, float conversions,
-// 16-byte packs and a vectorized grid-stride map. Plain CUDA, no torch headers, so each .cu compiles
-// with `nvcc -c`.
+// 16-byte packs, a vectorized grid-stride map, and cached launch facts (occupancy, shared-memory caps). Plain
+// CUDA, no torch headers, so each .cu compiles with `nvcc -c`.
 #pragma once
 
 #include <cuda/std/utility>
@@ -9,6 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
 
 namespace kprof::elementwise {
 
@@ -103,14 +106,75 @@ __global__ void __launch_bounds__(kThreads) map_kernel(int64_t n, Op op, T* __re
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Blocks of `kernel` (with `threads` threads each) that the whole device runs at once.
+// Launch facts of a kernel on a device that never change but cost the host microseconds per runtime call (an
+// occupancy query, setting a function attribute): done once per (kernel, device, threads, dynamic shared memory) and
+// kept here, so a launch pays a map lookup. The key's `kernel` is the function's address.
+struct LaunchKey {
+  const void* kernel;
+  int device, threads;
+  int64_t smem;
+  bool operator==(const LaunchKey& o) const {
+    return kernel == o.kernel && device == o.device && threads == o.threads && smem == o.smem;
+  }
+};
+
+struct LaunchKeyHash {
+  size_t operator()(const LaunchKey& k) const {
+    return std::hash<const void*>()(k.kernel) ^ (static_cast<size_t>(k.device) << 48) ^
+           (static_cast<size_t>(k.threads) << 32) ^ static_cast<size_t>(k.smem);
+  }
+};
+
+inline std::mutex launch_cache_mutex;
+inline std::unordered_map<LaunchKey, int64_t, LaunchKeyHash> launch_cache;
+
+// The cached value for key, or compute(&value) (a cudaError_t) once and keep it when it succeeds.
+template <typename Compute>
+inline cudaError_t cached_launch_fact(const LaunchKey& key, int64_t* value, Compute&& compute) {
+  {
+    const std::lock_guard<std::mutex> lock(launch_cache_mutex);
+    const auto it = launch_cache.find(key);
+    if (it != launch_cache.end()) {
+      *value = it->second;
+      return cudaSuccess;
+    }
+  }
+  const cudaError_t err = compute(value);
+  if (err == cudaSuccess) {
+    const std::lock_guard<std::mutex> lock(launch_cache_mutex);
+    launch_cache[key] = *value;
+  }
+  return err;
+}
+
+// Blocks of `kernel` (with `threads` threads and `smem` bytes of dynamic shared memory each) that the whole current
+// device runs at once.
 template <typename Kernel>
-inline cudaError_t resident_blocks(Kernel kernel, int threads, int64_t* blocks) {
-  int device = 0, sms = 0, per_sm = 0;
+inline cudaError_t resident_blocks(Kernel kernel, int threads, int64_t* blocks, int smem = 0) {
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  return cached_launch_fact({reinterpret_cast<const void*>(kernel), device, threads, smem}, blocks, [&](int64_t* out) {
+    int sms = 0, per_sm = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+    *out = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+    return e;
+  });
+}
+
+// Lets `kernel` launch with `smem` bytes of dynamic shared memory on the current device: the runtime's cap is raised
+// when a launch needs more than any before (never lowered; the key's threads field is -1: a cap, not an occupancy).
+template <typename Kernel>
+inline cudaError_t allow_dynamic_smem(Kernel kernel, int smem) {
+  int device = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
-  *blocks = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  if (err != cudaSuccess) return err;
+  const std::lock_guard<std::mutex> lock(launch_cache_mutex);
+  int64_t& cap = launch_cache[{reinterpret_cast<const void*>(kernel), device, -1, 0}];  // 0 the first time
+  if (smem <= cap) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err == cudaSuccess) cap = smem;
   return err;
 }
 

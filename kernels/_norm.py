@@ -1,5 +1,6 @@
-"""What the row-norm layers (LayerNorm, RMSNorm) share: argument checks, the parameter dtype rule, and the
-module base that owns weight (and bias) and builds its extension when constructed."""
+"""What the row-norm layers (LayerNorm, RMSNorm) share: ``normalized_shape`` as the operators take it, and the
+module base that owns weight (and bias) and builds its operators when constructed. The per-call checks (shapes,
+the parameter dtype rule, eps, the CUDA row limit) are the operators' own."""
 
 from __future__ import annotations
 
@@ -10,15 +11,14 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ._layer import KernelLayer, check_impl, check_tensor, resolve_impl
+from ._layer import KernelLayer, check_supported
 
 # Longest row the CUDA kernels take: kMaxCols in _reduce.cuh (each thread holds 16 elements, 512 threads).
 CUDA_MAX_COLS = 8192
-_REDUCED = (torch.float16, torch.bfloat16)
 
 
 def as_shape(normalized_shape: int | Sequence[int], op: str) -> tuple[int, ...]:
-    """``normalized_shape`` as a tuple of positive ints (an int means one trailing dimension)."""
+    """``normalized_shape`` as a tuple of positive ints (an int means one trailing dimension), checked once."""
     shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else tuple(normalized_shape)
     if not shape or not all(isinstance(d, numbers.Integral) and d >= 1 for d in shape):
         raise ValueError(f"{op}: normalized_shape must be a positive int or a non-empty sequence of them, "
@@ -31,45 +31,21 @@ def stats_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def check_args(
-    op: str, x: object, shape: tuple[int, ...], params: dict[str, object], eps: object, impl: str | None
-) -> tuple[torch.Tensor, str]:
-    """Checks a norm call and returns (x made contiguous, the implementation that runs).
+def stats_like(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """An empty per-row statistic (mean or rstd) of a norm of x over weight's shape: the fake kernels' output."""
+    return x.new_empty(x.numel() // weight.numel(), dtype=stats_dtype(x))
 
-    Parameters (None allowed only for "bias") have ``shape``, live on x's device, and share one dtype:
-    x's, or float32 for float16/bfloat16 x.
-    """
-    x = check_tensor(x, "x", op)
-    impl = resolve_impl(check_impl(impl), x, op)
-    if tuple(x.shape[x.dim() - len(shape):]) != shape:
-        raise ValueError(f"{op}: x of shape {tuple(x.shape)} does not end in normalized_shape {shape}")
-    dtypes = set()
-    for name, p in params.items():
-        if p is None and name == "bias":
-            continue
-        if not isinstance(p, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(p).__name__}")
-        if tuple(p.shape) != shape or p.device != x.device:
-            raise ValueError(f"{op}: {name} is {tuple(p.shape)} on {p.device}, expected {shape} on {x.device}")
-        if p.dtype != x.dtype and not (p.dtype == torch.float32 and x.dtype in _REDUCED):
-            raise TypeError(f"{op}: {name} dtype {p.dtype} does not go with x dtype {x.dtype} "
-                            "(use x's dtype, or float32 for float16/bfloat16 x)")
-        dtypes.add(p.dtype)
-    if len(dtypes) > 1:
-        raise TypeError(f"{op}: weight and bias dtypes differ: {sorted(map(str, dtypes))}")
-    if not isinstance(eps, numbers.Real) or not eps >= 0:
-        raise ValueError(f"{op}: eps must be a number >= 0, got {eps!r}")
-    if impl == "cuda" and math.prod(shape) > CUDA_MAX_COLS:
-        raise ValueError(f"{op}: the CUDA kernels take rows of at most {CUDA_MAX_COLS} elements, normalized_shape "
-                         f"{shape} has {math.prod(shape)}; use impl='torch' for this layer")
-    return x, impl
+
+def shape_arg(normalized_shape: int | Sequence[int]) -> Sequence[int]:
+    """``normalized_shape`` as the operators' ``SymInt[]`` argument (they check it)."""
+    return (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
 
 
 class RowNorm(KernelLayer):
     """Base of the norm modules: ``weight`` (and ``bias``) over ``normalized_shape``, initialised as torch's
     (ones and zeros), and ``impl``: None picks "cuda" or "cpp" by the input's device; "torch" runs the
     PyTorch reference, so one module can be compared against itself. The constructor builds (or loads)
-    the extension, so a compiler problem shows up there rather than at the first forward."""
+    the operators, so a compiler problem shows up there rather than at the first forward."""
 
     def __init__(self, normalized_shape: int | Sequence[int], eps: float | None, *, bias: bool, impl: str | None,
                  device: torch.device | str | None, dtype: torch.dtype | None) -> None:
@@ -95,7 +71,7 @@ class RowNorm(KernelLayer):
             raise TypeError(f"{name}: expected torch.nn.{source.__name__}, got {type(module).__name__}")
         if not module.elementwise_affine:
             raise ValueError(f"{name}: elementwise_affine=False is not supported (the kernels always apply a weight)")
-        check_tensor(module.weight, "weight", name)
+        check_supported(module.weight, "weight", name)
         if module.weight.is_cuda and math.prod(module.normalized_shape) > CUDA_MAX_COLS:
             raise ValueError(f"{name}: normalized_shape {tuple(module.normalized_shape)} is longer than the "
                              f"{CUDA_MAX_COLS} elements the CUDA kernels take")

@@ -199,16 +199,12 @@ inline cudaError_t backward_with_partials(Kernel kernel, Launch launch, const Ro
                                           cudaStream_t stream) {
   const int grads = grad1 != nullptr ? 2 : 1;
   const int smem = static_cast<int>(sizeof(float)) * grads * s.rows * n;
-  int device = 0, sms = 0, per_sm = 0;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err == cudaSuccess) err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err == cudaSuccess)
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, s.threads * s.rows, smem);
+  int64_t full = 0;  // blocks the device runs at once
+  cudaError_t err = elementwise::allow_dynamic_smem(kernel, smem);
+  if (err == cudaSuccess) err = elementwise::resident_blocks(kernel, s.threads * s.rows, &full, smem);
   if (err != cudaSuccess) return err;
   // Persistent: enough blocks to fill every multiprocessor, no more than the rows need.
   const int64_t needed = (rows + s.rows - 1) / s.rows;
-  const int64_t full = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
   const int blocks = static_cast<int>(needed < full ? needed : full);
   const int64_t part = static_cast<int64_t>(blocks) * n;
   if (workspace == nullptr) {

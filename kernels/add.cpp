@@ -1,29 +1,62 @@
-// Torch binding and CPU kernel of kprof add (out = a + b, same shapes and dtypes; no broadcasting).
-#include "_binding.h"
+// kprof::add(a, b) = a + b (one shape, dtype and device; no broadcasting): the CPU kernel here, the CUDA launcher in
+// add.cu, autograd (the gradient passes through to both inputs) and the registration (see _dispatch.h).
+#include "_dispatch.h"
+#include "_op.h"
 
 #ifdef KPROF_WITH_CUDA
 extern "C" cudaError_t kprof_add_forward(int dtype, const void* a, const void* b, void* out, int64_t n,
                                          cudaStream_t stream);
 #endif
 
-// Writes a + b into out (all three of one shape, dtype and device, contiguous).
-void add_forward(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
-  kprof::check_input(a, "kprof add", "a");
-  kprof::check_same(a, b, "kprof add", "b");
-  kprof::check_same(a, out, "kprof add", "out");
+namespace {
+
+constexpr const char* kOp = "kprof add";
+
+at::Tensor add(const at::Tensor& a_in, const at::Tensor& b_in) {
+  const at::Tensor a = kprof::checked(a_in, kOp, "a");
+  const at::Tensor b = kprof::checked_like(a, b_in, kOp, "b");
+  at::Tensor out = kprof::empty_like(a);
   if (a.is_cuda()) {
-    KPROF_CUDA_CALL(a, "kprof add",
-                    kprof_add_forward(kprof::dtype_code(a), a.const_data_ptr(), b.const_data_ptr(),
-                                      out.mutable_data_ptr(), a.numel(), kprof::current_stream()));
-    return;
+    KPROF_CUDA_CALL(a, kOp, kprof_add_forward(kprof::dtype_code(a), a.const_data_ptr(), b.const_data_ptr(),
+                                              out.mutable_data_ptr(), a.numel(), kprof::current_stream()));
+    return out;
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "kprof add", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), kOp, [&] {
     kprof::cpu_map(a.numel(), [](auto x, auto y) { return x + y; }, out.mutable_data_ptr<scalar_t>(),
                    a.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>());
   });
+  return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &add_forward, "out = a + b (CPU or CUDA)", pybind11::arg("a"), pybind11::arg("b"),
-        pybind11::arg("out"));
+const auto& add_op() { return kprof::op<add>("kprof::add"); }
+
+struct AddFunction : torch::autograd::Function<AddFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& a, const at::Tensor& b) {
+    return kprof::call_below_autograd(add_op(), a, b);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], grads[0]};  // differentiable as it is: double backward needs nothing more
+  }
+};
+
+at::Tensor add_autograd(const at::Tensor& a, const at::Tensor& b) {
+  return kprof::records(a, b) ? AddFunction::apply(a, b) : kprof::call_below_autograd(add_op(), a, b);
 }
+
+void kernels(torch::Library& m) { m.impl("add", &add); }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kprof, m) {
+  m.def("add(Tensor a, Tensor b) -> Tensor", {at::Tag::pt2_compliant_tag});
+}
+
+KPROF_CPU_AND_CUDA_KERNELS(kernels)
+
+TORCH_LIBRARY_IMPL(kprof, Autograd, m) { m.impl("add", &add_autograd); }
+
+KPROF_AUTOCAST_LIKE("add", "aten::add", "Tensor")
+
+KPROF_PYTHON_MODULE()

@@ -1,51 +1,37 @@
-"""``kernels.add``: out = a + b from the seed's add.cu, built from files with ninja (``_build.load``)."""
+"""``kernels.add``: out = a + b from the seed's add.cu as the operator ``torch.ops.kprof.add``, built from files with
+ninja (``_build.load``)."""
 
 from __future__ import annotations
 
-import functools
-import types
-
 import torch
+
 from . import _build
-from ._layer import KernelLayer, check_impl, check_like, check_tensor, label, resolve_impl
+from ._layer import KernelLayer, check_kernel_impl
+from ._library import OpLibrary
+
+LIBRARY = OpLibrary("add", lambda: _build.load("add", ["add.cpp", "add.cu"]), ops=("add",))
 
 
-@functools.cache
-def _ext() -> types.ModuleType:
-    return _build.load("add", ["add.cpp", "add.cu"])
-
-
-class AddFunction(torch.autograd.Function):
-    """a + b with the kprof kernel; the gradient passes through unchanged to both inputs."""
-
-    @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        out = torch.empty_like(a)
-        _ext().forward(a, b, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return grad, grad
+@LIBRARY.fake("add")
+def _add_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(a.shape)
 
 
 def add(a: torch.Tensor, b: torch.Tensor, *, impl: str | None = None) -> torch.Tensor:
-    """a + b for tensors of one shape, dtype and device (no broadcasting). Strided inputs are copied
-    to contiguous memory first. ``impl``: None (by device), "cuda", "cpp" or "torch"."""
-    a = check_tensor(a, "a", "kprof add")
-    b = check_like(a, b, "b", "kprof add")
-    impl = resolve_impl(check_impl(impl), a, "kprof add")
-    with label("add"):
-        return torch.add(a, b) if impl == "torch" else AddFunction.apply(a, b)
+    """a + b for tensors of one shape, dtype and device (no broadcasting); strided inputs are read through a
+    contiguous copy. ``impl``: None (by device), "cuda", "cpp" or "torch"."""
+    if impl is not None:
+        if impl == "torch":
+            return torch.add(a, b)
+        check_kernel_impl(impl, a, "kprof add")
+    LIBRARY.ensure()
+    return LIBRARY.add(a, b)
 
 
 class Add(KernelLayer):
     """``add`` as a module, so one model can run it with each implementation."""
 
-    _load = staticmethod(_ext)
-
-    def __init__(self, *, impl: str | None = None) -> None:
-        super().__init__(impl)
+    library = LIBRARY
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return add(a, b, impl=self.impl)

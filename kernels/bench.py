@@ -11,7 +11,8 @@ device, versions and date.
     python benchmarks/kernels.py ...      (the same)
 
 ``--quick`` runs small sizes on the CPU in seconds (CI smoke). ``--check`` runs every kernel forward and
-backward once on small odd shapes and compares with float64 (run it under compute-sanitizer).
+backward once on small odd shapes and compares with float64 (run it under compute-sanitizer). Progress (kernel
+builds, each row as it is measured) goes to stderr; the table is printed to stdout in one piece at the end.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import datetime
 import json
 import math
 import platform
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -183,7 +185,7 @@ def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, w
                     "copy_gbps": nbytes / copy / 1e6 if op.memory_bound else None,
                 }
                 rows.append(row)
-                print(format_row(row), flush=True)
+                print(f"[kprof bench] {format_row(row)}", file=sys.stderr, flush=True)
                 on_row(rows)
             torch._dynamo.reset()
     return rows
@@ -260,17 +262,18 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if device == "cpu" and not args.quick:
         parser.error("no CUDA device: use --quick (CPU smoke run) or --check")
     env = environment(device)
-    print(f"# kprof kernels on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
-    print(TABLE_HEADER, flush=True)
+
     def save(rows: list[dict]) -> None:
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({**env, "rows": rows}, indent=1))
 
     sizes = QUICK_SIZES if args.quick else largest(FULL_SIZES) if args.largest else FULL_SIZES
-    run_benchmarks(ops, sizes, device,
-                   compile_ref=not (args.quick or args.no_compile), warmup=2 if args.quick else 10,
-                   iters=5 if args.quick else 50, on_row=save)
+    rows = run_benchmarks(ops, sizes, device,
+                          compile_ref=not (args.quick or args.no_compile), warmup=2 if args.quick else 10,
+                          iters=5 if args.quick else 50, on_row=save)
+    print(f"# kprof kernels on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
+    print("\n".join([TABLE_HEADER, *map(format_row, rows)]), flush=True)
     return 0
 
 

@@ -1,12 +1,13 @@
-// Torch binding and CPU kernels of kprof GELU (erf or tanh form) and the fused bias + GELU, forward and
-// backward. Results go to caller-allocated buffers. CPU math runs in at::opmath_type (float for
-// half/bfloat16, double for double).
-#include <ATen/ops/empty.h>
+// GELU (erf or tanh form) and the fused bias + GELU as the operators kprof::gelu, kprof::bias_gelu and their
+// backwards: CPU kernels here (math in at::opmath_type: float for half/bfloat16, double for double), the CUDA
+// launchers in gelu.cu, autograd and the registration (see _dispatch.h).
+#include <ATen/ops/gelu_backward.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 
-#include "_binding.h"
+#include "_dispatch.h"
 #include "_gelu_math.h"
+#include "_op.h"
 
 #ifdef KPROF_WITH_CUDA
 extern "C" {
@@ -24,65 +25,77 @@ cudaError_t kprof_bias_gelu_backward(int dtype, const void* dy, const void* x, c
 namespace {
 
 namespace gelu = kprof::gelu;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
 
 #define KPROF_FLOAT_DISPATCH(t, op, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, (t).scalar_type(), op, __VA_ARGS__)
 
-// y = gelu(x).
-void gelu_forward(const at::Tensor& x, const at::Tensor& y, bool tanh_approx) {
-  kprof::check_input(x, "kprof gelu", "x");
-  kprof::check_same(x, y, "kprof gelu", "y");
+constexpr const char* kGelu = "kprof gelu";
+constexpr const char* kBiasGelu = "kprof bias_gelu";
+
+// True for the tanh form; a ValueError for anything but torch's two choices.
+bool tanh_form(c10::string_view approximate, const char* op) {
+  TORCH_CHECK_VALUE(approximate == "none" || approximate == "tanh", op,
+                    ": approximate must be 'none' or 'tanh', got '", approximate, "'");
+  return approximate == "tanh";
+}
+
+at::Tensor gelu_forward(const at::Tensor& input, c10::string_view approximate) {
+  const bool tanh_approx = tanh_form(approximate, kGelu);
+  const at::Tensor x = kprof::checked(input, kGelu, "x");
+  at::Tensor y = kprof::empty_like(x);
   if (x.is_cuda()) {
-    KPROF_CUDA_CALL(x, "kprof gelu", kprof_gelu_forward(kprof::dtype_code(x), x.const_data_ptr(), y.mutable_data_ptr(),
-                                                        x.numel(), tanh_approx, kprof::current_stream()));
-    return;
+    KPROF_CUDA_CALL(x, kGelu, kprof_gelu_forward(kprof::dtype_code(x), x.const_data_ptr(), y.mutable_data_ptr(),
+                                                 x.numel(), tanh_approx, kprof::current_stream()));
+    return y;
   }
-  KPROF_FLOAT_DISPATCH(x, "kprof gelu", [&] {
+  KPROF_FLOAT_DISPATCH(x, kGelu, [&] {
     kprof::cpu_map(x.numel(), [=](auto v) { return gelu::forward(v, tanh_approx); }, y.mutable_data_ptr<scalar_t>(),
                    x.const_data_ptr<scalar_t>());
   });
+  return y;
 }
 
 // dx = dy * gelu'(x).
-void gelu_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& dx, bool tanh_approx) {
-  kprof::check_input(x, "kprof gelu backward", "x");
-  kprof::check_same(x, dy, "kprof gelu backward", "grad");
-  kprof::check_same(x, dx, "kprof gelu backward", "grad_x");
+at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& input, c10::string_view approximate) {
+  const bool tanh_approx = tanh_form(approximate, kGelu);
+  const at::Tensor x = kprof::checked(input, kGelu, "x");
+  const at::Tensor dy = kprof::checked_like(x, grad, kGelu, "grad");
+  at::Tensor dx = kprof::empty_like(x);
   if (x.is_cuda()) {
-    KPROF_CUDA_CALL(x, "kprof gelu backward",
-                    kprof_gelu_backward(kprof::dtype_code(x), dy.const_data_ptr(), x.const_data_ptr(),
-                                        dx.mutable_data_ptr(), x.numel(), tanh_approx, kprof::current_stream()));
-    return;
+    KPROF_CUDA_CALL(x, kGelu, kprof_gelu_backward(kprof::dtype_code(x), dy.const_data_ptr(), x.const_data_ptr(),
+                                                  dx.mutable_data_ptr(), x.numel(), tanh_approx,
+                                                  kprof::current_stream()));
+    return dx;
   }
-  KPROF_FLOAT_DISPATCH(x, "kprof gelu backward", [&] {
+  KPROF_FLOAT_DISPATCH(x, kGelu, [&] {
     kprof::cpu_map(x.numel(), [=](auto g, auto v) { return g * gelu::derivative(v, tanh_approx); },
                    dx.mutable_data_ptr<scalar_t>(), dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>());
   });
+  return dx;
 }
 
-// x is [..., cols] with cols == bias.numel(); returns the number of rows.
-int64_t check_bias(const at::Tensor& x, const at::Tensor& bias, const char* op) {
-  kprof::check_input(x, op, "x");
-  kprof::check_input(bias, op, "bias");
-  TORCH_CHECK_VALUE(bias.dim() == 1 && x.dim() >= 1 && x.size(-1) == bias.size(0), op, ": bias has shape ",
-                    bias.sizes(), ", expected [", x.dim() >= 1 ? x.size(-1) : 0, "] (the last dimension of x)");
-  TORCH_CHECK_TYPE(bias.scalar_type() == x.scalar_type() && bias.device() == x.device(), op, ": bias is ",
-                   bias.scalar_type(), " on ", bias.device(), ", expected ", x.scalar_type(), " on ", x.device());
-  return bias.numel() == 0 ? 0 : x.numel() / bias.numel();
+// bias checked against x ([..., cols], at least one dimension): [cols], x's dtype and device.
+at::Tensor checked_bias(const at::Tensor& x, const at::Tensor& bias) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, kBiasGelu, ": x must have at least one dimension");
+  return kprof::checked_like(x, bias, kBiasGelu, "bias", at::IntArrayRef{x.size(-1)});
 }
 
 // y = gelu(x + bias), bias broadcast over the rows of x.
-void bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& y, bool tanh_approx) {
-  const int64_t rows = check_bias(x, bias, "kprof bias_gelu");
-  kprof::check_same(x, y, "kprof bias_gelu", "y");
-  const int64_t cols = bias.numel();
+at::Tensor bias_gelu_forward(const at::Tensor& input, const at::Tensor& bias_in, c10::string_view approximate) {
+  const bool tanh_approx = tanh_form(approximate, kBiasGelu);
+  const at::Tensor x = kprof::checked(input, kBiasGelu, "x");
+  const at::Tensor bias = checked_bias(x, bias_in);
+  at::Tensor y = kprof::empty_like(x);
+  const int64_t cols = bias.numel(), rows = cols == 0 ? 0 : x.numel() / cols;
   if (x.is_cuda()) {
-    KPROF_CUDA_CALL(x, "kprof bias_gelu",
+    KPROF_CUDA_CALL(x, kBiasGelu,
                     kprof_bias_gelu_forward(kprof::dtype_code(x), x.const_data_ptr(), bias.const_data_ptr(),
                                             y.mutable_data_ptr(), rows, cols, tanh_approx, kprof::current_stream()));
-    return;
+    return y;
   }
-  KPROF_FLOAT_DISPATCH(x, "kprof bias_gelu", [&] {
+  KPROF_FLOAT_DISPATCH(x, kBiasGelu, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* bp = bias.const_data_ptr<scalar_t>();
@@ -95,6 +108,7 @@ void bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, const at::Te
       }
     });
   });
+  return y;
 }
 
 #ifdef KPROF_WITH_CUDA
@@ -108,28 +122,31 @@ at::Tensor bias_gelu_backward_cuda(const at::Tensor& dy, const at::Tensor& x, co
                                     bias.const_data_ptr(), dx.mutable_data_ptr(), partial, &partial_rows, rows, cols,
                                     tanh_approx, kprof::current_stream());
   };
-  kprof::check_cuda(call(nullptr), "kprof bias_gelu backward");
+  kprof::check_cuda(call(nullptr), kBiasGelu);
   at::Tensor partial = at::empty({partial_rows, cols}, x.options().dtype(at::kFloat));
-  kprof::check_cuda(call(partial.mutable_data_ptr<float>()), "kprof bias_gelu backward");
+  kprof::check_cuda(call(partial.mutable_data_ptr<float>()), kBiasGelu);
   return partial.sum(0).to(bias.scalar_type());
 }
 #endif
 
-// dx = dy * gelu'(x + bias); returns the bias gradient: dx summed over rows before rounding to x's dtype, in
-// double (the CPU can afford it; the CUDA kernel sums in float). The CPU splits the columns over threads.
-at::Tensor bias_gelu_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& bias, const at::Tensor& dx,
-                              bool tanh_approx) {
-  const int64_t rows = check_bias(x, bias, "kprof bias_gelu backward");
-  kprof::check_same(x, dy, "kprof bias_gelu backward", "grad");
-  kprof::check_same(x, dx, "kprof bias_gelu backward", "grad_x");
-  const int64_t cols = bias.numel();
-  if (x.numel() == 0) return at::zeros({cols}, bias.options());
+// (dx, dbias): dx = dy * gelu'(x + bias), dbias its sum over rows before rounding to x's dtype, in double on the
+// CPU (which can afford it; the CUDA kernel sums in float). The CPU splits the columns over threads.
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad, const at::Tensor& input,
+                                                      const at::Tensor& bias_in, c10::string_view approximate) {
+  const bool tanh_approx = tanh_form(approximate, kBiasGelu);
+  const at::Tensor x = kprof::checked(input, kBiasGelu, "x");
+  const at::Tensor bias = checked_bias(x, bias_in);
+  const at::Tensor dy = kprof::checked_like(x, grad, kBiasGelu, "grad");
+  at::Tensor dx = kprof::empty_like(x);
+  const int64_t cols = bias.numel(), rows = cols == 0 ? 0 : x.numel() / cols;
+  if (x.numel() == 0) return {dx, at::zeros({cols}, bias.options())};
   if (x.is_cuda()) {
-    KPROF_ON_CUDA(x, "kprof bias_gelu backward", return bias_gelu_backward_cuda(dy, x, bias, dx, rows, tanh_approx));
+    KPROF_ON_CUDA(x, kBiasGelu, return std::make_tuple(dx, bias_gelu_backward_cuda(dy, x, bias, dx, rows,
+                                                                                     tanh_approx)));
   }
   at::Tensor grad_bias = at::empty({cols}, bias.options().dtype(at::kDouble));
   double* dbp = grad_bias.mutable_data_ptr<double>();
-  KPROF_FLOAT_DISPATCH(x, "kprof bias_gelu backward", [&] {
+  KPROF_FLOAT_DISPATCH(x, kBiasGelu, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
@@ -148,18 +165,96 @@ at::Tensor bias_gelu_backward(const at::Tensor& dy, const at::Tensor& x, const a
       }
     });
   });
-  return grad_bias.to(bias.scalar_type());
+  return {dx, grad_bias.to(bias.scalar_type())};
+}
+
+const auto& gelu_op() { return kprof::op<gelu_forward>("kprof::gelu"); }
+const auto& gelu_backward_op() { return kprof::op<gelu_backward>("kprof::gelu_backward"); }
+const auto& bias_gelu_op() { return kprof::op<bias_gelu_forward>("kprof::bias_gelu"); }
+const auto& bias_gelu_backward_op() { return kprof::op<bias_gelu_backward>("kprof::bias_gelu_backward"); }
+
+struct GeluFunction : torch::autograd::Function<GeluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::string_view approximate) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["tanh"] = tanh_form(approximate, kGelu);  // a bool: no string to allocate per call
+    return kprof::call_below_autograd(gelu_op(), x, approximate);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const char* approximate = ctx->saved_data["tanh"].toBool() ? "tanh" : "none";
+    return {gelu_backward_op().call(grads[0], ctx->get_saved_variables()[0], approximate), at::Tensor()};
+  }
+};
+
+struct BiasGeluFunction : torch::autograd::Function<BiasGeluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bias,
+                            c10::string_view approximate) {
+    ctx->save_for_backward({x, bias});
+    ctx->saved_data["tanh"] = tanh_form(approximate, kBiasGelu);
+    return kprof::call_below_autograd(bias_gelu_op(), x, bias, approximate);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const char* approximate = ctx->saved_data["tanh"].toBool() ? "tanh" : "none";
+    auto [dx, dbias] = bias_gelu_backward_op().call(grads[0], saved[0], saved[1], approximate);
+    return {dx, dbias, at::Tensor()};
+  }
+};
+
+at::Tensor gelu_autograd(const at::Tensor& x, c10::string_view approximate) {
+  if (!kprof::records(x)) return kprof::call_below_autograd(gelu_op(), x, approximate);
+  return GeluFunction::apply(x, approximate);
+}
+
+at::Tensor bias_gelu_autograd(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
+  if (!kprof::records(x, bias)) return kprof::call_below_autograd(bias_gelu_op(), x, bias, approximate);
+  return BiasGeluFunction::apply(x, bias, approximate);
+}
+
+// The backwards' Autograd kernels: the fast kernel, or under create_graph its twin from differentiable ATen ops
+// (at::gelu_backward is torch's own GELU backward, with its double backward).
+at::Tensor gelu_backward_autograd(const at::Tensor& grad, const at::Tensor& x, c10::string_view approximate) {
+  if (kprof::records(grad, x)) return at::gelu_backward(grad, x, approximate);
+  return kprof::call_below_autograd(gelu_backward_op(), grad, x, approximate);
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_autograd(const at::Tensor& grad, const at::Tensor& x,
+                                                               const at::Tensor& bias, c10::string_view approximate) {
+  if (kprof::records(grad, x, bias)) {
+    at::Tensor dx = at::gelu_backward(grad, x + bias, approximate);
+    return {dx, dx.sum_to_size(bias.sizes())};
+  }
+  return kprof::call_below_autograd(bias_gelu_backward_op(), grad, x, bias, approximate);
+}
+
+void kernels(torch::Library& m) {
+  m.impl("gelu", &gelu_forward);
+  m.impl("gelu_backward", &gelu_backward);
+  m.impl("bias_gelu", &bias_gelu_forward);
+  m.impl("bias_gelu_backward", &bias_gelu_backward);
 }
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  using pybind11::arg;
-  m.def("forward", &gelu_forward, "y = gelu(x)", arg("x"), arg("y"), arg("tanh_approx"));
-  m.def("backward", &gelu_backward, "grad_x = grad * gelu'(x)", arg("grad"), arg("x"), arg("grad_x"),
-        arg("tanh_approx"));
-  m.def("bias_forward", &bias_gelu_forward, "y = gelu(x + bias), bias over the last dim", arg("x"), arg("bias"),
-        arg("y"), arg("tanh_approx"));
-  m.def("bias_backward", &bias_gelu_backward, "grad_x of gelu(x + bias); returns grad bias", arg("grad"), arg("x"),
-        arg("bias"), arg("grad_x"), arg("tanh_approx"));
+TORCH_LIBRARY_FRAGMENT(kprof, m) {
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+  m.def("gelu(Tensor x, str approximate='none') -> Tensor", tags);
+  m.def("gelu_backward(Tensor grad, Tensor x, str approximate='none') -> Tensor", tags);
+  m.def("bias_gelu(Tensor x, Tensor bias, str approximate='none') -> Tensor", tags);
+  m.def("bias_gelu_backward(Tensor grad, Tensor x, Tensor bias, str approximate='none') -> (Tensor, Tensor)", tags);
 }
+
+KPROF_CPU_AND_CUDA_KERNELS(kernels)
+
+TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
+  m.impl("gelu", &gelu_autograd);
+  m.impl("gelu_backward", &gelu_backward_autograd);
+  m.impl("bias_gelu", &bias_gelu_autograd);
+  m.impl("bias_gelu_backward", &bias_gelu_backward_autograd);
+}
+
+KPROF_AUTOCAST_LIKE("gelu", "aten::gelu", "")
+KPROF_AUTOCAST_LIKE("bias_gelu", "aten::gelu", "")
+
+KPROF_PYTHON_MODULE()

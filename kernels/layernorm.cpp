@@ -1,8 +1,11 @@
-// LayerNorm torch binding: CPU kernels (at::parallel_for over rows, accumulation in float, or double for
-// double inputs) and, with KPROF_WITH_CUDA, layernorm.cu's launchers. Ops write into caller-allocated
-// outputs, so callers (and tests) own the buffers: x is [rows, n] contiguous, mean/rstd are [rows] in the
-// accumulation type (norm_stats_dtype), weight/bias are [n] in x's dtype or float32 (norm_check_param).
-#include "_norm_binding.h"
+// LayerNorm as torch operators: kprof::layer_norm (the public one, F.layer_norm's signature with a weight required,
+// differentiable), kprof::layer_norm_fwd (y, mean, rstd: what it runs below autograd) and
+// kprof::layer_norm_backward. CPU kernels here (at::parallel_for over rows, accumulation in float, or double for
+// double inputs), the CUDA launchers in layernorm.cu, autograd, autocast as torch's layer_norm, and the registration
+// (see _dispatch.h). Weight and bias are in x's dtype or float32 for float16/bfloat16 x; mean/rstd are [rows] in the
+// accumulation type (norm_stats_dtype).
+#include "_dispatch.h"
+#include "_norm_op.h"
 
 #ifdef KPROF_WITH_CUDA
 extern "C" {
@@ -17,20 +20,23 @@ cudaError_t kprof_layernorm_bwd_cuda(const void* dy, const void* x, const void* 
 
 namespace {
 
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
 constexpr const char* kOp = "kprof layer_norm";
 
 template <typename T, typename W>
-void forward_cpu(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, double eps,
-                 at::Tensor& y, at::Tensor& mean, at::Tensor& rstd) {
+void forward_cpu(const kprof::NormArgs& a, double eps, Tensor& y, Tensor& mean, Tensor& rstd) {
   using acc_t = at::opmath_type<T>;
-  const int64_t n = x.size(1);
-  const T* xp = x.const_data_ptr<T>();
-  const W* wp = w.const_data_ptr<W>();
-  const W* bp = b ? b->const_data_ptr<W>() : nullptr;
+  const int64_t n = a.n;
+  const T* xp = a.x.const_data_ptr<T>();
+  const W* wp = a.weight.const_data_ptr<W>();
+  const W* bp = a.bias ? a.bias->const_data_ptr<W>() : nullptr;
   T* yp = y.mutable_data_ptr<T>();
   acc_t* mp = mean.mutable_data_ptr<acc_t>();
   acc_t* rp = rstd.mutable_data_ptr<acc_t>();
-  kprof::for_each_row(x, [&](int64_t r) {
+  kprof::for_each_row(a.rows, n, [&](int64_t r) {
     const T* xr = xp + r * n;
     acc_t sum = 0;
     for (int64_t c = 0; c < n; ++c) sum += static_cast<acc_t>(xr[c]);
@@ -50,17 +56,17 @@ void forward_cpu(const at::Tensor& x, const at::Tensor& w, const std::optional<a
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = w * dy; dw = sum of dy * xhat, db = sum of dy.
 template <typename T, typename W>
-void backward_cpu(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w, const at::Tensor& mean,
-                  const at::Tensor& rstd, at::Tensor& dx, at::Tensor& dw, const std::optional<at::Tensor>& db) {
+void backward_cpu(const kprof::NormArgs& a, const Tensor& dy, const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                  Tensor& dw, Tensor* db) {
   using acc_t = at::opmath_type<T>;
-  const int64_t n = x.size(1);
-  const T *dyp = dy.const_data_ptr<T>(), *xp = x.const_data_ptr<T>();
-  const W* wp = w.const_data_ptr<W>();
+  const int64_t n = a.n;
+  const T *dyp = dy.const_data_ptr<T>(), *xp = a.x.const_data_ptr<T>();
+  const W* wp = a.weight.const_data_ptr<W>();
   const acc_t *mp = mean.const_data_ptr<acc_t>(), *rp = rstd.const_data_ptr<acc_t>();
   T* dxp = dx.mutable_data_ptr<T>();
   std::vector<W*> grads{dw.mutable_data_ptr<W>()};
-  if (db) grads.push_back(db->mutable_data_ptr<W>());
-  kprof::rows_with_partials<acc_t>(x, grads, [&](int64_t r, acc_t* const* part) {
+  if (db != nullptr) grads.push_back(db->mutable_data_ptr<W>());
+  kprof::rows_with_partials<acc_t>(a.rows, n, grads, [&](int64_t r, acc_t* const* part) {
     const T *xr = xp + r * n, *dyr = dyp + r * n;
     const acc_t mu = mp[r], rs = rp[r];
     acc_t s_gx = 0, s_g = 0;
@@ -70,7 +76,7 @@ void backward_cpu(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w
       s_gx += g * xh;
       s_g += g;
       part[0][c] += d * xh;
-      if (db) part[1][c] += d;
+      if (db != nullptr) part[1][c] += d;
     }
     const acc_t c1 = s_gx / n, c2 = s_g / n;
     T* dxr = dxp + r * n;
@@ -82,75 +88,149 @@ void backward_cpu(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w
   });
 }
 
-#ifdef KPROF_WITH_CUDA
-cudaError_t backward_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w, const at::Tensor& mean,
-                          const at::Tensor& rstd, at::Tensor& dx, at::Tensor& dw,
-                          const std::optional<at::Tensor>& db) {
-  return kprof::with_workspace(x, [&](float* workspace, int64_t* floats) {
-    return kprof_layernorm_bwd_cuda(dy.const_data_ptr(), x.const_data_ptr(), w.const_data_ptr(),
-                                    mean.const_data_ptr<float>(), rstd.const_data_ptr<float>(), dx.mutable_data_ptr(),
-                                    dw.mutable_data_ptr(), db ? db->mutable_data_ptr() : nullptr, workspace, floats,
-                                    x.size(0), kprof::cuda_cols(x), kprof::dtype_code(x), kprof::dtype_code(w),
-                                    kprof::current_stream());
-  });
-}
-#endif
-
-void layernorm_forward(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                       double eps, at::Tensor& y, at::Tensor& mean, at::Tensor& rstd) {
-  kprof::norm_check_rows(x, kOp, "x");
-  kprof::norm_check_param(x, weight, kOp, "weight");
-  if (bias) kprof::norm_check_param(x, *bias, kOp, "bias", weight.scalar_type());
-  kprof::norm_check_out(x, y, x.sizes(), x.scalar_type(), kOp, "y");
-  kprof::norm_check_out(x, mean, {x.size(0)}, kprof::norm_stats_dtype(x), kOp, "mean");
-  kprof::norm_check_out(x, rstd, {x.size(0)}, kprof::norm_stats_dtype(x), kOp, "rstd");
-  if (x.is_cuda()) {
-    KPROF_CUDA_CALL(x, kOp,
-                    kprof_layernorm_fwd_cuda(x.const_data_ptr(), weight.const_data_ptr(),
-                                             bias ? bias->const_data_ptr() : nullptr, y.mutable_data_ptr(),
-                                             mean.mutable_data_ptr<float>(), rstd.mutable_data_ptr<float>(),
-                                             x.size(0), kprof::cuda_cols(x), static_cast<float>(eps),
-                                             kprof::dtype_code(x), kprof::dtype_code(weight), kprof::current_stream()));
-    return;
+std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd(const Tensor& x, c10::SymIntArrayRef normalized_shape,
+                                                  const Tensor& weight, const std::optional<Tensor>& bias,
+                                                  double eps) {
+  const auto a = kprof::norm_args(kOp, x, C10_AS_INTARRAYREF_SLOW(normalized_shape), weight, bias, eps);
+  Tensor y = at::empty(x.sizes(), a.x.options());
+  Tensor mean = at::empty({a.rows}, a.x.options().dtype(kprof::norm_stats_dtype(a.x)));
+  Tensor rstd = at::empty_like(mean);
+  if (a.x.is_cuda()) {
+    KPROF_CUDA_CALL(a.x, kOp,
+                    kprof_layernorm_fwd_cuda(a.x.const_data_ptr(), a.weight.const_data_ptr(),
+                                             a.bias ? a.bias->const_data_ptr() : nullptr, y.mutable_data_ptr(),
+                                             mean.mutable_data_ptr<float>(), rstd.mutable_data_ptr<float>(), a.rows,
+                                             kprof::cuda_cols(a), static_cast<float>(eps), kprof::dtype_code(a.x),
+                                             kprof::dtype_code(a.weight), kprof::current_stream()));
+    return {y, mean, rstd};
   }
-  kprof::norm_dispatch_cpu(x, weight, [&](auto t, auto w) {
-    forward_cpu<decltype(t), decltype(w)>(x, weight, bias, eps, y, mean, rstd);
+  kprof::norm_dispatch_cpu(a.x, a.weight, [&](auto t, auto w) {
+    forward_cpu<decltype(t), decltype(w)>(a, eps, y, mean, rstd);
   });
+  return {y, mean, rstd};
 }
 
-void layernorm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& mean,
-                        const at::Tensor& rstd, at::Tensor& dx, at::Tensor& dweight,
-                        const std::optional<at::Tensor>& dbias) {
-  kprof::norm_check_rows(x, kOp, "x");
-  kprof::norm_check_param(x, weight, kOp, "weight");
-  kprof::norm_check_out(x, dy, x.sizes(), x.scalar_type(), kOp, "dy");
-  kprof::norm_check_out(x, mean, {x.size(0)}, kprof::norm_stats_dtype(x), kOp, "mean");
-  kprof::norm_check_out(x, rstd, {x.size(0)}, kprof::norm_stats_dtype(x), kOp, "rstd");
-  kprof::norm_check_out(x, dx, x.sizes(), x.scalar_type(), kOp, "dx");
-  kprof::norm_check_out(x, dweight, weight.sizes(), weight.scalar_type(), kOp, "dweight");
-  if (dbias) kprof::norm_check_out(x, *dbias, weight.sizes(), weight.scalar_type(), kOp, "dbias");
-  if (x.size(0) == 0) {
-    dweight.zero_();
-    if (dbias) dbias->zero_();
-    return;
+// (dx, dweight, dbias); dbias is empty ([0]) when the forward had no bias.
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& weight,
+                                                       const Tensor& mean_in, const Tensor& rstd_in, double eps,
+                                                       bool bias) {
+  const auto a = kprof::norm_args(kOp, x, weight.sizes(), weight, std::nullopt, eps);
+  const Tensor dy = kprof::norm_grad(kOp, x, grad);
+  const Tensor mean = kprof::norm_stat(kOp, "mean", a, mean_in), rstd = kprof::norm_stat(kOp, "rstd", a, rstd_in);
+  Tensor dx = at::empty(x.sizes(), a.x.options());
+  Tensor dw = at::empty(weight.sizes(), a.weight.options());
+  Tensor db = at::empty(bias ? weight.sizes() : at::IntArrayRef{0}, a.weight.options());
+  Tensor* db_out = bias ? &db : nullptr;
+  if (a.rows == 0) {
+    dw.zero_();
+    db.zero_();
+    return {dx, dw, db};
   }
-  if (x.is_cuda()) {
-    KPROF_CUDA_CALL(x, kOp, backward_cuda(dy, x, weight, mean, rstd, dx, dweight, dbias));
-    return;
+  if (a.x.is_cuda()) {
+    KPROF_CUDA_CALL(a.x, kOp, kprof::with_workspace(a.x, [&](float* workspace, int64_t* floats) {
+      return kprof_layernorm_bwd_cuda(dy.const_data_ptr(), a.x.const_data_ptr(), a.weight.const_data_ptr(),
+                                      mean.const_data_ptr<float>(), rstd.const_data_ptr<float>(),
+                                      dx.mutable_data_ptr(), dw.mutable_data_ptr(),
+                                      bias ? db.mutable_data_ptr() : nullptr, workspace, floats, a.rows,
+                                      kprof::cuda_cols(a), kprof::dtype_code(a.x), kprof::dtype_code(a.weight),
+                                      kprof::current_stream());
+    }));
+    return {dx, dw, db};
   }
-  kprof::norm_dispatch_cpu(x, weight, [&](auto t, auto w) {
-    backward_cpu<decltype(t), decltype(w)>(dy, x, weight, mean, rstd, dx, dweight, dbias);
+  kprof::norm_dispatch_cpu(a.x, a.weight, [&](auto t, auto w) {
+    backward_cpu<decltype(t), decltype(w)>(a, dy, mean, rstd, dx, dw, db_out);
   });
+  return {dx, dw, db};
+}
+
+const auto& fwd_op() { return kprof::op<layer_norm_fwd>("kprof::layer_norm_fwd"); }
+const auto& backward_op() { return kprof::op<layer_norm_backward>("kprof::layer_norm_backward"); }
+
+// The public operator below autograd (and on meta/fake tensors): the forward's output without its statistics.
+Tensor layer_norm(const Tensor& x, c10::SymIntArrayRef normalized_shape, const Tensor& weight,
+                  const std::optional<Tensor>& bias, double eps) {
+  return std::get<0>(fwd_op().call(x, normalized_shape, weight, bias, eps));
+}
+
+// Autograd of the public operator: the forward runs below autograd and its statistics stay in the context (one
+// differentiable output; the backward recomputes their dependence on x when it must be differentiable itself).
+struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, c10::SymIntArrayRef normalized_shape,
+                        const Tensor& weight, const std::optional<Tensor>& bias, double eps) {
+    auto [y, mean, rstd] = kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, bias, eps);
+    ctx->save_for_backward({x, weight, mean, rstd});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["bias"] = bias.has_value();
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const bool bias = ctx->saved_data["bias"].toBool();
+    auto [dx, dw, db] = backward_op().call(grads[0], s[0], s[1], s[2], s[3], ctx->saved_data["eps"].toDouble(), bias);
+    return {dx, Tensor(), dw, bias ? db : Tensor(), Tensor()};
+  }
+};
+
+Tensor layer_norm_autograd(const Tensor& x, c10::SymIntArrayRef normalized_shape, const Tensor& weight,
+                           const std::optional<Tensor>& bias, double eps) {
+  if (!kprof::records(x, weight, bias)) {
+    return std::get<0>(kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, bias, eps));
+  }
+  return LayerNormFunction::apply(x, normalized_shape, weight, bias, eps);
+}
+
+// The backward from differentiable ATen ops, statistics recomputed from x, in float32 (float64 for float64 x):
+// what runs under create_graph, so a second derivative through the layer is right.
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_twin(const Tensor& grad, const Tensor& x,
+                                                            const Tensor& weight, double eps, bool bias) {
+  const c10::SymInt n = weight.sym_numel();
+  const Tensor xr = kprof::upcast(x.reshape_symint({-1, n}), x), g = kprof::upcast(grad.reshape_symint({-1, n}), x);
+  const Tensor xc = xr - xr.mean(-1, true);
+  const Tensor rstd = (xc.square().mean(-1, true) + eps).rsqrt();
+  const Tensor xhat = xc * rstd, gw = g * kprof::upcast(weight.reshape_symint({n}), x);
+  const Tensor dx = rstd * (gw - gw.mean(-1, true) - xhat * (gw * xhat).mean(-1, true));
+  const auto as_param = [&](const Tensor& t) { return t.to(weight.scalar_type()).view_symint(weight.sym_sizes()); };
+  return {dx.to(x.scalar_type()).view_symint(x.sym_sizes()), as_param((g * xhat).sum(0)),
+          bias ? as_param(g.sum(0)) : at::empty({0}, weight.options())};
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_autograd(const Tensor& grad, const Tensor& x,
+                                                                const Tensor& weight, const Tensor& mean,
+                                                                const Tensor& rstd, double eps, bool bias) {
+  if (kprof::records(grad, x, weight)) return layer_norm_backward_twin(grad, x, weight, eps, bias);
+  return kprof::call_below_autograd(backward_op(), grad, x, weight, mean, rstd, eps, bias);
+}
+
+void kernels(torch::Library& m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd);
+  m.impl("layer_norm_backward", &layer_norm_backward);
 }
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "kprof LayerNorm kernels (CPU, and CUDA when built with a GPU) writing caller-allocated outputs";
-  m.def("forward", &layernorm_forward, "y, mean, rstd <- LayerNorm of x [rows, n] (weight, optional bias, eps)",
-        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps"), pybind11::arg("y"),
-        pybind11::arg("mean"), pybind11::arg("rstd"));
-  m.def("backward", &layernorm_backward, "dx, dweight, dbias (optional) <- LayerNorm backward", pybind11::arg("dy"),
-        pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("mean"), pybind11::arg("rstd"), pybind11::arg("dx"),
-        pybind11::arg("dweight"), pybind11::arg("dbias"));
+TORCH_LIBRARY_FRAGMENT(kprof, m) {
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+  m.def("layer_norm(Tensor x, SymInt[] normalized_shape, Tensor weight, Tensor? bias=None, float eps=1e-05) -> Tensor",
+        tags);
+  m.def("layer_norm_fwd(Tensor x, SymInt[] normalized_shape, Tensor weight, Tensor? bias, float eps) "
+        "-> (Tensor, Tensor, Tensor)",
+        tags);
+  m.def("layer_norm_backward(Tensor grad, Tensor x, Tensor weight, Tensor mean, Tensor rstd, float eps, bool bias) "
+        "-> (Tensor, Tensor, Tensor)",
+        tags);
 }
+
+KPROF_CPU_AND_CUDA_KERNELS(kernels)
+
+TORCH_LIBRARY_IMPL(kprof, CompositeExplicitAutograd, m) { m.impl("layer_norm", &layer_norm); }
+
+TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
+  m.impl("layer_norm", &layer_norm_autograd);
+  m.impl("layer_norm_fwd", torch::CppFunction::makeFromBoxedFunction<&kprof::no_autograd_of_its_own>());
+  m.impl("layer_norm_backward", &layer_norm_backward_autograd);
+}
+
+KPROF_AUTOCAST_LIKE("layer_norm", "aten::layer_norm", "")
+
+KPROF_PYTHON_MODULE()

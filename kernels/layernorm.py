@@ -1,7 +1,8 @@
 """``kernels.LayerNorm``: LayerNorm over the trailing ``normalized_shape`` dims with CUDA and C++ kernels.
 
-Forward saves per-row mean and rstd; backward gives dx, dweight and dbias, the parameter gradients as
-per-block partial sums finished by a column sum (no atomics, so results are reproducible). Supported:
+The operator ``torch.ops.kprof.layer_norm`` saves per-row mean and rstd (``layer_norm_fwd``); its backward
+(``layer_norm_backward``) gives dx, dweight and dbias, the parameter gradients as per-block partial sums finished
+by a column sum (no atomics, so results are reproducible). Supported:
 x float32/float16/bfloat16 on CUDA (rows of at most 8192 elements) and also float64 on the CPU; weight
 and bias in x's dtype or float32 for float16/bfloat16 x; output in x's dtype. ``elementwise_affine=False``
 is not supported (keep torch.nn.LayerNorm there).
@@ -9,52 +10,32 @@ is not supported (keep torch.nn.LayerNorm there).
 
 from __future__ import annotations
 
-import functools
-import types
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from . import _build
-from ._layer import label
-from ._norm import RowNorm, as_shape, check_args, stats_dtype
+from ._layer import check_kernel_impl
+from ._library import OpLibrary
+from ._norm import RowNorm, shape_arg, stats_like
+
+LIBRARY = OpLibrary("layernorm", lambda: _build.load("layernorm", ["layernorm.cpp", "layernorm.cu"]),
+                    ops=("layer_norm", "layer_norm_fwd", "layer_norm_backward"))
 
 
-@functools.cache
-def _ext() -> types.ModuleType:
-    return _build.load("layernorm", ["layernorm.cpp", "layernorm.cu"])
+@LIBRARY.fake("layer_norm_fwd")
+def _layer_norm_fwd_fake(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor,
+                         bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), stats_like(x, weight), stats_like(x, weight)
 
 
-class LayerNormFunction(torch.autograd.Function):
-    """LayerNorm of x over weight's shape (the trailing dims of x), with the kprof kernels."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-        rows = x.reshape(-1, weight.numel())
-        w = weight.reshape(-1)
-        b = bias.reshape(-1) if bias is not None else None
-        y = torch.empty_like(rows)
-        mean = rows.new_empty(rows.shape[0], dtype=stats_dtype(x))
-        rstd = torch.empty_like(mean)
-        _ext().forward(rows, w, b, float(eps), y, mean, rstd)
-        ctx.save_for_backward(rows, w, mean, rstd)
-        ctx.has_bias = bias is not None
-        ctx.shapes = (x.shape, weight.shape)
-        return y.view(x.shape)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, None]:
-        rows, w, mean, rstd = ctx.saved_tensors
-        x_shape, w_shape = ctx.shapes
-        dx = torch.empty_like(rows)
-        dw = torch.empty_like(w)
-        db = torch.empty_like(w) if ctx.has_bias else None
-        _ext().backward(dy.reshape(rows.shape).contiguous(), rows, w, mean, rstd, dx, dw, db)
-        return dx.view(x_shape), dw.view(w_shape), db.view(w_shape) if db is not None else None, None
+@LIBRARY.fake("layer_norm_backward")
+def _layer_norm_backward_fake(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
+                              rstd: torch.Tensor, eps: float, bias: bool
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape if bias else (0,))
 
 
 def layer_norm(
@@ -66,21 +47,21 @@ def layer_norm(
     *,
     impl: str | None = None,
 ) -> torch.Tensor:
-    """``torch.nn.functional.layer_norm`` with the kprof kernels (a weight is required). Strided inputs are
-    copied to contiguous memory first. ``impl``: None (by device), "cuda", "cpp" or "torch"."""
-    shape = as_shape(normalized_shape, "kprof layer_norm")
-    x, impl = check_args("kprof layer_norm", x, shape, {"weight": weight, "bias": bias}, eps, impl)
-    with label("layer_norm"):
+    """``torch.nn.functional.layer_norm`` with the kprof kernels (a weight is required); strided inputs are read
+    through contiguous copies. ``impl``: None (by device), "cuda", "cpp" or "torch"."""
+    if impl is not None:
         if impl == "torch":
-            return F.layer_norm(x, shape, weight, bias, eps)
-        return LayerNormFunction.apply(x, weight.contiguous(), bias.contiguous() if bias is not None else None, eps)
+            return F.layer_norm(x, shape_arg(normalized_shape), weight, bias, eps)
+        check_kernel_impl(impl, x, "kprof layer_norm")
+    LIBRARY.ensure()
+    return LIBRARY.layer_norm(x, shape_arg(normalized_shape), weight, bias, eps)
 
 
 class LayerNorm(RowNorm):
     """Drop-in for ``torch.nn.LayerNorm`` (same arguments, parameters and state_dict keys) with
     ``elementwise_affine=True``; ``impl`` as in ``layer_norm``."""
 
-    _load = staticmethod(_ext)
+    library = LIBRARY
 
     def __init__(
         self,

@@ -3,21 +3,18 @@
 Two CUDA forwards are kept so their difference can be measured: ``grid2d`` is the seed's
 ``square_matrix_kernel`` (one thread per element on a 16 x 16 block grid over [rows, last dim]),
 ``vectorized`` a grid-stride kernel moving 16 bytes per access. The backward (2 * x * grad) is the
-vectorized kernel for both.
+vectorized kernel for both. The operators are ``torch.ops.kprof.square`` and ``square_backward``.
 """
 
 from __future__ import annotations
 
-import functools
-import types
-
 import torch
+
 from . import _build
-from ._layer import KernelLayer, check_choice, check_impl, check_tensor, label, resolve_impl
+from ._layer import KernelLayer, check_choice, check_kernel_impl
+from ._library import OpLibrary
 
 VARIANTS = ("grid2d", "vectorized")
-GRID2D_BLOCK = 16
-GRID2D_MAX_ROWS = 65535 * GRID2D_BLOCK  # gridDim.y is at most 65535
 
 CUDA_SOURCE = r"""
 #include "_elementwise.cuh"
@@ -77,7 +74,10 @@ extern "C" cudaError_t kprof_square_backward(int dtype, const void* dy, const vo
 """
 
 CPP_SOURCE = r"""
-#include "_binding.h"
+// kprof::square(x, variant) and kprof::square_backward(grad, x): CPU kernels here, the CUDA launchers in
+// CUDA_SOURCE, autograd and the registration (see _dispatch.h).
+#include "_dispatch.h"
+#include "_op.h"
 
 #ifdef KPROF_WITH_CUDA
 extern "C" {
@@ -88,99 +88,150 @@ cudaError_t kprof_square_backward(int dtype, const void* dy, const void* x, void
 }
 #endif
 
-// y = x * x; on CUDA, grid2d picks the seed's 2-D kernel over [numel / last dim, last dim].
-void square_forward(const at::Tensor& x, const at::Tensor& y, bool grid2d) {
-  kprof::check_input(x, "kprof square", "x");
-  kprof::check_same(x, y, "kprof square", "y");
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr const char* kOp = "kprof square";
+
+// True for the seed's 2-D grid kernel; a ValueError for anything but the two variants.
+bool grid2d_variant(c10::string_view variant) {
+  TORCH_CHECK_VALUE(variant == "vectorized" || variant == "grid2d", kOp,
+                    ": variant must be 'vectorized' or 'grid2d', got '", variant, "'");
+  return variant == "grid2d";
+}
+
+// y = x * x; on CUDA, grid2d runs the seed's 2-D kernel over [numel / last dim, last dim].
+at::Tensor square(const at::Tensor& input, c10::string_view variant) {
+  const bool grid2d = grid2d_variant(variant);
+  const at::Tensor x = kprof::checked(input, kOp, "x");
+  at::Tensor y = kprof::empty_like(x);
   if (x.is_cuda() && grid2d) {
     const int64_t width = x.dim() == 0 ? 1 : x.size(-1);
     const int64_t height = width == 0 ? 0 : x.numel() / width;
-    TORCH_CHECK_VALUE(height <= 65535 * 16 && width <= INT32_MAX, "kprof square: variant='grid2d' handles at most ",
+    TORCH_CHECK_VALUE(height <= 65535 * 16 && width <= INT32_MAX, kOp, ": variant='grid2d' handles at most ",
                       65535 * 16, " rows of at most 2^31 - 1; got ", height, " x ", width, ": use 'vectorized'");
     if (x.numel() > 0) {
-      KPROF_CUDA_CALL(x, "kprof square",
-                      kprof_square_grid2d(kprof::dtype_code(x), x.const_data_ptr(), y.mutable_data_ptr(),
-                                          static_cast<int>(height), static_cast<int>(width), kprof::current_stream()));
+      KPROF_CUDA_CALL(x, kOp, kprof_square_grid2d(kprof::dtype_code(x), x.const_data_ptr(), y.mutable_data_ptr(),
+                                                  static_cast<int>(height), static_cast<int>(width),
+                                                  kprof::current_stream()));
     }
-    return;
+    return y;
   }
   if (x.is_cuda()) {
-    KPROF_CUDA_CALL(x, "kprof square", kprof_square_forward(kprof::dtype_code(x), x.const_data_ptr(),
-                    y.mutable_data_ptr(), x.numel(), kprof::current_stream()));
-    return;
+    KPROF_CUDA_CALL(x, kOp, kprof_square_forward(kprof::dtype_code(x), x.const_data_ptr(), y.mutable_data_ptr(),
+                                                 x.numel(), kprof::current_stream()));
+    return y;
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "kprof square", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), kOp, [&] {
     kprof::cpu_map(x.numel(), [](auto v) { return v * v; }, y.mutable_data_ptr<scalar_t>(),
                    x.const_data_ptr<scalar_t>());
   });
+  return y;
 }
 
 // grad_x = 2 * x * grad.
-void square_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& dx) {
-  kprof::check_input(x, "kprof square backward", "x");
-  kprof::check_same(x, dy, "kprof square backward", "grad");
-  kprof::check_same(x, dx, "kprof square backward", "grad_x");
+at::Tensor square_backward(const at::Tensor& grad, const at::Tensor& input) {
+  const at::Tensor x = kprof::checked(input, kOp, "x");
+  const at::Tensor dy = kprof::checked_like(x, grad, kOp, "grad");
+  at::Tensor dx = kprof::empty_like(x);
   if (x.is_cuda()) {
-    KPROF_CUDA_CALL(x, "kprof square backward", kprof_square_backward(kprof::dtype_code(x), dy.const_data_ptr(),
-                    x.const_data_ptr(), dx.mutable_data_ptr(), x.numel(), kprof::current_stream()));
-    return;
+    KPROF_CUDA_CALL(x, kOp, kprof_square_backward(kprof::dtype_code(x), dy.const_data_ptr(), x.const_data_ptr(),
+                                                  dx.mutable_data_ptr(), x.numel(), kprof::current_stream()));
+    return dx;
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "kprof square backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), kOp, [&] {
     kprof::cpu_map(x.numel(), [](auto g, auto v) { return decltype(v)(2) * v * g; }, dx.mutable_data_ptr<scalar_t>(),
                    dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>());
   });
+  return dx;
 }
+
+const auto& square_op() { return kprof::op<square>("kprof::square"); }
+const auto& square_backward_op() { return kprof::op<square_backward>("kprof::square_backward"); }
+
+struct SquareFunction : torch::autograd::Function<SquareFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::string_view variant) {
+    ctx->save_for_backward({x});
+    return kprof::call_below_autograd(square_op(), x, variant);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {square_backward_op().call(grads[0], ctx->get_saved_variables()[0]), at::Tensor()};
+  }
+};
+
+at::Tensor square_autograd(const at::Tensor& x, c10::string_view variant) {
+  if (!kprof::records(x)) return kprof::call_below_autograd(square_op(), x, variant);
+  return SquareFunction::apply(x, variant);
+}
+
+// The fast kernel, or under create_graph its twin from differentiable ATen ops.
+at::Tensor square_backward_autograd(const at::Tensor& grad, const at::Tensor& x) {
+  if (kprof::records(grad, x)) return grad * (x * 2);
+  return kprof::call_below_autograd(square_backward_op(), grad, x);
+}
+
+void kernels(torch::Library& m) {
+  m.impl("square", &square);
+  m.impl("square_backward", &square_backward);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kprof, m) {
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+  m.def("square(Tensor x, str variant='vectorized') -> Tensor", tags);
+  m.def("square_backward(Tensor grad, Tensor x) -> Tensor", tags);
+}
+
+KPROF_CPU_AND_CUDA_KERNELS(kernels)
+
+TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
+  m.impl("square", &square_autograd);
+  m.impl("square_backward", &square_backward_autograd);
+}
+
+KPROF_AUTOCAST_LIKE("square", "aten::pow", "Tensor_Scalar")  // torch.square(x) is pow(x, 2)
+
+KPROF_PYTHON_MODULE()
 """
 
-
-@functools.cache
-def _ext() -> types.ModuleType:
-    return _build.load_inline("square", CPP_SOURCE, CUDA_SOURCE, ["square_forward", "square_backward"])
+LIBRARY = OpLibrary("square", lambda: _build.load_inline("square", CPP_SOURCE, CUDA_SOURCE),
+                    ops=("square", "square_backward"))
 
 
-def _check_variant(variant: str) -> bool:
-    """True for the seed's 2-D grid kernel."""
-    return check_choice("variant", variant, VARIANTS) == "grid2d"
+@LIBRARY.fake("square")
+def _square_fake(x: torch.Tensor, variant: str = "vectorized") -> torch.Tensor:
+    return x.new_empty(x.shape)
 
 
-class SquareFunction(torch.autograd.Function):
-    """x * x with kprof's kernels; saves x for the backward."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, grid2d: bool) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        y = torch.empty_like(x)
-        _ext().square_forward(x, y, grid2d)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (x,) = ctx.saved_tensors
-        grad_x = torch.empty_like(x)
-        _ext().square_backward(grad.contiguous(), x, grad_x)
-        return grad_x, None
+@LIBRARY.fake("square_backward")
+def _square_backward_fake(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)
 
 
 def square(x: torch.Tensor, *, variant: str = "vectorized", impl: str | None = None) -> torch.Tensor:
-    """``torch.square`` with kprof kernels. A strided ``x`` is copied to contiguous memory first.
-    ``variant`` ("vectorized" or the seed's "grid2d") picks the CUDA forward; ``impl``: None (by
-    device), "cuda", "cpp" or "torch"."""
-    grid2d = _check_variant(variant)
-    x = check_tensor(x, "x", "kprof square")
-    impl = resolve_impl(check_impl(impl), x, "kprof square")
-    with label("square"):
-        return torch.square(x) if impl == "torch" else SquareFunction.apply(x, grid2d)
+    """``torch.square`` with kprof kernels; a strided ``x`` is read through a contiguous copy. ``variant``
+    ("vectorized" or the seed's "grid2d") picks the CUDA forward; ``impl``: None (by device), "cuda", "cpp" or
+    "torch"."""
+    if impl is not None:
+        if impl == "torch":
+            return torch.square(x)
+        check_kernel_impl(impl, x, "kprof square")
+    LIBRARY.ensure()
+    return LIBRARY.square(x, variant)
 
 
 class Square(KernelLayer):
     """``square`` as a module, so one model can run it with each variant and implementation."""
 
-    _load = staticmethod(_ext)
+    library = LIBRARY
 
     def __init__(self, *, variant: str = "vectorized", impl: str | None = None) -> None:
         super().__init__(impl)
-        _check_variant(variant)
-        self.variant = variant
+        self.variant = check_choice("variant", variant, VARIANTS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return square(x, variant=self.variant, impl=self.impl)

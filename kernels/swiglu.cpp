@@ -1,7 +1,8 @@
-// SwiGLU torch binding: y = silu(gate) * up and its backward, CPU kernels (at::parallel_for, math in
-// float, or double for double inputs) and, with KPROF_WITH_CUDA, swiglu.cu's launchers. Outputs are
-// caller-allocated; all tensors have one shape, dtype and device and are contiguous.
-#include "_binding.h"
+// SwiGLU, y = silu(gate) * up, as the operators kprof::swiglu and kprof::swiglu_backward: CPU kernels here
+// (at::parallel_for, math in float, or double for double inputs), the CUDA launchers in swiglu.cu, autograd and
+// the registration (see _dispatch.h). gate and up share one shape, dtype and device.
+#include "_dispatch.h"
+#include "_op.h"
 
 #include <cmath>
 
@@ -15,53 +16,53 @@ cudaError_t kprof_swiglu_backward(int dtype, const void* dy, const void* gate, c
 
 namespace {
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
 constexpr const char* kOp = "kprof swiglu";
-constexpr int64_t kGrainElements = 32768;  // ATen's parallel grain
 
 template <typename A>
 A sigmoid(A g) {
   return A(1) / (A(1) + std::exp(-g));
 }
 
-void check_all(const at::Tensor& ref, std::initializer_list<std::pair<const at::Tensor*, const char*>> others) {
-  kprof::check_input(ref, kOp, "gate");
-  for (const auto& [t, name] : others) {
-    kprof::check_input(*t, kOp, name);
-    kprof::check_same(ref, *t, kOp, name);
-  }
-}
-
-void swiglu_forward(const at::Tensor& gate, const at::Tensor& up, at::Tensor& y) {
-  check_all(gate, {{&up, "up"}, {&y, "y"}});
+at::Tensor swiglu_forward(const at::Tensor& gate_in, const at::Tensor& up_in) {
+  const at::Tensor gate = kprof::checked(gate_in, kOp, "gate");
+  const at::Tensor up = kprof::checked_like(gate, up_in, kOp, "up");
+  at::Tensor y = kprof::empty_like(gate);
   if (gate.is_cuda()) {
     KPROF_CUDA_CALL(gate, kOp,
                     kprof_swiglu_forward(kprof::dtype_code(gate), gate.const_data_ptr(), up.const_data_ptr(),
                                          y.mutable_data_ptr(), gate.numel(), kprof::current_stream()));
-    return;
+    return y;
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gate.scalar_type(), "kprof swiglu", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gate.scalar_type(), kOp, [&] {
     kprof::cpu_map(gate.numel(), [](auto g, auto u) { return g * sigmoid(g) * u; }, y.mutable_data_ptr<scalar_t>(),
                    gate.const_data_ptr<scalar_t>(), up.const_data_ptr<scalar_t>());
   });
+  return y;
 }
 
 // dgate = dy * up * s * (1 + gate * (1 - s)) with s = sigmoid(gate), dup = dy * gate * s.
-void swiglu_backward(const at::Tensor& dy, const at::Tensor& gate, const at::Tensor& up, at::Tensor& dgate,
-                     at::Tensor& dup) {
-  check_all(gate, {{&dy, "dy"}, {&up, "up"}, {&dgate, "dgate"}, {&dup, "dup"}});
+std::tuple<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad, const at::Tensor& gate_in,
+                                                   const at::Tensor& up_in) {
+  const at::Tensor gate = kprof::checked(gate_in, kOp, "gate");
+  const at::Tensor up = kprof::checked_like(gate, up_in, kOp, "up");
+  const at::Tensor dy = kprof::checked_like(gate, grad, kOp, "grad");
+  at::Tensor dgate = kprof::empty_like(gate), dup = kprof::empty_like(gate);
   if (gate.is_cuda()) {
     KPROF_CUDA_CALL(gate, kOp,
                     kprof_swiglu_backward(kprof::dtype_code(gate), dy.const_data_ptr(), gate.const_data_ptr(),
                                           up.const_data_ptr(), dgate.mutable_data_ptr(), dup.mutable_data_ptr(),
                                           gate.numel(), kprof::current_stream()));
-    return;
+    return {dgate, dup};
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gate.scalar_type(), "kprof swiglu backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gate.scalar_type(), kOp, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t *d = dy.const_data_ptr<scalar_t>(), *g = gate.const_data_ptr<scalar_t>(),
                    *u = up.const_data_ptr<scalar_t>();
     scalar_t *dg = dgate.mutable_data_ptr<scalar_t>(), *du = dup.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, gate.numel(), kGrainElements, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, gate.numel(), kprof::kGrain, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const acc_t dv = d[i], gv = g[i], uv = u[i], s = sigmoid(gv);
         dg[i] = static_cast<scalar_t>(dv * uv * s * (acc_t(1) + gv * (acc_t(1) - s)));
@@ -69,14 +70,61 @@ void swiglu_backward(const at::Tensor& dy, const at::Tensor& gate, const at::Ten
       }
     });
   });
+  return {dgate, dup};
+}
+
+const auto& swiglu_op() { return kprof::op<swiglu_forward>("kprof::swiglu"); }
+const auto& swiglu_backward_op() { return kprof::op<swiglu_backward>("kprof::swiglu_backward"); }
+
+struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    return kprof::call_below_autograd(swiglu_op(), gate, up);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [dgate, dup] = swiglu_backward_op().call(grads[0], saved[0], saved[1]);
+    return {dgate, dup};
+  }
+};
+
+at::Tensor swiglu_autograd(const at::Tensor& gate, const at::Tensor& up) {
+  if (!kprof::records(gate, up)) return kprof::call_below_autograd(swiglu_op(), gate, up);
+  return SwigluFunction::apply(gate, up);
+}
+
+// The fast kernel, or under create_graph its twin from differentiable ATen ops (torch's own silu backward has no
+// derivative; torch differentiates silu twice through sigmoid, as this does).
+std::tuple<at::Tensor, at::Tensor> swiglu_backward_autograd(const at::Tensor& grad, const at::Tensor& gate,
+                                                            const at::Tensor& up) {
+  if (kprof::records(grad, gate, up)) {
+    const at::Tensor s = gate.sigmoid();
+    return {grad * up * s * (1 + gate * (1 - s)), grad * gate * s};
+  }
+  return kprof::call_below_autograd(swiglu_backward_op(), grad, gate, up);
+}
+
+void kernels(torch::Library& m) {
+  m.impl("swiglu", &swiglu_forward);
+  m.impl("swiglu_backward", &swiglu_backward);
 }
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "kprof SwiGLU kernels (CPU, and CUDA when built with a GPU) writing caller-allocated outputs";
-  m.def("forward", &swiglu_forward, "y <- silu(gate) * up", pybind11::arg("gate"), pybind11::arg("up"),
-        pybind11::arg("y"));
-  m.def("backward", &swiglu_backward, "dgate, dup <- SwiGLU backward", pybind11::arg("dy"), pybind11::arg("gate"),
-        pybind11::arg("up"), pybind11::arg("dgate"), pybind11::arg("dup"));
+TORCH_LIBRARY_FRAGMENT(kprof, m) {
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+  m.def("swiglu(Tensor gate, Tensor up) -> Tensor", tags);
+  m.def("swiglu_backward(Tensor grad, Tensor gate, Tensor up) -> (Tensor, Tensor)", tags);
 }
+
+KPROF_CPU_AND_CUDA_KERNELS(kernels)
+
+TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
+  m.impl("swiglu", &swiglu_autograd);
+  m.impl("swiglu_backward", &swiglu_backward_autograd);
+}
+
+KPROF_AUTOCAST_LIKE("swiglu", "aten::silu", "")
+
+KPROF_PYTHON_MODULE()

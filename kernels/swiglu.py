@@ -1,63 +1,49 @@
-"""``kernels.SwiGLU``: the gated activation ``silu(gate) * up`` of LLaMA-style MLPs as one fused pass
-forward and one backward (eager PyTorch makes two and three), plus ``SwiGLUMLP``, the whole MLP
-``w_down(silu(w_gate(x)) * w_up(x))`` using it. Dtypes: float32/float16/bfloat16 on CUDA, and also float64
-on the CPU; gate and up share shape, dtype and device.
+"""``kernels.SwiGLU``: the gated activation ``silu(gate) * up`` of LLaMA-style MLPs as one fused pass forward and
+one backward (eager PyTorch makes two and three), on the operators ``torch.ops.kprof.swiglu`` and
+``swiglu_backward``; plus ``SwiGLUMLP``, the whole MLP ``w_down(silu(w_gate(x)) * w_up(x))`` using it. Dtypes:
+float32/float16/bfloat16 on CUDA, and also float64 on the CPU; gate and up share shape, dtype and device.
 """
 
 from __future__ import annotations
 
-import functools
-import types
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 from . import _build
-from ._layer import KernelLayer, check_impl, check_like, check_tensor, label, resolve_impl
+from ._layer import KernelLayer, check_impl, check_supported, check_kernel_impl
+from ._library import OpLibrary
 
-_OP = "kprof swiglu"
-
-
-@functools.cache
-def _ext() -> types.ModuleType:
-    return _build.load("swiglu", ["swiglu.cpp", "swiglu.cu"])
+LIBRARY = OpLibrary("swiglu", lambda: _build.load("swiglu", ["swiglu.cpp", "swiglu.cu"]),
+                    ops=("swiglu", "swiglu_backward"))
 
 
-class SwiGLUFunction(torch.autograd.Function):
-    """silu(gate) * up with the kprof kernels; backward recomputes silu from the saved inputs."""
+@LIBRARY.fake("swiglu")
+def _swiglu_fake(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return gate.new_empty(gate.shape)
 
-    @staticmethod
-    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        y = torch.empty_like(gate)
-        _ext().forward(gate, up, y)
-        ctx.save_for_backward(gate, up)
-        return y
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        gate, up = ctx.saved_tensors
-        dgate, dup = torch.empty_like(gate), torch.empty_like(up)
-        _ext().backward(dy.contiguous(), gate, up, dgate, dup)
-        return dgate, dup
+@LIBRARY.fake("swiglu_backward")
+def _swiglu_backward_fake(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, impl: str | None = None) -> torch.Tensor:
-    """``silu(gate) * up`` for tensors of one shape, dtype and device (no broadcasting). Strided inputs are
-    copied to contiguous memory first. ``impl``: None (by device), "cuda", "cpp" or "torch"."""
-    gate = check_tensor(gate, "gate", _OP)
-    up = check_like(gate, up, "up", _OP)
-    impl = resolve_impl(check_impl(impl), gate, _OP)
-    with label("swiglu"):
-        return F.silu(gate) * up if impl == "torch" else SwiGLUFunction.apply(gate, up)
+    """``silu(gate) * up`` for tensors of one shape, dtype and device (no broadcasting); strided inputs are read
+    through contiguous copies. ``impl``: None (by device), "cuda", "cpp" or "torch"."""
+    if impl is not None:
+        if impl == "torch":
+            return F.silu(gate) * up
+        check_kernel_impl(impl, gate, "kprof swiglu")
+    LIBRARY.ensure()
+    return LIBRARY.swiglu(gate, up)
 
 
 class SwiGLU(KernelLayer):
     """``swiglu`` as a module taking (gate, up), so one model can run it with each implementation."""
 
-    _load = staticmethod(_ext)
+    library = LIBRARY
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return swiglu(gate, up, impl=self.impl)
@@ -114,7 +100,7 @@ class SwiGLUMLP(nn.Module):
                 and gate.out_features == up.out_features == down.in_features):
             raise ValueError(f"{name}: layer shapes do not chain: w_gate {gate}, w_up {up}, w_down {down}")
         if impl != "torch":
-            check_tensor(gate.weight, "w_gate.weight", name)  # a dtype and device the kernels take
+            check_supported(gate.weight, "w_gate.weight", name)
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.w_gate, new.w_up, new.w_down = gate, up, down
@@ -123,10 +109,9 @@ class SwiGLUMLP(nn.Module):
         return new
 
     def build(self) -> SwiGLUMLP:
-        """Build (or load) the activation's extension now (see ``KernelLayer.build``)."""
+        """Build (or load) the activation's operators now (see ``KernelLayer.build``)."""
         self.act.build()
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with label("SwiGLUMLP"):
-            return self.w_down(self.act(self.w_gate(x), self.w_up(x)))
+        return self.w_down(self.act(self.w_gate(x), self.w_up(x)))

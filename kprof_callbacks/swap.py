@@ -2,8 +2,8 @@
 
 The default mapping is a registry of torch layer type -> name of a class in ``kprof_callbacks.kernels``
 (looked up at swap time, so a layer whose module is missing is reported, not fatal); adding a layer is
-one line in ``DEFAULT_LAYERS``. Every kernel layer class provides ``from_module(torch_module)``, which
-keeps the parameters (shared, so state_dict keys and values are unchanged) and raises TypeError or
+one line in ``DEFAULT_LAYERS``. Every kernel layer class provides ``from_module(torch_module, *, impl=None)``,
+which keeps the parameters (shared, so state_dict keys and values are unchanged) and raises TypeError or
 ValueError for configurations its kernels do not cover.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import importlib
 import logging
 import warnings
@@ -60,6 +61,7 @@ def swap(
     model: nn.Module,
     mapping: Mapping[type[nn.Module], type[nn.Module] | Factory | str] | None = None,
     *,
+    impl: str | None = None,
     inplace: bool = False,
     fallback: bool = False,
 ) -> nn.Module:
@@ -68,16 +70,20 @@ def swap(
 
     Mapping values: a class with ``from_module``, a callable taking the torch module, or the name of a
     class in ``kprof_callbacks.kernels``. Only exact type matches are swapped: a subclass may change
-    ``forward``, so it is reported as skipped. Each kernel layer's extension is built before this
-    returns, so a compiler problem shows up here rather than mid-training; with ``fallback=True`` such
-    layers keep their torch module (with a warning) instead of raising ``KernelBuildError``.
+    ``forward``, so it is reported as skipped. ``impl`` picks the layers' implementation: None (the kernels of
+    the input's device), "cuda", "cpp" or "torch" (PyTorch's own op inside the kprof layer, to compare a model
+    with itself); it reaches classes' ``from_module``, while a plain callable decides for itself. Each kernel
+    layer's operators are built before this returns, so a compiler problem shows up here rather than
+    mid-training; with ``fallback=True`` such layers keep their torch module (with a warning) instead of
+    raising ``KernelBuildError``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     check_bool("inplace", inplace)
     check_bool("fallback", fallback)
-    factories = _factories(DEFAULT_LAYERS if mapping is None else mapping)
-    from .kernels import KernelBuildError
+    from .kernels import KernelBuildError, check_impl
+
+    factories = _factories(DEFAULT_LAYERS if mapping is None else mapping, check_impl(impl))
 
     root = model if inplace else copy.deepcopy(model)
     report = SwapReport()
@@ -140,8 +146,11 @@ def _replacement(name: str, module: nn.Module, factory: Factory, report: SwapRep
     return new
 
 
-def _factories(mapping: Mapping[type[nn.Module], type[nn.Module] | Factory | str]) -> dict[type[nn.Module], Factory]:
-    """Each mapping value as a callable torch module -> kernel module; names are looked up in kernels."""
+def _factories(
+    mapping: Mapping[type[nn.Module], type[nn.Module] | Factory | str], impl: str | None
+) -> dict[type[nn.Module], Factory]:
+    """Each mapping value as a callable torch module -> kernel module; names are looked up in kernels, and classes
+    get ``impl`` (when one is asked for)."""
     if not isinstance(mapping, Mapping):
         raise TypeError(f"mapping must be a dict of nn.Module type -> layer, got {type(mapping).__name__}")
     factories: dict[type[nn.Module], Factory] = {}
@@ -149,9 +158,9 @@ def _factories(mapping: Mapping[type[nn.Module], type[nn.Module] | Factory | str
         if not (isinstance(source, type) and issubclass(source, nn.Module)):
             raise TypeError(f"mapping keys must be nn.Module subclasses, got {source!r}")
         if isinstance(target, str):
-            factories[source] = _named_factory(target)
+            factories[source] = _named_factory(target, impl)
         elif isinstance(target, type) and hasattr(target, "from_module"):
-            factories[source] = target.from_module
+            factories[source] = target.from_module if impl is None else functools.partial(target.from_module, impl=impl)
         elif callable(target):
             factories[source] = target
         else:
@@ -160,7 +169,7 @@ def _factories(mapping: Mapping[type[nn.Module], type[nn.Module] | Factory | str
     return factories
 
 
-def _named_factory(name: str) -> Factory:
+def _named_factory(name: str, impl: str | None) -> Factory:
     """``kernels.<name>.from_module``, resolved at first use; a missing class skips the layer (ValueError)."""
 
     def factory(module: nn.Module) -> nn.Module:
@@ -169,6 +178,6 @@ def _named_factory(name: str) -> Factory:
             cls = getattr(kernels, name)
         except (AttributeError, ImportError) as exc:
             raise ValueError(f"kprof_callbacks.kernels.{name} is not available ({exc})") from exc
-        return cls.from_module(module)
+        return cls.from_module(module, impl=impl)
 
     return factory

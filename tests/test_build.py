@@ -82,8 +82,7 @@ def test_cold_build_shows_progress_and_warm_load_in_new_process_compiles_nothing
 
 
 def test_real_kernel_warm_load_across_processes_is_a_load_not_a_compile() -> None:
-    add_module = importlib.import_module("kprof_callbacks.kernels.add")
-    library = Path(add_module._ext().__file__)
+    library = Path(_build.load("add", ["add.cpp", "add.cu"]).__file__)
     mtime = library.stat().st_mtime_ns
     result = run_python("""
         import time, torch
@@ -156,7 +155,7 @@ def test_missing_ninja_is_a_clear_error(cache: Path, tmp_path: Path, monkeypatch
 def test_bad_source_lists_are_value_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no such file"):
         _build.load("probe", [str(tmp_path / "missing.cpp")])
-    with pytest.raises(ValueError, match="needs a .cpp file"):
+    with pytest.raises(ValueError, match="needs a .cpp file defining the module"):
         _build.load("add", ["add.cu"])
 
 
@@ -221,10 +220,11 @@ def test_wheel_ships_kernel_sources_under_kprof_callbacks_only(tmp_path: Path) -
     (wheel,) = (tmp_path / "dist").glob("kprof_callbacks-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert not any(n.startswith("kernels/") for n in names), "the wheel must not own a top-level `kernels`"
-    for source in ("add.cpp", "add.cu", "gelu.cpp", "gelu.cu", "_binding.h", "_elementwise.cuh", "_gelu_math.h"):
+    for source in ("add.cpp", "add.cu", "gelu.cpp", "gelu.cu", "_op.h", "_dispatch.h", "_elementwise.cuh",
+                   "_gelu_math.h"):
         assert f"kprof_callbacks/kernels/{source}" in names
 
-    importlib.import_module("kprof_callbacks.kernels.add")._ext()  # the checkout's build, in the default cache
+    _build.load("add", ["add.cpp", "add.cu"])  # the checkout's build, in the default cache
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True, capture_output=True, timeout=300)

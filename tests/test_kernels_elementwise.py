@@ -1,13 +1,13 @@
-"""square, add, GELU and bias + GELU kernels against float64 PyTorch references, on the CPU (C++ kernels)
-and, where a GPU is present, on CUDA. Kernel outputs go to caller-allocated buffers poisoned with NaN
-first, so an element the kernels fail to write shows up; inputs are fresh random draws every time."""
+"""square, add, GELU and bias + GELU operators against float64 PyTorch references, on the CPU (C++ kernels) and,
+where a GPU is present, on CUDA. Operators allocate their outputs; under ``poisoned_outputs()`` every allocation is
+filled with NaN first (torch's deterministic-mode fill), so an element the kernels fail to write shows up. Inputs
+are fresh random draws every time."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import subprocess
-import sys
+import re
 from collections.abc import Callable
 
 import pytest
@@ -16,13 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from kprof_callbacks import kernels
+from kprof_callbacks.kernels import bench
 
-add_module = importlib.import_module("kprof_callbacks.kernels.add")
-gelu_module = importlib.import_module("kprof_callbacks.kernels.gelu")
-square_module = importlib.import_module("kprof_callbacks.kernels.square")
+from kernel_checks import DEVICES, HAS_CUDA, assert_errors, errors_in_child, poisoned_outputs, reference_grads
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")])]
 # (rtol, atol) per dtype against the float64 reference: a rounding or two of the dtype, and an absolute floor
 # for results near zero (float16 subnormals; float32 tanh-GELU loses digits to cancellation for x << 0,
 # as PyTorch's own kernel does). Gradients get GRAD_SLACK times more.
@@ -34,6 +31,13 @@ GRAD_SLACK = 4
 SHAPES = [(1,), (7,), (1, 1), (3, 1000), (2049,), (2, 3, 257), (100_003,), (5, 1)]
 # [rows..., cols] for bias + GELU: one column, odd columns, a column count off the 32-pack block width.
 BIAS_SHAPES = [(1, 1), (37, 1), (3, 129), (2, 5, 64), (1000, 36), (9, 4104)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def libraries() -> None:
+    """The operators are registered (built or loaded from the cache) before the tests call torch.ops.kprof."""
+    for module in ("add", "gelu", "square"):
+        importlib.import_module(f"kprof_callbacks.kernels.{module}").LIBRARY.load()
 
 
 def dtypes(device: str) -> list[torch.dtype]:
@@ -58,44 +62,16 @@ def assert_sum_matches(got: torch.Tensor, want: torch.Tensor, terms: torch.Tenso
     assert (excess <= 0).all(), f"bias gradient off by up to {excess.max().item():.3g} beyond the bound"
 
 
-def poisoned_like(t: torch.Tensor) -> torch.Tensor:
-    return torch.full_like(t, float("nan"))
-
-
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One op through its extension: the kernels write into ``outs`` (poisoned buffers) and ``reference``
-    computes the same function with torch."""
+    """One operator pair called directly: ``forward(*inputs)`` and ``backward(grad, *inputs)`` (the input
+    gradients), and ``reference``, the same function in torch."""
 
     name: str
-    forward: Callable[..., None]  # (*inputs, out) -> None
-    backward: Callable[..., list[torch.Tensor]]  # (grad, *inputs, grad_out_buffers) -> input grads
+    forward: Callable[..., torch.Tensor]
+    backward: Callable[..., list[torch.Tensor]]
     reference: Callable[..., torch.Tensor]
     input_shapes: Callable[[tuple[int, ...]], list[tuple[int, ...]]]
-
-
-def _square_backward(grad, x):
-    dx = poisoned_like(x)
-    square_module._ext().square_backward(grad, x, dx)
-    return [dx]
-
-
-def _gelu_backward(tanh_approx: bool):
-    def backward(grad, x):
-        dx = poisoned_like(x)
-        gelu_module._ext().backward(grad, x, dx, tanh_approx)
-        return [dx]
-
-    return backward
-
-
-def _bias_gelu_backward(tanh_approx: bool):
-    def backward(grad, x, bias):
-        dx = poisoned_like(x)
-        dbias = gelu_module._ext().bias_backward(grad, x, bias, dx, tanh_approx)
-        return [dx, dbias]
-
-    return backward
 
 
 def same(shape):
@@ -110,40 +86,35 @@ def with_bias(shape):
     return [shape, shape[-1:]]
 
 
+ops = torch.ops.kprof
 CASES = [
-    Case("square", lambda x, y: square_module._ext().square_forward(x, y, False), _square_backward, torch.square, same),
-    Case("square-grid2d", lambda x, y: square_module._ext().square_forward(x, y, True), _square_backward,
+    Case("square", lambda x: ops.square(x), lambda g, x: [ops.square_backward(g, x)], torch.square, same),
+    Case("square-grid2d", lambda x: ops.square(x, "grid2d"), lambda g, x: [ops.square_backward(g, x)],
          torch.square, same),
-    Case("add", lambda a, b, y: add_module._ext().forward(a, b, y), lambda g, a, b: [g, g], torch.add, pair),
-    Case("gelu", lambda x, y: gelu_module._ext().forward(x, y, False), _gelu_backward(False), F.gelu, same),
-    Case("gelu-tanh", lambda x, y: gelu_module._ext().forward(x, y, True), _gelu_backward(True),
+    Case("add", lambda a, b: ops.add(a, b), lambda g, a, b: [g, g], torch.add, pair),
+    Case("gelu", lambda x: ops.gelu(x), lambda g, x: [ops.gelu_backward(g, x)], F.gelu, same),
+    Case("gelu-tanh", lambda x: ops.gelu(x, "tanh"), lambda g, x: [ops.gelu_backward(g, x, "tanh")],
          lambda x: F.gelu(x, approximate="tanh"), same),
 ]
 BIAS_CASES = [
-    Case("bias_gelu", lambda x, b, y: gelu_module._ext().bias_forward(x, b, y, False), _bias_gelu_backward(False),
+    Case("bias_gelu", lambda x, b: ops.bias_gelu(x, b), lambda g, x, b: list(ops.bias_gelu_backward(g, x, b)),
          lambda x, b: F.gelu(x + b), with_bias),
-    Case("bias_gelu-tanh", lambda x, b, y: gelu_module._ext().bias_forward(x, b, y, True), _bias_gelu_backward(True),
+    Case("bias_gelu-tanh", lambda x, b: ops.bias_gelu(x, b, "tanh"),
+         lambda g, x, b: list(ops.bias_gelu_backward(g, x, b, "tanh")),
          lambda x, b: F.gelu(x + b, approximate="tanh"), with_bias),
 ]
-
-
-def reference_grads(fn, inputs: list[torch.Tensor], dy: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """fn's output and input gradients for ``dy``, all in float64."""
-    leaves = [t.detach().double().requires_grad_() for t in inputs]
-    out = fn(*leaves)
-    out.backward(dy.double())
-    return out.detach(), [t.grad for t in leaves]
 
 
 def check_case(case: Case, shape: tuple[int, ...], device: str) -> None:
     for dtype in dtypes(device):
         inputs = [torch.randn(s, device=device).mul_(2).to(dtype) for s in case.input_shapes(shape)]
-        y = poisoned_like(inputs[0])
-        case.forward(*inputs, y)
         dy = torch.randn_like(inputs[0])
+        with poisoned_outputs():
+            y = case.forward(*inputs)
+            grads = case.backward(dy, *inputs)
         ref, ref_grads = reference_grads(case.reference, inputs, dy)
         assert_matches(y, ref, dtype, what=f"{case.name} {dtype}")
-        for k, (got, want) in enumerate(zip(case.backward(dy, *inputs), ref_grads, strict=True)):
+        for k, (got, want) in enumerate(zip(grads, ref_grads, strict=True)):
             if got.shape == inputs[0].shape:
                 assert_matches(got, want, dtype, GRAD_SLACK, f"{case.name} {dtype} grad {k}")
             else:  # a broadcast input's gradient: a sum over rows, whose rounding scales with the sum of |terms|
@@ -166,17 +137,15 @@ def test_bias_gelu_kernels_match_float64_reference(case: Case, shape: tuple[int,
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_misaligned_views_take_the_scalar_path(device: str) -> None:
-    """A storage offset of one element breaks 16-byte alignment: the kernels must still be exact."""
+    """A storage offset of one element breaks 16-byte alignment of the inputs: the kernels must still be exact."""
     base = torch.randn(4 * 1031 + 1, device=device)
     x = base[1:].view(4, 1031)
-    assert x.data_ptr() % 16 != 0 and x.is_contiguous()
-    y = poisoned_like(x)
-    gelu_module._ext().forward(x, y, False)
-    assert_matches(y, F.gelu(x.double()), torch.float32)
     b = torch.randn(1032, device=device)[1:]
-    y = poisoned_like(x)
-    gelu_module._ext().bias_forward(x, b, y, True)
-    assert_matches(y, F.gelu(x.double() + b.double(), approximate="tanh"), torch.float32)
+    assert x.data_ptr() % 16 != 0 and x.is_contiguous() and b.data_ptr() % 16 != 0
+    with poisoned_outputs():
+        y, yb = ops.gelu(x), ops.bias_gelu(x, b, "tanh")
+    assert_matches(y, F.gelu(x.double()), torch.float32)
+    assert_matches(yb, F.gelu(x.double() + b.double(), approximate="tanh"), torch.float32)
 
 
 FUNCTIONAL = [
@@ -192,7 +161,7 @@ FUNCTIONAL = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("name", "fn", "ref"), FUNCTIONAL, ids=[f[0] for f in FUNCTIONAL])
 def test_autograd_on_non_contiguous_input(name: str, fn, ref, device: str) -> None:
-    """Strided views are copied to contiguous memory, forward and backward agree with torch."""
+    """Strided views are read through contiguous copies; forward and backward agree with torch."""
     x = torch.randn(33, 20, device=device).t()[:, ::2]  # transposed and strided
     assert not x.is_contiguous()
     x.requires_grad_()
@@ -261,26 +230,29 @@ def test_fused_layers_follow_autocast_dtypes() -> None:
                                rtol=2e-2, atol=2e-2)
 
 
-def test_profiler_sees_the_layer_labels() -> None:
-    x = torch.randn(4, 8)
+def test_profiler_sees_the_operators() -> None:
+    """The dispatcher records each registered operator under its name, forward and backward."""
+    x = torch.randn(4, 8, requires_grad=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        kernels.gelu(x)
-        kernels.LinearGELU(8, 8)(x)
-        kernels.square(x)
+        out = kernels.gelu(x) + kernels.LinearGELU(8, 8)(x) + kernels.square(x)
+        out.sum().backward()
     names = {e.name for e in prof.events()}
-    assert {"kprof::gelu", "kprof::linear_gelu", "kprof::bias_gelu", "kprof::square"} <= names
+    assert {"kprof::gelu", "kprof::bias_gelu", "kprof::square", "kprof::gelu_backward", "kprof::bias_gelu_backward",
+            "kprof::square_backward"} <= names
 
 
 BAD_INPUTS = [
-    (lambda: kernels.gelu(torch.arange(4)), TypeError, "x is torch.int64"),
-    (lambda: kernels.gelu([1.0, 2.0]), TypeError, "must be a torch.Tensor"),
-    (lambda: kernels.gelu(torch.randn(3), "fast"), ValueError, "approximate"),
-    (lambda: kernels.gelu(torch.randn(3), impl="triton"), ValueError, "impl"),
-    (lambda: kernels.gelu(torch.randn(3), impl="cuda"), ValueError, "impl='cuda' needs CUDA"),
-    (lambda: kernels.add(torch.randn(3), torch.randn(4)), ValueError, "b has shape"),
-    (lambda: kernels.add(torch.randn(3), torch.randn(3, dtype=torch.float64)), TypeError, "b is torch.float64"),
-    (lambda: kernels.square(torch.randn(3), variant="2d"), ValueError, "variant"),
-    (lambda: kernels.bias_gelu(torch.randn(3, 4), torch.randn(3)), ValueError, "bias has shape"),
+    (lambda: kernels.gelu(torch.arange(4)), TypeError, "x is Long on cpu; supported"),
+    (lambda: kernels.gelu([1.0, 2.0]), RuntimeError, "Expected a value of type 'Tensor'"),
+    (lambda: kernels.gelu(torch.randn(3), "fast"), ValueError, "approximate must be 'none' or 'tanh', got 'fast'"),
+    (lambda: kernels.GELU("fast"), ValueError, "approximate must be one of"),
+    (lambda: kernels.gelu(torch.randn(3), impl="triton"), ValueError, "impl must be None or one of"),
+    (lambda: kernels.gelu(torch.randn(3), impl="cuda"), ValueError, "impl='cuda' needs CUDA tensors, got one on cpu"),
+    (lambda: kernels.add(torch.randn(3), torch.randn(4)), ValueError, "b has shape [4], expected [3]"),
+    (lambda: kernels.add(torch.randn(3), torch.randn(3, dtype=torch.float64)), TypeError, "b is Double on cpu"),
+    (lambda: kernels.square(torch.randn(3), variant="2d"), ValueError, "variant must be 'vectorized' or 'grid2d'"),
+    (lambda: kernels.Square(variant="2d"), ValueError, "variant must be one of"),
+    (lambda: kernels.bias_gelu(torch.randn(3, 4), torch.randn(3)), ValueError, "bias has shape [3], expected [4]"),
     (lambda: kernels.bias_gelu(torch.tensor(1.0), torch.randn(1)), ValueError, "at least one dimension"),
     (lambda: kernels.GELU.from_module(nn.ReLU()), TypeError, "nn.GELU"),
     (lambda: kernels.LinearGELU.from_module(nn.Linear(2, 2, bias=False), nn.GELU()), TypeError, "with a bias"),
@@ -289,55 +261,48 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("call", "error", "message"), BAD_INPUTS, ids=[b[2] for b in BAD_INPUTS])
 def test_bad_input_is_a_clear_error(call, error: type[Exception], message: str) -> None:
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=re.escape(message)):
         call()
 
 
-BINDING_CHECKS = """
-import importlib, torch
-ext = {m: importlib.import_module(f"kprof_callbacks.kernels.{m}")._ext() for m in ("add", "gelu", "square")}
-x = torch.randn(6, 4)
+BAD_OPERATOR_CALLS = """
+x = torch.randn(6, 4, device=device)
 calls = [
-    ("must be contiguous", lambda: ext["gelu"].forward(x.t(), torch.empty(4, 6), False)),
-    ("out is Double", lambda: ext["add"].forward(x, x, torch.empty(6, 4, dtype=torch.float64))),
-    ("y has shape", lambda: ext["square"].square_forward(x, torch.empty(5), False)),
-    ("grad_x has shape", lambda: ext["gelu"].bias_backward(x, x, x[0], torch.empty(3), True)),
+    lambda: ops.gelu_backward(torch.randn(5, device=device), x),
+    lambda: ops.add(x, x.double()),
+    lambda: ops.square_backward(torch.randn(5, device=device), x),
+    lambda: ops.bias_gelu_backward(torch.randn(3, device=device), x, x[0], "tanh"),
+    lambda: ops.bias_gelu(x, x[:, 0]),
+    lambda: ops.square(x.int()),
 ]
-for expected, call in calls:
-    print("calling:", expected, flush=True)
-    try:
-        call()
-    except (TypeError, ValueError) as exc:
-        print(type(exc).__name__, "|", str(exc).splitlines()[0], flush=True)
 """
 
 
-@pytest.mark.xfail(
-    torch.cuda.is_available(),
-    strict=True,
-    reason="known bug, seen on an H100 (torch 2.11+cu130): the CUDA build of the load_inline square binding "
-    "segfaults when its output-shape check throws; the Python layer never passes a wrong-shaped output",
-)
-def test_bindings_reject_what_the_python_layer_would_fix() -> None:
-    """The C++ checks stand on their own: no kernel ever reads a strided or mistyped buffer. Run in a child
-    process, so that a crash in an error path fails this test instead of ending the whole session."""
-    for module in ("add", "gelu", "square"):
-        importlib.import_module(f"kprof_callbacks.kernels.{module}")._ext()  # built (or loaded) here, not timed there
-    result = subprocess.run([sys.executable, "-X", "faulthandler", "-c", BINDING_CHECKS], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = [line for line in result.stdout.splitlines() if "|" in line]
-    assert [line.split(" | ")[0] for line in lines] == ["ValueError", "TypeError", "ValueError", "ValueError"]
-    for line, expected in zip(lines, ["must be contiguous", "out is Double", "y has shape", "grad_x has shape"]):
-        assert expected in line
+@pytest.mark.parametrize("device", DEVICES)
+def test_operators_reject_bad_input_with_python_errors(device: str) -> None:
+    """Every check is a TORCH_CHECK raised before any launch, so bad input is a Python exception on every build (the
+    CUDA build of the old square binding segfaulted on one). In a child process, so a crash fails only this test."""
+    lines = errors_in_child(BAD_OPERATOR_CALLS, ("add", "gelu", "square"), device)
+    assert_errors(lines, [("ValueError", "grad has shape [5], expected [6, 4]"), ("TypeError", "b is Double"),
+                          ("ValueError", "grad has shape [5]"), ("ValueError", "grad has shape [3]"),
+                          ("ValueError", "bias has shape [6], expected [4]"), ("TypeError", "x is Int")])
+
+
+def test_bench_prints_progress_to_stderr_and_one_table_to_stdout(capsys: pytest.CaptureFixture) -> None:
+    assert bench.main(["--quick", "--ops", "add,gelu"]) == 0
+    out, err = capsys.readouterr()
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + 4  # header, separator, two ops x (fwd, fwd+bwd)
+    assert out.rstrip().endswith(table[-1])  # one block at the end: nothing interleaved
+    assert err.count("[kprof bench]") == 4 and "[kprof bench]" not in out
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")
 def test_cuda_rejects_float64_and_mixed_devices() -> None:
-    with pytest.raises(TypeError, match="float64 on cuda"):
+    with pytest.raises(TypeError, match="Double on cuda"):
         kernels.gelu(torch.randn(4, device="cuda", dtype=torch.float64))
-    with pytest.raises(TypeError, match="expected torch.float32 on cuda"):
+    with pytest.raises(TypeError, match="expected Float on cuda"):
         kernels.add(torch.randn(4, device="cuda"), torch.randn(4))
     with pytest.raises(ValueError, match="impl='cpp' needs CPU"):
         kernels.gelu(torch.randn(4, device="cuda"), impl="cpp")

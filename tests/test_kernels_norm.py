@@ -1,6 +1,6 @@
-"""LayerNorm, RMSNorm and SwiGLU kernels against float64 PyTorch references, on the CPU (C++ kernels) and,
-where a GPU is present, on CUDA. Kernel outputs are caller-allocated buffers poisoned with NaN first, so
-an element the kernels fail to write shows up; inputs are fresh random draws every time."""
+"""LayerNorm, RMSNorm and SwiGLU operators against float64 PyTorch references, on the CPU (C++ kernels) and,
+where a GPU is present, on CUDA. Operators allocate their outputs; under ``poisoned_outputs()`` every allocation
+starts as NaN, so an element the kernels fail to write shows up; inputs are fresh random draws every time."""
 
 from __future__ import annotations
 
@@ -13,13 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from kprof_callbacks import kernels
-from kprof_callbacks.kernels import layernorm, rmsnorm
 from kprof_callbacks.kernels._norm import stats_dtype
 
-swiglu_ops = importlib.import_module("kprof_callbacks.kernels.swiglu")  # `kernels.swiglu` is the function
+from kernel_checks import DEVICES, HAS_CUDA, assert_errors, errors_in_child, poisoned_outputs, reference_grads
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")])]
+ops = torch.ops.kprof
 # Relative error ||out - ref|| / ||ref|| allowed per output dtype (bf16/fp16 outputs are rounded once).
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 # (rows..., hidden): hidden 1, odd sizes off every pack and block width, 3-D, many rows, the CUDA maximum.
@@ -35,8 +33,11 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, terms: torch.Tensor | None = N
     return ((out.double() - ref).norm() / scale.clamp_min(1e-300)).item()
 
 
-def poisoned(shape, dtype: torch.dtype, device: str) -> torch.Tensor:
-    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+@pytest.fixture(scope="module", autouse=True)
+def libraries() -> None:
+    """The operators are registered (built or loaded from the cache) before the tests call torch.ops.kprof."""
+    for module in ("layernorm", "rmsnorm", "swiglu"):
+        importlib.import_module(f"kprof_callbacks.kernels.{module}").LIBRARY.load()
 
 
 def cases(device: str) -> list[tuple[torch.dtype, torch.dtype]]:
@@ -46,40 +47,29 @@ def cases(device: str) -> list[tuple[torch.dtype, torch.dtype]]:
     return pairs + [(torch.float64, torch.float64)] if device == "cpu" else pairs
 
 
-def reference_grads(fn, inputs: list[torch.Tensor], dy: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """fn's output and input gradients for `dy`, all computed in float64."""
-    leaves = [t.detach().double().requires_grad_() for t in inputs]
-    out = fn(*leaves)
-    out.backward(dy.double())
-    return out.detach(), [t.grad for t in leaves]
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_layernorm_kernels_match_float64(device: str, shape: tuple[int, ...], bias: bool) -> None:
-    ext = layernorm._ext()
     n = shape[-1]
     for dtype, wdtype in cases(device):
         x = torch.randn(shape, device=device).mul_(3).add_(1).to(dtype)
         w = torch.randn(n, device=device).to(wdtype)
         b = torch.randn(n, device=device).to(wdtype) if bias else None
         dy = torch.randn(shape, device=device).to(dtype)
-        rows = x.reshape(-1, n)
-        y = poisoned(rows.shape, dtype, device)
-        mean, rstd = poisoned(rows.shape[:1], stats_dtype(x), device), poisoned(rows.shape[:1], stats_dtype(x), device)
-        ext.forward(rows, w, b, 1e-5, y, mean, rstd)
-        dx, dw = poisoned(rows.shape, dtype, device), poisoned((n,), wdtype, device)
-        db = poisoned((n,), wdtype, device) if bias else None
-        ext.backward(dy.reshape(-1, n), rows, w, mean, rstd, dx, dw, db)
+        with poisoned_outputs():
+            y, mean, rstd = ops.layer_norm_fwd(x, [n], w, b, 1e-5)
+            dx, dw, db = ops.layer_norm_backward(dy, x, w, mean, rstd, 1e-5, bias)
+        assert mean.dtype == rstd.dtype == stats_dtype(x) and mean.shape == (x.numel() // n,)
+        assert db.shape == ((n,) if bias else (0,))
 
         inputs = [x, w] + ([b] if bias else [])
         ref, grads = reference_grads(lambda x, w, b=None: F.layer_norm(x, (n,), w, b, 1e-5), inputs, dy)
         tol = TOL[dtype]
-        assert rel_err(y.view(shape), ref) < tol, (dtype, wdtype)
+        assert rel_err(y, ref) < tol, (dtype, wdtype)
         assert rel_err(mean, x.double().reshape(-1, n).mean(-1)) < 1e-5
         dx_terms = rstd[:, None] * w * dy.reshape(-1, n)
-        assert rel_err(dx, grads[0].reshape(-1, n), dx_terms) < tol, (dtype, wdtype)
+        assert rel_err(dx.reshape(-1, n), grads[0].reshape(-1, n), dx_terms) < tol, (dtype, wdtype)
         assert rel_err(dw, grads[1], dy) < max(tol, TOL[wdtype]), (dtype, wdtype)
         if bias:
             assert rel_err(db, grads[2]) < max(tol, TOL[wdtype]), (dtype, wdtype)
@@ -88,37 +78,34 @@ def test_layernorm_kernels_match_float64(device: str, shape: tuple[int, ...], bi
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_rmsnorm_kernels_match_float64(device: str, shape: tuple[int, ...]) -> None:
-    ext = rmsnorm._ext()
     n = shape[-1]
     eps = 1e-6
     for dtype, wdtype in cases(device):
         x = torch.randn(shape, device=device).mul_(3).add_(1).to(dtype)
         w = torch.randn(n, device=device).to(wdtype)
         dy = torch.randn(shape, device=device).to(dtype)
-        rows = x.reshape(-1, n)
-        y, rstd = poisoned(rows.shape, dtype, device), poisoned(rows.shape[:1], stats_dtype(x), device)
-        ext.forward(rows, w, eps, y, rstd)
-        dx, dw = poisoned(rows.shape, dtype, device), poisoned((n,), wdtype, device)
-        ext.backward(dy.reshape(-1, n), rows, w, rstd, dx, dw)
+        with poisoned_outputs():
+            y, rstd = ops.rms_norm_fwd(x, [n], w, eps)
+            dx, dw = ops.rms_norm_backward(dy, x, w, rstd, eps)
+        assert rstd.dtype == stats_dtype(x)
 
         ref, (gx, gw) = reference_grads(lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w,
                                         [x, w], dy)
         tol = TOL[dtype]
-        assert rel_err(y.view(shape), ref) < tol, (dtype, wdtype)
-        assert rel_err(dx, gx.reshape(-1, n), rstd[:, None] * w * dy.reshape(-1, n)) < tol, (dtype, wdtype)
+        assert rel_err(y, ref) < tol, (dtype, wdtype)
+        dx_terms = rstd[:, None] * w * dy.reshape(-1, n)
+        assert rel_err(dx.reshape(-1, n), gx.reshape(-1, n), dx_terms) < tol, (dtype, wdtype)
         assert rel_err(dw, gw, dy) < max(tol, TOL[wdtype]), (dtype, wdtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(1,), (7, 1000), (3, 4097), (2, 3, 129), (1 << 17) + 3], ids=str)
 def test_swiglu_kernels_match_float64(device: str, shape) -> None:
-    ext = swiglu_ops._ext()
     for dtype, _ in cases(device):
         gate, up, dy = (torch.randn(shape, device=device).mul_(3).to(dtype) for _ in range(3))
-        y = poisoned(gate.shape, dtype, device)
-        ext.forward(gate, up, y)
-        dgate, dup = poisoned(gate.shape, dtype, device), poisoned(gate.shape, dtype, device)
-        ext.backward(dy, gate, up, dgate, dup)
+        with poisoned_outputs():
+            y = ops.swiglu(gate, up)
+            dgate, dup = ops.swiglu_backward(dy, gate, up)
 
         ref, (gg, gu) = reference_grads(lambda g, u: F.silu(g) * u, [gate, up], dy)
         tol = TOL[dtype]
@@ -216,13 +203,15 @@ def test_backward_with_expanded_grad() -> None:
     assert rel_err(x.grad, xr.grad) < 1e-4 and rel_err(w.grad, wr.grad) < 1e-5
 
 
-def test_profiler_labels() -> None:
+def test_profiler_sees_the_operators() -> None:
+    """The dispatcher records each registered operator under its name, forward and backward."""
     ln, mlp = kernels.LayerNorm(8), kernels.SwiGLUMLP(8, 12)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        mlp(ln(torch.randn(2, 8)))
-        kernels.rms_norm(torch.randn(2, 8), 8, torch.randn(8))
+        out = mlp(ln(torch.randn(2, 8))) + kernels.rms_norm(torch.randn(2, 8), 8, torch.randn(8, requires_grad=True))
+        out.sum().backward()
     names = {e.name for e in prof.events()}
-    assert {"kprof::layer_norm", "kprof::rms_norm", "kprof::swiglu", "kprof::SwiGLUMLP"} <= names
+    assert {"kprof::layer_norm", "kprof::layer_norm_fwd", "kprof::layer_norm_backward", "kprof::rms_norm",
+            "kprof::rms_norm_backward", "kprof::swiglu", "kprof::swiglu_backward"} <= names
 
 
 def test_from_module_keeps_parameters_and_state_dict() -> None:
@@ -261,14 +250,16 @@ def test_swiglu_mlp_from_module() -> None:
 def test_bad_inputs_raise_clear_errors() -> None:
     x, w = torch.randn(4, 8), torch.randn(8)
     cases = [
-        (TypeError, "x must be a torch.Tensor", lambda: kernels.layer_norm([1.0], 8, w)),
-        (TypeError, "x is torch.int64", lambda: kernels.rms_norm(torch.ones(2, 8, dtype=torch.long), 8, w)),
-        (ValueError, "does not end in normalized_shape", lambda: kernels.layer_norm(x, 7, w)),
-        (ValueError, "weight is (7,)", lambda: kernels.layer_norm(x, 8, torch.randn(7))),
-        (TypeError, "does not go with x dtype", lambda: kernels.layer_norm(x.double(), 8, w)),
+        (RuntimeError, "Expected a value of type 'Tensor'", lambda: kernels.layer_norm([1.0], 8, w)),
+        (TypeError, "x is Long on cpu; supported", lambda: kernels.rms_norm(torch.ones(2, 8, dtype=torch.long), 8, w)),
+        (ValueError, "x of shape [4, 8] does not end in normalized_shape [7]", lambda: kernels.layer_norm(x, 7, w)),
+        (ValueError, "weight is [7] on cpu, expected [8] on cpu", lambda: kernels.layer_norm(x, 8, torch.randn(7))),
+        (TypeError, "weight dtype Float does not go with x dtype Double", lambda: kernels.layer_norm(x.double(), 8, w)),
         (TypeError, "weight and bias dtypes differ",
          lambda: kernels.layer_norm(x.bfloat16(), 8, w.bfloat16(), torch.randn(8))),
-        (ValueError, "eps must be", lambda: kernels.rms_norm(x, 8, w, eps=-1.0)),
+        (ValueError, "eps must be a number >= 0, got -1", lambda: kernels.rms_norm(x, 8, w, eps=-1.0)),
+        (ValueError, "normalized_shape must be a non-empty list of positive sizes",
+         lambda: kernels.rms_norm(x, [], w)),
         (ValueError, "impl must be", lambda: kernels.layer_norm(x, 8, w, impl="triton")),
         (ValueError, "impl='cuda' needs CUDA tensors", lambda: kernels.rms_norm(x, 8, w, impl="cuda")),
         (ValueError, "normalized_shape must be", lambda: kernels.LayerNorm(0)),
@@ -276,20 +267,46 @@ def test_bad_inputs_raise_clear_errors() -> None:
         (ValueError, "elementwise_affine=False",
          lambda: kernels.RMSNorm.from_module(nn.RMSNorm(8, elementwise_affine=False))),
         (TypeError, "expected torch.nn.LayerNorm", lambda: kernels.LayerNorm.from_module(nn.RMSNorm(8))),
-        (ValueError, "up has shape", lambda: kernels.swiglu(x, x[:, :4])),
-        (TypeError, "up is torch.float64", lambda: kernels.swiglu(x, x.double())),
+        (ValueError, "up has shape [4, 4], expected [4, 8]", lambda: kernels.swiglu(x, x[:, :4])),
+        (TypeError, "up is Double on cpu", lambda: kernels.swiglu(x, x.double())),
         (TypeError, "no nn.Linear attribute(s) ['w_gate', 'w_up', 'w_down']",
          lambda: kernels.SwiGLUMLP.from_module(nn.Module())),
         (ValueError, "shapes do not chain", lambda: kernels.SwiGLUMLP.from_module(_bad_mlp())),
-        # The raw ops check caller-allocated outputs too.
-        (ValueError, "y must be contiguous with shape",
-         lambda: layernorm._ext().forward(x, w, None, 1e-5, torch.empty(4, 7), torch.empty(4), torch.empty(4))),
-        (TypeError, "rstd has dtype",
-         lambda: rmsnorm._ext().forward(x, w, 1e-5, torch.empty(4, 8), torch.empty(4, dtype=torch.float64))),
     ]
     for exc, message, call in cases:
         with pytest.raises(exc, match=re.escape(message)):
             call()
+
+
+BAD_OPERATOR_CALLS = """
+x, w = torch.randn(4, 8, device=device), torch.randn(8, device=device)
+y, mean, rstd = ops.layer_norm_fwd(x, [8], w, None, 1e-5)
+calls = [
+    lambda: ops.layer_norm_backward(x[:, :7], x, w, mean, rstd, 1e-5, False),
+    lambda: ops.layer_norm_backward(x, x, w, mean[:3], rstd, 1e-5, False),
+    lambda: ops.rms_norm_backward(x, x, w, rstd.double(), 1e-5),
+    lambda: ops.layer_norm_fwd(x, [0], w, None, 1e-5),
+    lambda: ops.swiglu_backward(x[:2], x, x),
+    lambda: ops.rms_norm_fwd(x, [8], w.cpu(), None),  # a parameter on another device (none on a CPU run)
+    lambda: ops.rms_norm_fwd(torch.randn(2, 8193, device=device), [8193], torch.randn(8193, device=device), None),
+]
+"""
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_operators_reject_bad_input_with_python_errors(device: str) -> None:
+    """Every check is a TORCH_CHECK raised before any launch, so bad input is a Python exception on every build (the
+    raw bindings' checks crashed the pytest worker on a GPU build before). In a child process, so a crash fails only
+    this test."""
+    lines = errors_in_child(BAD_OPERATOR_CALLS, ("layernorm", "rmsnorm", "swiglu"), device)
+    assert_errors(lines[:5], [("ValueError", "grad has shape [4, 7], expected [4, 8]"),
+                              ("ValueError", "mean must have shape [4]"), ("TypeError", "rstd has dtype Double"),
+                              ("ValueError", "normalized_shape must be"), ("ValueError", "grad has shape [2, 8]")])
+    if device == "cuda":
+        assert_errors(lines[5:], [("ValueError", "weight is [8] on cpu, expected [8] on cuda"),
+                                  ("ValueError", "the CUDA kernels take rows of at most 8192 elements")])
+    else:  # the CPU kernels take both
+        assert lines[5:] == ["no error", "no error"]
 
 
 def _bad_mlp() -> nn.Module:
@@ -304,7 +321,7 @@ def test_cuda_limits_and_errors() -> None:
     w = torch.randn(8193, device="cuda")
     with pytest.raises(ValueError, match="at most 8192 elements"):
         kernels.layer_norm(torch.randn(2, 8193, device="cuda"), 8193, w)
-    with pytest.raises(TypeError, match="float64 on cuda"):
+    with pytest.raises(TypeError, match="Double on cuda"):
         kernels.rms_norm(torch.randn(2, 8, device="cuda", dtype=torch.float64), 8,
                          torch.randn(8, device="cuda", dtype=torch.float64))
     with pytest.raises(ValueError, match="weight is"):

@@ -1,11 +1,16 @@
 """kprof.swap: a swapped model computes and trains like the torch model, keeps its state_dict, reports what
-it swapped and skipped, honours inplace, and with fallback keeps torch layers whose kernels cannot build."""
+it swapped and skipped, honours inplace and impl, and with fallback keeps torch layers whose kernels cannot build.
+On the GPT of kprof_callbacks.models: under torch.compile (no graph break, fullgraph) and bf16 autocast."""
 
 from __future__ import annotations
 
 import copy
 import importlib
 import logging
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,12 +18,10 @@ import torch
 from torch import nn
 
 import kprof_callbacks as kprof
-from kprof_callbacks import kernels
-from kprof_callbacks.kernels import KernelBuildError
+from kprof_callbacks import kernels, models
 from kprof_callbacks.swap import swap
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")])]
+from kernel_checks import DEVICES
 
 
 def small_model() -> nn.Module:
@@ -115,36 +118,144 @@ def test_bad_arguments_are_type_errors() -> None:
         swap(nn.GELU(), {nn.GELU: 3})
 
 
-@pytest.fixture
-def broken_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """An empty extension cache and no C++ compiler: building the GELU kernels must fail."""
-    gelu_module = importlib.import_module("kprof_callbacks.kernels.gelu")
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    gelu_module._ext.cache_clear()
-    yield
-    gelu_module._ext.cache_clear()
+BROKEN_BUILD = """
+import warnings, torch
+from torch import nn
+import kprof_callbacks as kprof
+from kprof_callbacks import kernels
+model = nn.Sequential(nn.Linear(4, 4), nn.GELU())
+try:
+    kprof.swap(model, {nn.GELU: kernels.GELU})
+    print("swap: no error")
+except kernels.KernelBuildError as exc:
+    print("swap:", type(exc).__name__, str(exc).splitlines()[0])
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    fast = kprof.swap(model, {nn.GELU: kernels.GELU}, fallback=True)
+print("fallback:", type(fast[1]).__name__, "|", fast.kprof_swap_report.skipped[0].reason.splitlines()[0])
+print("warning:", [str(w.message).splitlines()[0] for w in caught])
+x = torch.randn(3, 4)
+print("same output:", torch.equal(fast(x), model(x)))
+"""
 
 
-def test_build_failure_surfaces_at_swap_time(broken_toolchain) -> None:
-    with pytest.raises(KernelBuildError, match="no C\\+\\+ compiler"):
-        swap(nn.Sequential(nn.Linear(4, 4), nn.GELU()), {nn.GELU: kernels.GELU})
+def test_build_failure_surfaces_at_swap_time_and_fallback_keeps_torch_layers(tmp_path: Path) -> None:
+    """In a fresh process (one whose operators are not registered yet) with an empty cache and no C++ compiler:
+    swap raises KernelBuildError; with fallback=True it keeps nn.GELU, warns and the model still runs."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "CXX": str(tmp_path / "no-such-compiler")}
+    result = subprocess.run([sys.executable, "-c", BROKEN_BUILD], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines())
+    assert lines["swap"].startswith("KernelBuildError") and "no C++ compiler" in lines["swap"]
+    assert lines["fallback"].startswith("GELU |") and "kernel build failed" in lines["fallback"]
+    assert "keeping nn.GELU at 1" in lines["warning"]
+    assert lines["same output"] == "True"
 
 
-def test_fallback_keeps_torch_layers_with_a_warning(broken_toolchain) -> None:
-    model = nn.Sequential(nn.Linear(4, 4), nn.GELU())
-    with pytest.warns(UserWarning, match="keeping nn.GELU at 1"):
-        fast = swap(model, {nn.GELU: kernels.GELU}, fallback=True)
-    assert type(fast[1]) is nn.GELU
-    (entry,) = fast.kprof_swap_report.skipped
-    assert "kernel build failed" in entry.reason
-    x = torch.randn(3, 4)
-    torch.testing.assert_close(fast(x), model(x))
+def test_impl_reaches_every_swapped_layer() -> None:
+    model = small_model()
+    reference = swap(model, impl="torch")
+    assert [m.impl for m in reference if isinstance(m, kernels.GELU | kernels.LayerNorm | kernels.RMSNorm)] == \
+        ["torch"] * 4
+    assert "impl=torch" in repr(reference[2])
+    x = torch.randn(16, 16)
+    torch.testing.assert_close(reference(x), model(x))  # PyTorch's own ops inside the kprof layers
+    assert all(m.impl == "cpp" for m in swap(model, impl="cpp") if isinstance(m, kernels.GELU))
+    with pytest.raises(ValueError, match="impl must be None or one of .*'cuda', 'cpp', 'torch'.*got 'triton'"):
+        swap(model, impl="triton")
 
 
-def test_swapped_layers_are_labelled_in_profiler_traces() -> None:
+def test_swapped_layers_are_named_in_profiler_traces() -> None:
     fast = swap(small_model())
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fast(torch.randn(4, 16))
     names = {e.name for e in prof.events()}
-    assert "kprof::gelu" in names
+    assert {"kprof::gelu", "kprof::layer_norm", "kprof::rms_norm"} <= names
+
+
+# -- the GPT: torch.compile and bf16 autocast ------------------------------------------------------------------------
+def gpt_pair(device: str = "cpu") -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    model = models.GPT(models.tiny()).to(device)
+    return model, swap(model)
+
+
+def grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def test_swapped_gpt_has_no_graph_break() -> None:
+    model, fast = gpt_pair()
+    assert len(fast.kprof_swap_report.swapped) == 2 * 2 + 1 + 2  # ln_1, ln_2 per block, ln_f, one GELU per block
+    idx, targets = models.random_batches(models.tiny(), 1, 2)[0]
+    explained = torch._dynamo.explain(fast)(idx, targets)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+
+
+def test_compiled_swapped_gpt_matches_eager_fullgraph() -> None:
+    """fullgraph=True (any break is an error); loss and every gradient equal eager's, through aot_eager."""
+    _, fast = gpt_pair()
+    idx, targets = models.random_batches(models.tiny(), 1, 3)[0]
+    eager_loss = fast(idx, targets)
+    eager_loss.backward()
+    eager = {k: v.clone() for k, v in grads(fast).items()}
+    fast.zero_grad()
+    loss = torch.compile(fast, backend="aot_eager", fullgraph=True)(idx, targets)
+    loss.backward()
+    torch.testing.assert_close(loss, eager_loss)
+    for name, grad in grads(fast).items():
+        torch.testing.assert_close(grad, eager[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_inductor_compiles_the_swapped_gpt() -> None:
+    """The custom operators are extern calls between inductor's generated kernels; results match eager."""
+    _, fast = gpt_pair()
+    idx, targets = models.random_batches(models.tiny(), 1, 2)[0]
+    torch._dynamo.reset()
+    loss = torch.compile(fast, fullgraph=True)(idx, targets)
+    torch.testing.assert_close(loss, fast(idx, targets), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_swapped_gpt_matches_torch_under_bf16_autocast(device: str) -> None:
+    """A bf16 autocast training step: the swapped model's loss and gradients equal the torch model's to bf16 noise,
+    eager and compiled, and the kprof layers return the dtypes torch's layers return."""
+    model, fast = gpt_pair(device)
+    idx, targets = models.random_batches(models.tiny(), 1, 4, device)[0]
+    dtypes: dict[str, dict[str, torch.dtype]] = {"torch": {}, "kprof": {}}
+
+    def record(name: str, layer: str):
+        def hook(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+            dtypes[name].setdefault(layer, out.dtype)
+
+        return hook
+
+    for name, m in (("torch", model), ("kprof", fast)):
+        m.blocks[0].ln_1.register_forward_hook(record(name, "ln_1"))
+        m.blocks[0].mlp.gelu.register_forward_hook(record(name, "gelu"))
+    losses = {}
+    for name, m in (("torch", model), ("kprof", fast), ("compiled", torch.compile(fast, backend="aot_eager"))):
+        m.zero_grad()
+        with torch.autocast(device, dtype=torch.bfloat16):
+            losses[name] = m(idx, targets)
+        losses[name].backward()
+        if name == "kprof":
+            kprof_grads = {k: v.clone() for k, v in grads(fast).items()}
+    assert dtypes["kprof"] == dtypes["torch"] and len(dtypes["torch"]) == 2
+    torch.testing.assert_close(losses["kprof"], losses["torch"], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(losses["compiled"], losses["kprof"], rtol=2e-2, atol=2e-2)
+    for name, grad in grads(model).items():
+        scale = grad.abs().max().item()
+        torch.testing.assert_close(kprof_grads[name], grad, rtol=5e-2, atol=5e-2 * scale, msg=name)
+
+
+def test_gpt_swap_example_runs_and_reports_no_graph_break() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "gpt_swap.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(example), "--device", "cpu", "--steps", "3"], capture_output=True,
+                            text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "swapped ln_f: nn.LayerNorm -> kernels.LayerNorm" in result.stdout
+    assert "1 graph(s), 0 graph break(s)" in result.stdout
+    assert re.findall(r"^(torch|kprof) +\d+\.\d+ ", result.stdout, re.MULTILINE) == ["torch", "kprof"]  # timed rows

@@ -1,14 +1,14 @@
-// Helpers shared by the torch bindings of the elementwise ops (square, add, gelu): input checks, the
-// dtype code handed to the CUDA launchers, the CPU map, and KPROF_CUDA_CALL, which runs a launcher on
-// the tensor's device and current stream when the extension was built with CUDA.
+// What the kernels of every kprof operator share: input checks (TORCH_CHECK, raised before any launch, so a bad
+// input is a Python exception and never a crash), the dtype code handed to the CUDA launchers, the CPU map, and
+// KPROF_CUDA_CALL, which runs a launcher on the tensor's device and current stream when the library was built
+// with CUDA. Operators allocate their own outputs: nothing a caller passes is ever written.
 #pragma once
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty_like.h>
-#include <torch/csrc/utils/pybind.h>
+#include <ATen/ops/empty.h>
 
 #ifdef KPROF_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -24,25 +24,29 @@ static_assert(static_cast<int>(at::ScalarType::Half) == 5 && static_cast<int>(at
 
 inline int dtype_code(const at::Tensor& t) { return static_cast<int>(t.scalar_type()); }
 
-// Rejects what the kernels cannot read correctly (the Python layer makes inputs contiguous first).
-inline void check_input(const at::Tensor& t, const char* op, const char* arg) {
-  TORCH_CHECK_VALUE(t.defined(), op, ": ", arg, " is undefined");
-  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", arg, " must be contiguous");
+// t as the kernels read it: a float32/float16/bfloat16 CUDA tensor or a float32/float64/float16/bfloat16 CPU
+// tensor, made contiguous (a copy only when it is a strided view).
+inline at::Tensor checked(const at::Tensor& t, const char* op, const char* arg) {
   const auto dtype = t.scalar_type();
   const bool cuda_ok = dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
-  const bool cpu_ok = cuda_ok || dtype == at::kDouble;
-  TORCH_CHECK_TYPE(t.is_cuda() ? cuda_ok : (t.is_cpu() && cpu_ok), op, ": ", arg,
-                   " must be a float32/float16/bfloat16 CUDA tensor or a float32/float64/float16/bfloat16 CPU "
-                   "tensor, got ", t.scalar_type(), " on ", t.device());
+  TORCH_CHECK_TYPE(t.is_cuda() ? cuda_ok : (t.is_cpu() && (cuda_ok || dtype == at::kDouble)), op, ": ", arg,
+                   " is ", dtype, " on ", t.device(), "; supported: float32/float16/bfloat16 on CUDA, "
+                   "float32/float64/float16/bfloat16 on the CPU");
+  return t.contiguous();
 }
 
-// b checked as a's partner (an input or an output buffer): same shape, dtype and device, contiguous.
-inline void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg) {
-  check_input(b, op, arg);
-  TORCH_CHECK_VALUE(a.sizes() == b.sizes(), op, ": ", arg, " has shape ", b.sizes(), ", expected ", a.sizes());
+// b checked as a's partner: `shape` (default: a's shape), a's dtype and device; made contiguous.
+inline at::Tensor checked_like(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg,
+                               at::OptionalIntArrayRef shape = std::nullopt) {
   TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type() && a.device() == b.device(), op, ": ", arg, " is ",
                    b.scalar_type(), " on ", b.device(), ", expected ", a.scalar_type(), " on ", a.device());
+  const auto expected = shape.value_or(a.sizes());
+  TORCH_CHECK_VALUE(b.sizes() == expected, op, ": ", arg, " has shape ", b.sizes(), ", expected ", expected);
+  return b.contiguous();
 }
+
+// A new contiguous tensor shaped and typed like t (the output of an elementwise op).
+inline at::Tensor empty_like(const at::Tensor& t) { return at::empty(t.sizes(), t.options()); }
 
 // Elements per CPU task below which at::parallel_for stays on one thread (ATen's own grain size).
 constexpr int64_t kGrain = 32768;
@@ -65,10 +69,10 @@ inline void check_cuda(cudaError_t err, const char* op) {
 }
 
 // Runs `stmt` under a guard for the tensor's device; without CUDA code in the build, raises instead.
-#define KPROF_ON_CUDA(tensor, op, stmt)                      \
-  do {                                                       \
+#define KPROF_ON_CUDA(tensor, op, stmt)                         \
+  do {                                                          \
     const c10::cuda::CUDAGuard kprof_guard_((tensor).device()); \
-    stmt;                                                    \
+    stmt;                                                       \
   } while (0)
 #else
 #define KPROF_ON_CUDA(tensor, op, stmt) \

@@ -1,0 +1,120 @@
+// How every kprof library registers its torch.ops.kprof operators (torchvision's pattern for roi_align): schemas
+// with TORCH_LIBRARY_FRAGMENT (each library adds its own to the one namespace), one kernel function per operator
+// for both the CPU and the CUDA key (it picks the device itself), autograd as a C++ torch::autograd::Function at
+// the Autograd key, and autocast that mirrors torch's own policy for the op a layer replaces. The dispatcher then
+// does per call what Python code did before: no Python frame between the call and the kernel, and the profiler
+// records `kprof::<op>` by itself. Fake (shape-only) kernels for torch.compile are registered from Python.
+#pragma once
+
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <Python.h>
+
+#include <functional>
+#include <initializer_list>
+
+namespace kprof {
+
+// The dispatcher handle of the operator `name` whose kernels have the signature of `kernel`, looked up once per
+// process: op<gelu_forward>("kprof::gelu").call(x, "tanh") dispatches kprof::gelu.
+template <auto& kernel>
+const auto& op(const char* name) {
+  using Sig = std::remove_reference_t<decltype(kernel)>;
+  static const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+  return handle;
+}
+
+// Calls `op` below the autograd keys: what an Autograd kernel does for the computation it records itself.
+template <typename Sig, typename... Args>
+auto call_below_autograd(const c10::TypedOperatorHandle<Sig>& op, Args&&... args) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return op.call(std::forward<Args>(args)...);
+}
+
+inline bool requires_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
+inline bool requires_grad(const std::optional<at::Tensor>& t) { return t.has_value() && requires_grad(*t); }
+template <typename T>
+bool requires_grad(const T&) {
+  return false;
+}
+
+// True when autograd records this call: grad mode is on and a tensor argument requires grad. Otherwise an Autograd
+// kernel calls the computation below autograd at once, skipping the graph node (and its cost), as torch's own
+// generated autograd kernels do. In a backward operator's Autograd kernel it means create_graph=True (the engine
+// turns grad mode on only then): the backward then computes with differentiable ATen ops (its "twin") instead of
+// the fast kernel, so a second derivative (a gradient penalty) is right, never silently wrong.
+template <typename... Args>
+bool records(const Args&... args) {
+  return at::GradMode::is_enabled() && (requires_grad(args) || ...);
+}
+
+// The Autograd kernel of an operator that runs below another operator's autograd (a norm's forward that also
+// returns the statistics its backward reads): it runs the kernel, and differentiating it directly is a clear error,
+// not a silently missing gradient. Boxed, so one function serves every schema.
+inline void no_autograd_of_its_own(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
+  for (auto it = stack->end() - n; it != stack->end(); ++it) {
+    TORCH_CHECK(!(at::GradMode::is_enabled() && it->isTensor() && it->toTensor().requires_grad()),
+                op.schema().name(), " has no autograd of its own: it is the forward that the layer's operator ",
+                "differentiates (kprof::layer_norm, kprof::rms_norm); call that to get gradients");
+  }
+  op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+}
+
+// The fp32 autocast policy (torch's for layer_norm, pow, ... on CUDA): every floating tensor argument on the
+// autocast device goes to float32, then the operator runs with this autocast key off. Boxed, so one function
+// serves every schema.
+template <c10::DispatchKey Key, c10::DeviceType Device>
+void autocast_to_fp32(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
+  for (auto it = stack->end() - n; it != stack->end(); ++it) {
+    if (it->isTensor()) *it = at::autocast::cached_cast(at::kFloat, it->toTensor(), Device);
+  }
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(Key);
+  op.callBoxed(stack);
+}
+
+// Under autocast, `op` behaves as the torch op it replaces (`twin`, e.g. {"aten::layer_norm", ""}) does on this
+// device: torch gives norms and pow the fp32 policy where it autocasts them at all (layer_norm on CUDA; rms_norm on
+// CUDA from torch 2.12), and nothing otherwise (gelu, silu, add, and everything on the CPU follow their input).
+// Asking torch's dispatcher which twins it autocasts keeps this right across torch versions.
+template <c10::DispatchKey Key, c10::DeviceType Device>
+void autocast_like(torch::Library& m, const char* op, c10::OperatorName twin) {
+  const auto handle = c10::Dispatcher::singleton().findOp(twin);
+  if (handle && handle->hasKernelForDispatchKey(Key)) {
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&autocast_to_fp32<Key, Device>>());
+  }
+}
+
+}  // namespace kprof
+
+// Registers `register_fn(torch::Library&)`'s kernels for both devices: each kernel picks CPU or CUDA code itself
+// (and raises for CUDA tensors in a build without CUDA code).
+#define KPROF_CPU_AND_CUDA_KERNELS(register_fn)            \
+  TORCH_LIBRARY_IMPL(kprof, CPU, m) { register_fn(m); } \
+  TORCH_LIBRARY_IMPL(kprof, CUDA, m) { register_fn(m); }
+
+// Autocast for kprof operator `op` on both devices as torch autocasts its twin, e.g. ("layer_norm", "aten::layer_norm",
+// "") or ("square", "aten::pow", "Tensor_Scalar") (torch.square is pow(x, 2)).
+#define KPROF_AUTOCAST_LIKE(op, twin, overload)                                                             \
+  TORCH_LIBRARY_IMPL(kprof, AutocastCUDA, m) {                                                             \
+    kprof::autocast_like<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>(m, op, {twin, overload}); \
+  }                                                                                                         \
+  TORCH_LIBRARY_IMPL(kprof, AutocastCPU, m) {                                                              \
+    kprof::autocast_like<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>(m, op, {twin, overload});   \
+  }
+
+#define KPROF_CAT2(a, b) a##b
+#define KPROF_CAT(a, b) KPROF_CAT2(a, b)
+#define KPROF_STR2(a) #a
+#define KPROF_STR(a) KPROF_STR2(a)
+
+// The (empty) Python module: importing the library runs the static registrations above, which is all it is for.
+#define KPROF_PYTHON_MODULE()                                                                          \
+  PyMODINIT_FUNC KPROF_CAT(PyInit_, TORCH_EXTENSION_NAME)(void) {                                      \
+    static PyModuleDef module = {PyModuleDef_HEAD_INIT, KPROF_STR(TORCH_EXTENSION_NAME), nullptr, -1, nullptr}; \
+    return PyModule_Create(&module);                                                                   \
+  }

@@ -1,0 +1,73 @@
+"""One kprof extension as a set of ``torch.ops.kprof`` operators: built (or loaded from the cache) once per process,
+with the fake (shape-only) kernels that let torch.compile trace them.
+
+The C++ side registers the schemas, the CPU/CUDA kernels, autograd and autocast (``_dispatch.h``); the fake kernels
+live in Python, beside the layers, as the PyTorch custom-operator tutorial does for C++ operators. Layers load their
+library when they are built; the functional forms call ``ensure()`` first, which Dynamo runs once while tracing
+instead of tracing into the build cache, so ``torch.compile`` sees nothing but the ``torch.ops.kprof`` calls.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+Fn = TypeVar("Fn", bound=Callable)
+_lock = threading.Lock()
+
+
+class OpLibrary:
+    """The operators ``ops`` of one extension; ``build`` compiles or loads it (``_build.load``/``load_inline``).
+
+    Once loaded, each operator's ``OpOverload`` is an attribute (``LIBRARY.gelu`` is ``torch.ops.kprof.gelu.default``):
+    one attribute read per call instead of four, and Dynamo puts it in the graph all the same.
+    """
+
+    def __init__(self, name: str, build: Callable[[], types.ModuleType], ops: tuple[str, ...]) -> None:
+        self.name = name
+        self.ops = ops
+        self._builder = build
+        self._fakes: dict[str, Callable] = {}
+        self._loaded = False
+
+        def ensure() -> bool:
+            return self._loaded or self.load()
+
+        # Under torch.compile, Dynamo calls ensure() at trace time and keeps its result as a constant.
+        self.ensure: Callable[[], bool] = torch.compiler.assume_constant_result(ensure)
+
+    def fake(self, op: str) -> Callable[[Fn], Fn]:
+        """Decorator: ``fn`` is the fake kernel of ``kprof::<op>``, registered when the library loads."""
+        if op not in self.ops:
+            raise ValueError(f"{op!r} is not one of {self.name}'s operators {self.ops}")
+
+        def record(fn: Fn) -> Fn:
+            self._fakes[op] = fn
+            return fn
+
+        return record
+
+    def load(self) -> bool:
+        """Build or load the extension (once per process), register its fake kernels and bind its operators as
+        attributes; True when done.
+
+        A library whose operators are already registered in this process is not loaded a second time (a second
+        copy's registrations would fail inside the dynamic loader, where an error ends the process).
+        """
+        if self._loaded:
+            return True
+        with _lock:
+            if not self._loaded:
+                if not hasattr(torch.ops.kprof, self.ops[0]):
+                    self._builder()
+                for op, fn in self._fakes.items():  # a load that failed half-way may be retried
+                    if torch._library.simple_registry.singleton.find(f"kprof::{op}").fake_impl.kernel is None:
+                        torch.library.register_fake(f"kprof::{op}", fn)
+                for op in self.ops:
+                    setattr(self, op, getattr(torch.ops.kprof, op).default)
+                self._loaded = True
+        return True

@@ -1,0 +1,237 @@
+"""The kernels as PyTorch operators: ``torch.library.opcheck`` of every operator (schema, autograd registration,
+fake kernels, AOT dispatch with static and dynamic shapes), double backward equal to torch's, autocast dtypes equal
+to those of the torch op each layer replaces, torch.compile with no graph break, and a build cache consulted once
+per process, never per call."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kprof_callbacks import kernels
+from kprof_callbacks.kernels import _build
+
+from kernel_checks import DEVICES, HAS_CUDA, poisoned_outputs
+
+LIBRARIES = ("add", "gelu", "square", "swiglu", "layernorm", "rmsnorm")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def libraries() -> None:
+    for module in LIBRARIES:
+        importlib.import_module(f"kprof_callbacks.kernels.{module}").LIBRARY.load()
+
+
+def operator_samples(device: str, dtype: torch.dtype) -> list[tuple[str, tuple]]:
+    """(operator name, arguments) for every kprof operator, on odd shapes, inputs requiring grad where they can."""
+
+    def r(*shape: int, grad: bool = True) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype, requires_grad=grad)
+
+    x, n = r(3, 5), 5
+    _, mean, rstd = torch.ops.kprof.layer_norm_fwd(x.detach(), [n], r(n, grad=False), None, 1e-5)
+    _, rms = torch.ops.kprof.rms_norm_fwd(x.detach(), [n], r(n, grad=False), None)
+    return [
+        ("square", (x, "vectorized")), ("square", (x, "grid2d")), ("square_backward", (r(3, 5), x)),
+        ("add", (x, r(3, 5))),
+        ("gelu", (x, "none")), ("gelu", (x, "tanh")), ("gelu_backward", (r(3, 5), x, "tanh")),
+        ("bias_gelu", (x, r(n), "none")), ("bias_gelu_backward", (r(3, 5), x, r(n), "tanh")),
+        ("swiglu", (x, r(3, 5))), ("swiglu_backward", (r(3, 5), x, r(3, 5))),
+        ("layer_norm", (r(2, 3, n), [n], r(n), r(n), 1e-5)), ("layer_norm", (r(2, 3, n), [3, n], r(3, n), None, 1e-3)),
+        ("layer_norm_fwd", (x.detach(), [n], r(n, grad=False), r(n, grad=False), 1e-5)),  # runs below autograd
+        ("layer_norm_backward", (r(3, 5), x, r(n), mean, rstd, 1e-5, True)),
+        ("layer_norm_backward", (r(3, 5), x, r(n), mean, rstd, 1e-5, False)),
+        ("rms_norm", (r(2, 3, n), [n], r(n), None)), ("rms_norm", (r(3, n), [n], r(n), 1e-3)),
+        ("rms_norm_fwd", (x.detach(), [n], r(n, grad=False), None)),
+        ("rms_norm_backward", (r(3, 5), x, r(n), rms, 1e-6)),
+    ]
+
+
+def test_every_operator_has_a_sample() -> None:
+    registered = {op for module in LIBRARIES for op in
+                  importlib.import_module(f"kprof_callbacks.kernels.{module}").LIBRARY.ops}
+    assert {name for name, _ in operator_samples("cpu", torch.float64)} == registered
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_every_operator(device: str) -> None:
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    for name, args in operator_samples(device, dtype):
+        result = torch.library.opcheck(getattr(torch.ops.kprof, name).default, args)
+        assert set(result.values()) == {"SUCCESS"}, (name, result)
+
+
+def test_a_norm_forward_is_not_differentiated_directly() -> None:
+    """layer_norm_fwd/rms_norm_fwd return the statistics their backward reads; their gradients come from the public
+    operators, so differentiating them directly is an error, not a silently missing gradient."""
+    x, w = torch.randn(3, 5, requires_grad=True), torch.randn(5)
+    for call in (lambda: torch.ops.kprof.layer_norm_fwd(x, [5], w, None, 1e-5),
+                 lambda: torch.ops.kprof.rms_norm_fwd(x, [5], w, None)):
+        with pytest.raises(RuntimeError, match="has no autograd of its own.*call that to get gradients"):
+            call()
+        with torch.no_grad():
+            assert call()[0].shape == (3, 5)
+
+
+def test_poisoned_outputs_start_as_nan() -> None:
+    """The mechanism the kernel tests rely on: inside, a fresh allocation is NaN until written."""
+    with poisoned_outputs():
+        assert torch.empty(1000).isnan().all() and torch.empty(3, dtype=torch.bfloat16).isnan().all()
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+# -- double backward: a gradient penalty through each layer equals torch's ------------------------------------------
+# (torch version, kprof version) of x -> layer(x @ w ...), with shared float64 parameters.
+PENALTY = {
+    "square": (lambda x, p: torch.square(x @ p["w"]), lambda x, p: kernels.square(x @ p["w"])),
+    "add": (lambda x, p: (x @ p["w"]) + (x @ p["v"]) ** 2, lambda x, p: kernels.add(x @ p["w"], (x @ p["v"]) ** 2)),
+    "gelu": (lambda x, p: F.gelu(x @ p["w"]), lambda x, p: kernels.gelu(x @ p["w"])),
+    "gelu-tanh": (lambda x, p: F.gelu(x @ p["w"], approximate="tanh"), lambda x, p: kernels.gelu(x @ p["w"], "tanh")),
+    "bias_gelu": (lambda x, p: F.gelu(x @ p["w"] + p["b"]), lambda x, p: kernels.bias_gelu(x @ p["w"], p["b"])),
+    "swiglu": (lambda x, p: F.silu(x @ p["w"]) * (x @ p["v"]), lambda x, p: kernels.swiglu(x @ p["w"], x @ p["v"])),
+    "layer_norm": (lambda x, p: F.layer_norm(x @ p["w"], (7,), p["g"], p["b"]),
+                   lambda x, p: kernels.layer_norm(x @ p["w"], 7, p["g"], p["b"])),
+    "layer_norm-nobias": (lambda x, p: F.layer_norm(x @ p["w"], (7,), p["g"]),
+                          lambda x, p: kernels.layer_norm(x @ p["w"], 7, p["g"])),
+    "rms_norm": (lambda x, p: F.rms_norm(x @ p["w"], (7,), p["g"], 1e-5),
+                 lambda x, p: kernels.rms_norm(x @ p["w"], 7, p["g"], 1e-5)),
+}
+
+
+def penalty_grads(fn, x: torch.Tensor, params: dict[str, torch.Tensor], weights: torch.Tensor
+                  ) -> list[torch.Tensor | None]:
+    """d/dparams of sum(weights * fn(x)) + |d sum(weights * fn(x)) / dx|^2: a WGAN-GP style gradient penalty."""
+    x = x.clone().requires_grad_()
+    out = (fn(x, params) * weights).sum()
+    (gx,) = torch.autograd.grad(out, x, create_graph=True)
+    return list(torch.autograd.grad(out + gx.square().sum(), list(params.values()), allow_unused=True))
+
+
+@pytest.mark.parametrize("name", PENALTY)
+def test_gradient_penalty_matches_torch(name: str) -> None:
+    """Double backward through every layer: the kprof layer's parameter gradients equal torch's (the issue's silent
+    [0.431, None, None] for GELU / bias-GELU / square must be torch's numbers)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def param(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_()
+
+    params = {"w": param(6, 7), "v": param(6, 7), "b": param(7), "g": param(7)}
+    x, weights = torch.randn(5, 6, generator=gen, dtype=torch.float64), torch.randn(5, 7, generator=gen,
+                                                                                    dtype=torch.float64)
+    reference, ours = PENALTY[name]
+    want = penalty_grads(reference, x, params, weights)
+    got = penalty_grads(ours, x, params, weights)
+    for key, w, g in zip(params, want, got, strict=True):
+        assert (w is None) == (g is None), key
+        if w is not None:
+            torch.testing.assert_close(g, w, rtol=1e-7, atol=1e-9, msg=key)
+    assert any(w is not None and w.abs().sum() > 0 for w in want)
+
+
+@pytest.mark.parametrize("name", ["gelu", "layer_norm", "rms_norm", "swiglu"])
+def test_gradgradcheck(name: str) -> None:
+    params = {k: torch.randn(*s, dtype=torch.float64, requires_grad=True)
+              for k, s in {"w": (4, 7), "v": (4, 7), "b": (7,), "g": (7,)}.items()}
+    fn = PENALTY[name][1]
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda x, *p: fn(x, dict(zip(params, p))), (x, *params.values()))
+
+
+# -- autocast: each layer returns the dtype of the torch op it replaces ----------------------------------------------
+def autocast_pairs(x: torch.Tensor) -> dict[str, tuple]:
+    """(torch call, kprof call) per layer on activations x; parameters float32, as a model's stay under autocast."""
+    n = x.shape[-1]
+    w, b = torch.randn(n, device=x.device), torch.randn(n, device=x.device)
+    return {
+        "square": (lambda: torch.square(x), lambda: kernels.square(x)),
+        "add": (lambda: torch.add(x, x), lambda: kernels.add(x, x)),
+        "gelu": (lambda: F.gelu(x), lambda: kernels.gelu(x)),
+        "bias_gelu": (lambda: F.gelu(x + b.to(x.dtype)), lambda: kernels.bias_gelu(x, b.to(x.dtype))),
+        "swiglu": (lambda: F.silu(x) * x, lambda: kernels.swiglu(x, x)),
+        "layer_norm": (lambda: F.layer_norm(x, (n,), w, b), lambda: kernels.layer_norm(x, n, w, b)),
+        "rms_norm": (lambda: F.rms_norm(x, (n,), w), lambda: kernels.rms_norm(x, n, w)),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("input_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_autocast_dtypes_follow_the_replaced_op(device: str, autocast_dtype: torch.dtype,
+                                                input_dtype: torch.dtype) -> None:
+    x = torch.randn(4, 24, device=device).to(input_dtype)
+    with torch.autocast(device, dtype=autocast_dtype):
+        for name, (reference, ours) in autocast_pairs(x).items():
+            want, got = reference(), ours()
+            assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+            torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=name)
+
+
+# -- torch.compile and the build cache ------------------------------------------------------------------------------
+def test_functional_forms_compile_without_graph_breaks() -> None:
+    def step(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        h = kernels.layer_norm(x, x.shape[-1], w, b)
+        h = kernels.add(kernels.bias_gelu(h, b, "tanh"), kernels.square(h))
+        return kernels.rms_norm(kernels.swiglu(h, kernels.gelu(h)), (x.shape[-1],), w)
+
+    x, w, b = (torch.randn(*s, requires_grad=True) for s in ((6, 16), (16,), (16,)))
+    explained = torch._dynamo.explain(step)(x, w, b)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True, dynamic=dynamic)
+        for rows in (6, 9):
+            xs = torch.randn(rows, 16, requires_grad=True)
+            got, want = compiled(xs, w, b), step(xs, w, b)
+            torch.testing.assert_close(got, want)
+            (gx,), (wx,) = torch.autograd.grad(got.sum(), [xs]), torch.autograd.grad(want.sum(), [xs])
+            torch.testing.assert_close(gx, wx)
+
+
+FRESH_COMPILE = """
+import torch
+from kprof_callbacks import kernels
+assert not hasattr(torch.ops.kprof, "gelu")  # nothing loaded yet: the first call is inside the compiled function
+f = torch.compile(lambda x: kernels.gelu(x) * 2, backend="aot_eager", fullgraph=True)
+x = torch.randn(5)
+torch.testing.assert_close(f(x), torch.nn.functional.gelu(x) * 2)
+print("ok")
+"""
+
+
+def test_first_call_inside_compile_loads_the_library_at_trace_time() -> None:
+    """In a fresh process the library is loaded while Dynamo traces (OpLibrary.ensure), not traced into."""
+    result = subprocess.run([sys.executable, "-c", FRESH_COMPILE], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_calls_never_consult_the_build_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once loaded, layers, functional forms and their backwards run without the build cache (no stat, no hash)."""
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the build cache was consulted after the libraries were loaded")
+
+    for name in ("load", "load_inline", "_cached"):
+        monkeypatch.setattr(_build, name, no_build)
+    x, w = torch.randn(3, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+    layers = [kernels.GELU(), kernels.LayerNorm(8), kernels.RMSNorm(8), kernels.Square(), kernels.BiasGELU(8)]
+    out = sum(layer(x).sum() for layer in layers) + kernels.swiglu(x, x).sum() + kernels.add(x, x).sum()
+    (out + kernels.layer_norm(x, 8, w).sum()).backward()
+    assert x.grad is not None and w.grad is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")
+def test_cuda_autocast_runs_norms_like_torch() -> None:
+    """CUDA autocast gives torch's layer_norm (and from torch 2.12 rms_norm) the fp32 policy: float32 out of
+    bfloat16 in, which the layers must mirror (the parametrized test above checks every layer's dtype)."""
+    x = torch.randn(4, 24, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(24, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert kernels.layer_norm(x, 24, w).dtype == F.layer_norm(x, (24,), w).dtype == torch.float32
+        assert kernels.rms_norm(x, 24, w).dtype == F.rms_norm(x, (24,), w).dtype
