@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 # ``import kprof_callbacks.<name>`` would then replace the function with the module.
 _LAZY = {
     "ProfilerCallback": ".callback",
+    "SwapCallback": ".swap_callback",
     "summarize": ".analysis",
     "Summary": ".analysis",
     "diff": ".analysis",
