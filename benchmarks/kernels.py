@@ -1,8 +1,8 @@
-"""The custom-layer benchmark (``kprof bench``): see ``kprof_callbacks/kernels/bench.py``."""
+"""The custom-layer benchmark: the same as ``kprof bench`` (see ``kprof_callbacks/kernels/bench.py``)."""
 
 import sys
 
-from kprof_callbacks.kernels.bench import main
+from kprof_callbacks.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["bench", *sys.argv[1:]]))

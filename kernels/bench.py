@@ -17,7 +17,6 @@ builds, each row as it is measured) goes to stderr; the table is printed to stdo
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
@@ -239,52 +238,29 @@ def check(ops: list[Op], device: str) -> bool:
     return ok
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="small sizes on the CPU, a few iterations, no compile")
-    parser.add_argument("--check", action="store_true", help="correctness of every kernel on small shapes, no timing")
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile reference")
-    parser.add_argument("--largest", action="store_true", help="only each op's largest shape per dtype")
-    parser.add_argument("--ops", default="", help="comma-separated op names (default: all): "
-                        + ",".join(op.name for op in OPS))
-    parser.add_argument("--out", type=Path, help="write the results as JSON here")
-
-
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Check or time the ops the arguments name; the exit status of ``kprof bench``."""
-    names = [n for n in args.ops.split(",") if n]
+def run(*, quick: bool = False, check_only: bool = False, compile_ref: bool = True, largest_only: bool = False,
+        ops: str = "", out: Path | None = None) -> int:
+    """Check or time the ops named in ``ops`` (comma-separated; all when empty); the exit status of ``kprof bench``."""
+    names = [n for n in ops.split(",") if n]
     unknown = sorted(set(names) - {op.name for op in OPS})
     if unknown:
-        parser.error(f"--ops: unknown op(s) {unknown}")
-    ops = [op for op in OPS if not names or op.name in names]
-    device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
-    if args.check:
-        return 0 if check(ops, device) else 1
-    if device == "cpu" and not args.quick:
-        parser.error("no CUDA device: use --quick (CPU smoke run) or --check")
+        raise ValueError(f"--ops: unknown op(s) {unknown}; known: {','.join(op.name for op in OPS)}")
+    chosen = [op for op in OPS if not names or op.name in names]
+    device = "cuda" if torch.cuda.is_available() and not quick else "cpu"
+    if check_only:
+        return 0 if check(chosen, device) else 1
+    if device == "cpu" and not quick:
+        raise ValueError("no CUDA device: use --quick (CPU smoke run) or --check")
     env = environment(device)
 
     def save(rows: list[dict]) -> None:
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps({**env, "rows": rows}, indent=1))
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({**env, "rows": rows}, indent=1))
 
-    sizes = QUICK_SIZES if args.quick else largest(FULL_SIZES) if args.largest else FULL_SIZES
-    rows = run_benchmarks(ops, sizes, device,
-                          compile_ref=not (args.quick or args.no_compile), warmup=2 if args.quick else 10,
-                          iters=5 if args.quick else 50, on_row=save)
+    sizes = QUICK_SIZES if quick else largest(FULL_SIZES) if largest_only else FULL_SIZES
+    rows = run_benchmarks(chosen, sizes, device, compile_ref=compile_ref and not quick, warmup=2 if quick else 10,
+                          iters=5 if quick else 50, on_row=save)
     print(f"# kprof kernels on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
     print("\n".join([TABLE_HEADER, *map(format_row, rows)]), flush=True)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv), parser)
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """``kprof bench``: the custom layers vs eager PyTorch and torch.compile, % of copy bandwidth."""
-    parser = sub.add_parser("bench", help="time the custom layers against PyTorch eager and torch.compile")
-    add_arguments(parser)
-    parser.set_defaults(func=lambda args: run(args, parser))

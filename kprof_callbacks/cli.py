@@ -104,9 +104,23 @@ def _compare(sub: argparse._SubParsersAction) -> None:
 
 def _bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="time every custom layer against eager PyTorch and torch.compile",
-                       description=bench.__doc__.split("\n\n")[0])
-    bench.add_arguments(p)
-    p.set_defaults(func=lambda a: bench.run(a, p))
+                       description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes on the CPU, a few iterations, no compile")
+    p.add_argument("--check", action="store_true", help="correctness of every kernel on small shapes, no timing")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile reference")
+    p.add_argument("--largest", action="store_true", help="only each op's largest shape per dtype")
+    p.add_argument("--ops", default="", help="comma-separated op names (default: all): "
+                   + ",".join(op.name for op in bench.OPS))
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+
+    def run(a: argparse.Namespace) -> int:
+        try:
+            return bench.run(quick=a.quick, check_only=a.check, compile_ref=not a.no_compile, largest_only=a.largest,
+                             ops=a.ops, out=a.out)
+        except ValueError as exc:
+            p.error(str(exc))
+
+    p.set_defaults(func=run)
 
 
 def build_parser() -> argparse.ArgumentParser:

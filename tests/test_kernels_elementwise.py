@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kprof_callbacks import kernels
-from kprof_callbacks.kernels import bench
+from kprof_callbacks.cli import main
 
 from kernel_checks import DEVICES, HAS_CUDA, assert_errors, errors_in_child, poisoned_outputs, reference_grads
 
@@ -289,7 +289,7 @@ def test_operators_reject_bad_input_with_python_errors(device: str) -> None:
 
 
 def test_bench_prints_progress_to_stderr_and_one_table_to_stdout(capsys: pytest.CaptureFixture) -> None:
-    assert bench.main(["--quick", "--ops", "add,gelu"]) == 0
+    assert main(["bench", "--quick", "--ops", "add,gelu"]) == 0
     out, err = capsys.readouterr()
     table = [line for line in out.splitlines() if line.startswith("|")]
     assert len(table) == 2 + 4  # header, separator, two ops x (fwd, fwd+bwd)
