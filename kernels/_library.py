@@ -16,6 +16,8 @@ from typing import TypeVar
 
 import torch
 
+from .. import torch_compat
+
 Fn = TypeVar("Fn", bound=Callable)
 _lock = threading.Lock()
 
@@ -65,7 +67,7 @@ class OpLibrary:
                 if not hasattr(torch.ops.kprof, self.ops[0]):
                     self._builder()
                 for op, fn in self._fakes.items():  # a load that failed half-way may be retried
-                    if torch._library.simple_registry.singleton.find(f"kprof::{op}").fake_impl.kernel is None:
+                    if not torch_compat.has_fake_kernel(f"kprof::{op}"):
                         torch.library.register_fake(f"kprof::{op}", fn)
                 for op in self.ops:
                     setattr(self, op, getattr(torch.ops.kprof, op).default)

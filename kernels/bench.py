@@ -186,7 +186,7 @@ def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, w
                 rows.append(row)
                 print(f"[kprof bench] {format_row(row)}", file=sys.stderr, flush=True)
                 on_row(rows)
-            torch._dynamo.reset()
+            torch.compiler.reset()
     return rows
 
 

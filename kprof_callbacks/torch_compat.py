@@ -69,3 +69,14 @@ def cuda_memory(device: int) -> tuple[int, int, int]:
     torch._C._cuda_resetPeakMemoryStats(device)
     allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
     return allocated["current"], reserved["current"], allocated["peak"]
+
+
+def is_compiled(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is ``torch.compile``'s wrapper (its state_dict keys carry an ``_orig_mod.`` prefix)."""
+    return isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def has_fake_kernel(qualname: str) -> bool:
+    """Whether the operator ``qualname`` (``"kprof::gelu"``) has a fake (meta) kernel registered from Python: a
+    second ``register_fake`` for it would raise."""
+    return torch._library.simple_registry.singleton.find(qualname).fake_impl.kernel is not None

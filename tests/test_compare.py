@@ -535,7 +535,8 @@ def test_compiled_variants_are_checked_and_their_compilation_is_reported_not_tim
                      compile=True)
     assert result["also"].check_ok and result.settings["compile"]
     first = result["eager"]  # compiled in its first step ("also" may reuse that code: same class, same graph)
-    assert first.first_step_s > 1.0 and first.first_step_s > 10 * max(first.timing.times_ms) / 1e3
+    # Dynamo traced it (inductor's cache on disk may have spared the compilation itself): far slower than a timed step
+    assert first.first_step_s > 10 * max(first.timing.times_ms) / 1e3
     assert result["also"].first_step_s is not None
     assert "torch.compile: the first step of each variant compiles and is not timed" in str(result)
 

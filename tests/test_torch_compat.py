@@ -73,3 +73,18 @@ def test_memory_history_is_recorded_and_dumped(tmp_path):
     finally:
         torch_compat.record_memory_history(False)
     assert (tmp_path / "snap.pickle").stat().st_size > 0
+
+
+def test_is_compiled_tells_torch_compiles_wrapper_from_a_module():
+    module = torch.nn.Linear(2, 2)
+    assert not torch_compat.is_compiled(module)
+    assert torch_compat.is_compiled(torch.compile(module))
+
+
+def test_has_fake_kernel_follows_register_fake():
+    lib = torch.library.Library("kprof_compat_test", "FRAGMENT")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: 2 * x, "CPU")
+    assert not torch_compat.has_fake_kernel("kprof_compat_test::twice")
+    torch.library.register_fake("kprof_compat_test::twice", lambda x: torch.empty_like(x), lib=lib)
+    assert torch_compat.has_fake_kernel("kprof_compat_test::twice")

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import layout, stats
+from .. import layout, stats, torch_compat
 from ..timing import Timing
 from ..checks import check_bool
 from .check import check_agreement, float64_copy
@@ -92,7 +92,7 @@ def compare(
         reference = next((r for r in runs if r.ok), None)
         truth_model = float64_copy(reference.model) if reference is not None and tol is None else None
     for run in runs:
-        if compile and run.ok and not isinstance(run.model, torch._dynamo.eval_frame.OptimizedModule):
+        if compile and run.ok and not torch_compat.is_compiled(run.model):
             run.model = torch.compile(run.model)
         run.optimizer = make_optimizer(optimizer, run)
         run.data = copy.deepcopy(data)

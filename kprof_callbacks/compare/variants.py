@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import layout
+from .. import layout, torch_compat
 from ..checks import check_int
 from .result import ERROR, VariantResult
 
@@ -138,7 +138,7 @@ def load_same_weights(runs: list[Variant]) -> None:
 
 def unwrapped(model: nn.Module) -> nn.Module:
     """The module itself under ``torch.compile``'s wrapper (whose state_dict keys gain an ``_orig_mod.`` prefix)."""
-    return getattr(model, "_orig_mod", model)
+    return model._orig_mod if torch_compat.is_compiled(model) else model
 
 
 def _first_mismatch(ref: Mapping, other: Mapping, ref_name: str, other_name: str) -> str | None:
