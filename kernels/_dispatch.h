@@ -6,6 +6,8 @@
 // records `kprof::<op>` by itself. Fake (shape-only) kernels for torch.compile are registered from Python.
 #pragma once
 
+#include "_op.h"
+
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -58,8 +60,8 @@ inline void no_autograd_of_its_own(const c10::OperatorHandle& op, c10::DispatchK
   const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
   for (auto it = stack->end() - n; it != stack->end(); ++it) {
     TORCH_CHECK(!(at::GradMode::is_enabled() && it->isTensor() && it->toTensor().requires_grad()),
-                op.schema().name(), " has no autograd of its own: it is the forward that the layer's operator ",
-                "differentiates (kprof::layer_norm, kprof::rms_norm); call that to get gradients");
+                kprof::msg(op.schema().name(), " has no autograd of its own: it is the forward that the layer's ",
+                           "operator differentiates (kprof::layer_norm, kprof::rms_norm); call that to get gradients"));
   }
   op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
 }

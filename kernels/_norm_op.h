@@ -35,44 +35,47 @@ struct NormArgs {
 // A parameter: normalized_shape on x's device, in x's dtype or float32 for float16/bfloat16 x.
 inline at::Tensor norm_param(const char* op, const char* arg, const at::Tensor& x, at::IntArrayRef shape,
                              const at::Tensor& p) {
-  TORCH_CHECK_VALUE(p.sizes() == shape && p.device() == x.device(), op, ": ", arg, " is ", p.sizes(), " on ",
-                    p.device(), ", expected ", shape, " on ", x.device());
+  TORCH_CHECK_VALUE(p.sizes() == shape && p.device() == x.device(), kprof::msg(op, ": ", arg, " is ", p.sizes(), " on ",
+                    p.device(), ", expected ", shape, " on ", x.device()));
   const auto xt = x.scalar_type(), pt = p.scalar_type();
   const bool reduced = xt == at::kHalf || xt == at::kBFloat16;
-  TORCH_CHECK_TYPE(pt == xt || (pt == at::kFloat && reduced), op, ": ", arg, " dtype ", pt,
-                   " does not go with x dtype ", xt, " (use x's dtype, or float32 for float16/bfloat16 x)");
+  TORCH_CHECK_TYPE(pt == xt || (pt == at::kFloat && reduced), kprof::msg(op, ": ", arg, " dtype ", pt,
+                   " does not go with x dtype ", xt, " (use x's dtype, or float32 for float16/bfloat16 x)"));
   return p.contiguous();
 }
 
 // Checks a norm call (x [..., *normalized_shape], weight, optional bias, eps) before any launch.
 inline NormArgs norm_args(const char* op, const at::Tensor& x_in, at::IntArrayRef shape, const at::Tensor& weight,
                           const std::optional<at::Tensor>& bias, double eps) {
-  TORCH_CHECK_VALUE(!shape.empty() && std::all_of(shape.begin(), shape.end(), [](int64_t d) { return d >= 1; }), op,
-                    ": normalized_shape must be a non-empty list of positive sizes, got ", shape);
+  TORCH_CHECK_VALUE(!shape.empty() && std::all_of(shape.begin(), shape.end(), [](int64_t d) { return d >= 1; }),
+                    kprof::msg(op, ": normalized_shape must be a non-empty list of positive sizes, got ", shape));
   const at::Tensor x = checked(x_in, op, "x");
   const auto dims = static_cast<int64_t>(shape.size());
-  TORCH_CHECK_VALUE(x.dim() >= dims && x.sizes().slice(x.dim() - dims) == shape, op, ": x of shape ", x.sizes(),
-                    " does not end in normalized_shape ", shape);
-  TORCH_CHECK_VALUE(eps >= 0, op, ": eps must be a number >= 0, got ", eps);
+  TORCH_CHECK_VALUE(x.dim() >= dims && x.sizes().slice(x.dim() - dims) == shape,
+                    kprof::msg(op, ": x of shape ", x.sizes(), " does not end in normalized_shape ", shape));
+  TORCH_CHECK_VALUE(eps >= 0, kprof::msg(op, ": eps must be a number >= 0, got ", eps));
   NormArgs a{x, norm_param(op, "weight", x, shape, weight), std::nullopt, 0, 1};
   if (bias) {
     a.bias = norm_param(op, "bias", x, shape, *bias);
-    TORCH_CHECK_TYPE(a.bias->scalar_type() == a.weight.scalar_type(), op, ": weight and bias dtypes differ: ",
-                     a.weight.scalar_type(), ", ", a.bias->scalar_type());
+    TORCH_CHECK_TYPE(a.bias->scalar_type() == a.weight.scalar_type(),
+                     kprof::msg(op, ": weight and bias dtypes differ: ", a.weight.scalar_type(), ", ",
+                                a.bias->scalar_type()));
   }
   for (const int64_t d : shape) a.n *= d;
   a.rows = a.n == 0 ? 0 : x.numel() / a.n;
-  TORCH_CHECK_VALUE(!x.is_cuda() || a.n <= kCudaMaxCols, op, ": the CUDA kernels take rows of at most ", kCudaMaxCols,
-                    " elements, normalized_shape ", shape, " has ", a.n, "; use impl='torch' for this layer");
+  TORCH_CHECK_VALUE(!x.is_cuda() || a.n <= kCudaMaxCols,
+                    kprof::msg(op, ": the CUDA kernels take rows of at most ", kCudaMaxCols,
+                               " elements, normalized_shape ", shape, " has ", a.n,
+                               "; use impl='torch' for this layer"));
   return a;
 }
 
 // A saved statistic (mean or rstd): [rows] in norm_stats_dtype on x's device, made contiguous.
 inline at::Tensor norm_stat(const char* op, const char* arg, const NormArgs& a, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == a.rows && t.device() == a.x.device(), op, ": ", arg,
-                    " must have shape [", a.rows, "] on ", a.x.device(), ", got ", t.sizes(), " on ", t.device());
-  TORCH_CHECK_TYPE(t.scalar_type() == norm_stats_dtype(a.x), op, ": ", arg, " has dtype ", t.scalar_type(),
-                   ", expected ", norm_stats_dtype(a.x));
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == a.rows && t.device() == a.x.device(), kprof::msg(op, ": ", arg,
+                    " must have shape [", a.rows, "] on ", a.x.device(), ", got ", t.sizes(), " on ", t.device()));
+  TORCH_CHECK_TYPE(t.scalar_type() == norm_stats_dtype(a.x), kprof::msg(op, ": ", arg, " has dtype ", t.scalar_type(),
+                   ", expected ", norm_stats_dtype(a.x)));
   return t.contiguous();
 }
 

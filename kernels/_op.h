@@ -8,6 +8,9 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <cstdio>
+#include <string>
+#include <type_traits>
 #include <ATen/ops/empty.h>
 
 #ifdef KPROF_WITH_CUDA
@@ -24,24 +27,55 @@ static_assert(static_cast<int>(at::ScalarType::Half) == 5 && static_cast<int>(at
 
 inline int dtype_code(const at::Tensor& t) { return static_cast<int>(t.scalar_type()); }
 
+// Error messages are one std::string assembled from these pieces, never formatted through iostreams: with the
+// compiler of the H100 machine (Ubuntu's GCC 13.3, against torch 2.11's wheel), a number written to a
+// std::ostream from inside an extension crashed the process (SIGSEGV) instead of raising the check's exception;
+// torch's own TORCH_CHECK formats its extra arguments that way. Numbers go through std::to_string/snprintf here.
+inline std::string piece(const char* s) { return s; }
+inline std::string piece(const std::string& s) { return s; }
+inline std::string piece(c10::string_view s) { return std::string(s.data(), s.size()); }
+inline std::string piece(at::ScalarType t) { return c10::toString(t); }
+inline std::string piece(const c10::Device& d) { return d.str(); }
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+std::string piece(T v) { return std::to_string(v); }
+template <typename T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
+std::string piece(T v) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%g", static_cast<double>(v));
+  return buffer;
+}
+inline std::string piece(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
+// The message of a failed check: msg(op, ": x has shape ", x.sizes()) -> "kprof gelu: x has shape [5]".
+template <typename... Parts>
+std::string msg(const Parts&... parts) {
+  std::string out;
+  ((out += piece(parts)), ...);
+  return out;
+}
+
 // t as the kernels read it: a float32/float16/bfloat16 CUDA tensor or a float32/float64/float16/bfloat16 CPU
 // tensor, made contiguous (a copy only when it is a strided view).
 inline at::Tensor checked(const at::Tensor& t, const char* op, const char* arg) {
   const auto dtype = t.scalar_type();
   const bool cuda_ok = dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
-  TORCH_CHECK_TYPE(t.is_cuda() ? cuda_ok : (t.is_cpu() && (cuda_ok || dtype == at::kDouble)), op, ": ", arg,
+  TORCH_CHECK_TYPE(t.is_cuda() ? cuda_ok : (t.is_cpu() && (cuda_ok || dtype == at::kDouble)), msg(op, ": ", arg,
                    " is ", dtype, " on ", t.device(), "; supported: float32/float16/bfloat16 on CUDA, "
-                   "float32/float64/float16/bfloat16 on the CPU");
+                   "float32/float64/float16/bfloat16 on the CPU"));
   return t.contiguous();
 }
 
 // b checked as a's partner: `shape` (default: a's shape), a's dtype and device; made contiguous.
 inline at::Tensor checked_like(const at::Tensor& a, const at::Tensor& b, const char* op, const char* arg,
                                at::OptionalIntArrayRef shape = std::nullopt) {
-  TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type() && a.device() == b.device(), op, ": ", arg, " is ",
-                   b.scalar_type(), " on ", b.device(), ", expected ", a.scalar_type(), " on ", a.device());
+  TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type() && a.device() == b.device(), msg(op, ": ", arg, " is ",
+                   b.scalar_type(), " on ", b.device(), ", expected ", a.scalar_type(), " on ", a.device()));
   const auto expected = shape.value_or(a.sizes());
-  TORCH_CHECK_VALUE(b.sizes() == expected, op, ": ", arg, " has shape ", b.sizes(), ", expected ", expected);
+  TORCH_CHECK_VALUE(b.sizes() == expected, msg(op, ": ", arg, " has shape ", b.sizes(), ", expected ", expected));
   return b.contiguous();
 }
 
@@ -65,7 +99,7 @@ void cpu_map(int64_t n, F f, scalar_t* out, const In*... in) {
 inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
 inline void check_cuda(cudaError_t err, const char* op) {
-  TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, msg(op, ": CUDA kernel launch failed: ", cudaGetErrorString(err)));
 }
 
 // Runs `stmt` under a guard for the tensor's device; without CUDA code in the build, raises instead.
@@ -75,8 +109,9 @@ inline void check_cuda(cudaError_t err, const char* op) {
     stmt;                                                       \
   } while (0)
 #else
-#define KPROF_ON_CUDA(tensor, op, stmt) \
-  TORCH_CHECK(false, op, ": this build of kprof's kernels has no CUDA code (torch or nvcc had no CUDA at build time)")
+#define KPROF_ON_CUDA(tensor, op, stmt)                                                      \
+  TORCH_CHECK(false, ::kprof::msg(op, ": this build of kprof's kernels has no CUDA code (torch or nvcc had " \
+                                      "no CUDA at build time)"))
 #endif
 
 // Calls a launcher on the tensor's device and raises if it reports an error.

@@ -36,8 +36,8 @@ constexpr const char* kBiasGelu = "kprof bias_gelu";
 
 // True for the tanh form; a ValueError for anything but torch's two choices.
 bool tanh_form(c10::string_view approximate, const char* op) {
-  TORCH_CHECK_VALUE(approximate == "none" || approximate == "tanh", op,
-                    ": approximate must be 'none' or 'tanh', got '", approximate, "'");
+  TORCH_CHECK_VALUE(approximate == "none" || approximate == "tanh", kprof::msg(op,
+                    ": approximate must be 'none' or 'tanh', got '", approximate, "'"));
   return approximate == "tanh";
 }
 
@@ -78,7 +78,7 @@ at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& input, c10::s
 
 // bias checked against x ([..., cols], at least one dimension): [cols], x's dtype and device.
 at::Tensor checked_bias(const at::Tensor& x, const at::Tensor& bias) {
-  TORCH_CHECK_VALUE(x.dim() >= 1, kBiasGelu, ": x must have at least one dimension");
+  TORCH_CHECK_VALUE(x.dim() >= 1, kprof::msg(kBiasGelu, ": x must have at least one dimension"));
   return kprof::checked_like(x, bias, kBiasGelu, "bias", at::IntArrayRef{x.size(-1)});
 }
 

@@ -97,8 +97,8 @@ constexpr const char* kOp = "kprof square";
 
 // True for the seed's 2-D grid kernel; a ValueError for anything but the two variants.
 bool grid2d_variant(c10::string_view variant) {
-  TORCH_CHECK_VALUE(variant == "vectorized" || variant == "grid2d", kOp,
-                    ": variant must be 'vectorized' or 'grid2d', got '", variant, "'");
+  TORCH_CHECK_VALUE(variant == "vectorized" || variant == "grid2d", kprof::msg(kOp,
+                    ": variant must be 'vectorized' or 'grid2d', got '", variant, "'"));
   return variant == "grid2d";
 }
 
@@ -110,8 +110,8 @@ at::Tensor square(const at::Tensor& input, c10::string_view variant) {
   if (x.is_cuda() && grid2d) {
     const int64_t width = x.dim() == 0 ? 1 : x.size(-1);
     const int64_t height = width == 0 ? 0 : x.numel() / width;
-    TORCH_CHECK_VALUE(height <= 65535 * 16 && width <= INT32_MAX, kOp, ": variant='grid2d' handles at most ",
-                      65535 * 16, " rows of at most 2^31 - 1; got ", height, " x ", width, ": use 'vectorized'");
+    TORCH_CHECK_VALUE(height <= 65535 * 16 && width <= INT32_MAX, kprof::msg(kOp, ": variant='grid2d' handles at most ",
+                      65535 * 16, " rows of at most 2^31 - 1; got ", height, " x ", width, ": use 'vectorized'"));
     if (x.numel() > 0) {
       KPROF_CUDA_CALL(x, kOp, kprof_square_grid2d(kprof::dtype_code(x), x.const_data_ptr(), y.mutable_data_ptr(),
                                                   static_cast<int>(height), static_cast<int>(width),
