@@ -1,6 +1,7 @@
 """kprof.swap: a swapped model computes and trains like the torch model, keeps its state_dict, reports what
 it swapped and skipped, honours inplace and impl, and with fallback keeps torch layers whose kernels cannot build.
-On the GPT of kprof_callbacks.models: under torch.compile (no graph break, fullgraph) and bf16 autocast."""
+On the GPT of kprof_callbacks.models: under torch.compile (no graph break, fullgraph) and bf16 autocast. The Triton
+twins (impl="triton") run in Triton's interpreter without a GPU (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import kprof_callbacks as kprof
 from kprof_callbacks import kernels, models
 from kprof_callbacks.swap import swap
 
-from kernel_checks import DEVICES
+from kernel_checks import DEVICES, HAS_CUDA
 
 
 def small_model() -> nn.Module:
@@ -32,13 +33,17 @@ def small_model() -> nn.Module:
     )
 
 
+@pytest.mark.parametrize("impl", [None, "triton"], ids=["auto", "triton"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_swapped_model_matches_outputs_and_gradients(device: str) -> None:
+def test_swapped_model_matches_outputs_and_gradients(device: str, impl: str | None) -> None:
+    if impl == "triton" and device == "cpu" and HAS_CUDA:
+        pytest.skip("with a GPU the Triton kernels are compiled for it: CPU tensors need the interpreter")
     model = small_model().to(device)
-    fast = swap(model)
+    fast = swap(model, impl=impl)
     assert [type(m).__name__ for m in fast] == [type(m).__name__ for m in model]  # same names, other classes
     assert isinstance(fast[1], kernels.GELU) and isinstance(fast[2], kernels.LayerNorm)
     assert isinstance(fast[5], kernels.RMSNorm) and fast[4].approximate == "tanh"
+    assert fast[1].impl == fast[2].impl == fast[5].impl == impl
     assert list(fast.state_dict()) == list(model.state_dict())
     x = torch.randn(64, 16, device=device)
     out, want = fast(x), model(x)
@@ -162,8 +167,8 @@ def test_impl_reaches_every_swapped_layer() -> None:
     x = torch.randn(16, 16)
     torch.testing.assert_close(reference(x), model(x))  # PyTorch's own ops inside the kprof layers
     assert all(m.impl == "cpp" for m in swap(model, impl="cpp") if isinstance(m, kernels.GELU))
-    with pytest.raises(ValueError, match="impl must be None or one of .*'cuda', 'cpp', 'torch'.*got 'triton'"):
-        swap(model, impl="triton")
+    with pytest.raises(ValueError, match="impl must be None or one of .*'cuda', 'cpp', 'triton', 'torch'.*got 'fast'"):
+        swap(model, impl="fast")
 
 
 def test_swapped_layers_are_named_in_profiler_traces() -> None:
