@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kprof_callbacks import kernels
+from kprof_callbacks.cli import main
 from kprof_callbacks.kernels import _triton
 
 from kernel_checks import (HAS_CUDA, assert_compiles_without_graph_breaks, operator_samples, poisoned_outputs,
@@ -404,6 +405,31 @@ def test_bad_inputs_are_clear_errors() -> None:
     for exc, message, call in cases:
         with pytest.raises(exc, match=re.escape(message)):
             call()
+
+
+def test_bench_checks_and_lists_the_triton_twins(capsys: pytest.CaptureFixture) -> None:
+    assert main(["bench", "--check", "--ops", "gelu,rms_norm,square"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    checked = {line.split()[1] + (" triton" if "(triton)" in line else "") for line in out}
+    assert checked == {"gelu", "gelu triton", "rms_norm", "rms_norm triton", "square"}  # square has no twin
+    assert all(line.startswith("ok ") for line in out)
+    assert main(["bench", "--quick", "--ops", "gelu"]) == 0
+    out, err = capsys.readouterr()
+    assert "| triton ms | triton % of copy | triton × kprof |" in out
+    assert "no Triton columns: on the CPU the Triton kernels run in Triton's interpreter" in err
+
+
+def test_compare_ab_tests_each_impl_on_one_model(capsys: pytest.CaptureFixture) -> None:
+    native = "cuda" if HAS_CUDA else "cpp"
+    code = main(["compare", "--steps", "3", "--warmup", "0", "--device", DEVICE, "--width", "32", "--depth", "1",
+                 "--batch-size", "8", "--check", "raise", "--impls", f"{native},triton,torch"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith(("torch ", "kprof.swap"))]
+    variants = [name for name in rows if not name.endswith(":")]  # not the notes below the table
+    assert variants == ["torch", f"kprof.swap-{native}", "kprof.swap-triton", "kprof.swap-torch"]
+    with pytest.raises(SystemExit, match="--impls: impl must be None or one of"):
+        main(["compare", "--device", DEVICE, "--impls", "triton,fast"])
 
 
 NO_INTERPRETER = """
