@@ -248,49 +248,27 @@ def test_functional_forms_compile_without_graph_breaks() -> None:
     assert_compiles_without_graph_breaks(step, DEVICE)
 
 
-# Child processes without TRITON_INTERPRET, where the operators are triton_ops over compiled kernels. A stand-in for
-# the CUDA driver names an H100 (sm_90) as the target, so Triton compiles (Triton IR to a cubin, with its bundled
-# ptxas) and torch analyses the kernels as on the GPU, and CPU tensors pass the device check; nothing launches.
-AS_ON_AN_H100 = """
-import logging, re, torch, triton
-from triton.backends.compiler import GPUTarget
-
-class H100:
-    def get_current_target(self): return GPUTarget("cuda", 90, 32)
-    def get_current_device(self): return 0
-    def get_current_stream(self, device=None): return 0
-
-triton.runtime.driver.set_active(H100())
-from kprof_callbacks import kernels
-from kprof_callbacks.kernels import _triton
-T = _triton.require()
-assert not T.INTERPRETED
-T.device_error = lambda device: None
-
-def name(kernel):
-    return f"{kernel.fn.__module__.rsplit('.', 1)[-1]}.{kernel.fn.__name__}"
+# Child processes without TRITON_INTERPRET, where the operators are triton_ops over compiled kernels.
+# benchmarks/triton_sm90.py stands in for the CUDA driver with an H100 (sm_90) target, so Triton compiles (Triton IR
+# to a cubin, with its bundled ptxas) and torch analyses the kernels as on the GPU, and lets CPU tensors pass the
+# device check; nothing launches.
+COMPILE_EVERY_LAUNCH = """
+import torch, triton_sm90
+# the three kinds of norm tile: 64 rows of 64, 4 rows of 1024, one row of 8192
+launches = triton_sm90.compile_every_launch([torch.float32, torch.bfloat16, torch.float16], [64, 1000, 8192])
+assert all(compiled.asm["cubin"] for _, compiled, _ in launches)
+print(len(launches), sorted({triton_sm90.kernel_name(kernel) for kernel, _, _ in launches}))
 """
-COMPILE_EVERY_LAUNCH = AS_ON_AN_H100 + """
-compiled = []
-T.launch = lambda kernel, grid, *args, **meta: compiled.append((kernel, kernel.warmup(*args, grid=grid, **meta)))
-for dtype in (torch.float32, torch.bfloat16, torch.float16):
-    for n in (64, 1000, 8192):  # the three kinds of norm tile: 64 rows of 64, 4 rows of 1024, one row of 8192
-        x, w = torch.randn(8, n, dtype=dtype, requires_grad=True), torch.randn(n, requires_grad=True)
-        outs = [kernels.gelu(x, form, impl="triton") for form in ("none", "tanh")]
-        outs += [kernels.bias_gelu(x, w.to(dtype), form, impl="triton") for form in ("none", "tanh")]
-        outs += [kernels.swiglu(x, x, impl="triton"), kernels.layer_norm(x, n, w, w, impl="triton"),
-                 kernels.layer_norm(x, n, w, impl="triton"), kernels.rms_norm(x, n, w, impl="triton")]
-        torch.autograd.grad(sum(o.float().sum() for o in outs), [x, w])
-assert all(c.asm["cubin"] for _, c in compiled)
-print(len(compiled), sorted({name(k) for k, _ in compiled}))
-"""
-TRACE_COMPILE = AS_ON_AN_H100 + """
+TRACE_COMPILE = """
+import logging, re, torch, triton_sm90
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch._higher_order_ops import triton_kernel_wrap
 import test_kernels_triton as t
 
+triton_sm90.as_on_an_h100()
 failed = []  # where torch cannot analyse a kernel it logs a warning from this module and assumes every argument written
+
 def note(record):
     if record.levelno >= logging.WARNING and record.pathname == triton_kernel_wrap.__file__:
         failed.append(record.getMessage())
@@ -308,20 +286,22 @@ compiled = torch.compile(t.step, backend=aot_autograd(fw_compiler=record, bw_com
                          dynamic=True)
 try:
     compiled(x, w, b).sum().backward()
-except AttributeError as exc:  # the stand-in driver cannot launch
+except AttributeError:  # the stand-in driver cannot launch
     pass
 assert not failed, failed
 for code in graphs:
     table = triton_kernel_wrap.kernel_side_table
-    kernels = [name(table.get_kernel(int(i))) for i in re.findall(r"kernel_idx = (\\d+)", code)]
+    kernels = [triton_sm90.kernel_name(table.get_kernel(int(i))) for i in re.findall(r"kernel_idx = (\\d+)", code)]
     print(sorted(kernels), re.findall(r"kprof\\.\\w+", code))
 """
 
 
 def as_on_an_h100(script: str) -> list[str]:
-    """Runs ``script`` in a child process without TRITON_INTERPRET (tests/ importable); its stdout lines."""
+    """Runs ``script`` in a child process without TRITON_INTERPRET (tests/ and benchmarks/ importable); its stdout
+    lines."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join([here, os.path.join(here, "..", "benchmarks"), env.get("PYTHONPATH", "")])
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default (FMA contraction); set, so it does not warn
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
