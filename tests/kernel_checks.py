@@ -13,6 +13,8 @@ import torch
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")])]
+# Where the Triton twins run in the tests: compiled on a GPU, else on the CPU in Triton's interpreter (conftest.py).
+TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
 @contextlib.contextmanager

@@ -24,13 +24,13 @@ from kprof_callbacks import kernels
 from kprof_callbacks.cli import main
 from kprof_callbacks.kernels import _triton
 
-from kernel_checks import (HAS_CUDA, assert_compiles_without_graph_breaks, operator_samples, poisoned_outputs,
-                           reference_grads)
+from kernel_checks import (HAS_CUDA, TRITON_DEVICE, assert_compiles_without_graph_breaks, operator_samples,
+                           poisoned_outputs, reference_grads)
 
 if sys.platform != "linux":  # the dev extra installs triton where Triton has wheels: Linux, CI's platform
     pytest.importorskip("triton", reason="Triton ships wheels for Linux only")
 
-DEVICE = "cuda" if HAS_CUDA else "cpu"
+DEVICE = TRITON_DEVICE
 DTYPES = [torch.float32, torch.bfloat16, torch.float16] if HAS_CUDA else [torch.float32]
 MODULES = ("gelu", "swiglu", "layernorm", "rmsnorm")
 ops = torch.ops.kprof

@@ -22,7 +22,7 @@ import kprof_callbacks as kprof
 from kprof_callbacks import kernels, models
 from kprof_callbacks.swap import swap
 
-from kernel_checks import DEVICES, HAS_CUDA
+from kernel_checks import DEVICES, HAS_CUDA, TRITON_DEVICE
 
 
 def small_model() -> nn.Module:
@@ -180,28 +180,35 @@ def test_swapped_layers_are_named_in_profiler_traces() -> None:
 
 
 # -- the GPT: torch.compile and bf16 autocast ------------------------------------------------------------------------
-def gpt_pair(device: str = "cpu") -> tuple[nn.Module, nn.Module]:
+def gpt_pair(device: str = "cpu", impl: str | None = None) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(0)
     model = models.GPT(models.tiny()).to(device)
-    return model, swap(model)
+    return model, swap(model, impl=impl)
+
+
+# The GPT tests run each kernel impl: the default (C++ on the CPU), and the Triton twins where they run.
+GPT_IMPLS = pytest.mark.parametrize(("impl", "device"), [(None, "cpu"), ("triton", TRITON_DEVICE)],
+                                    ids=["auto", "triton"])
 
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.grad for name, p in model.named_parameters()}
 
 
-def test_swapped_gpt_has_no_graph_break() -> None:
-    model, fast = gpt_pair()
+@GPT_IMPLS
+def test_swapped_gpt_has_no_graph_break(impl: str | None, device: str) -> None:
+    model, fast = gpt_pair(device, impl)
     assert len(fast.kprof_swap_report.swapped) == 2 * 2 + 1 + 2  # ln_1, ln_2 per block, ln_f, one GELU per block
-    idx, targets = models.random_batches(models.tiny(), 1, 2)[0]
+    idx, targets = models.random_batches(models.tiny(), 1, 2, device)[0]
     explained = torch._dynamo.explain(fast)(idx, targets)
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
 
 
-def test_compiled_swapped_gpt_matches_eager_fullgraph() -> None:
+@GPT_IMPLS
+def test_compiled_swapped_gpt_matches_eager_fullgraph(impl: str | None, device: str) -> None:
     """fullgraph=True (any break is an error); loss and every gradient equal eager's, through aot_eager."""
-    _, fast = gpt_pair()
-    idx, targets = models.random_batches(models.tiny(), 1, 3)[0]
+    _, fast = gpt_pair(device, impl)
+    idx, targets = models.random_batches(models.tiny(), 1, 3, device)[0]
     eager_loss = fast(idx, targets)
     eager_loss.backward()
     eager = {k: v.clone() for k, v in grads(fast).items()}
@@ -213,20 +220,23 @@ def test_compiled_swapped_gpt_matches_eager_fullgraph() -> None:
         torch.testing.assert_close(grad, eager[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_inductor_compiles_the_swapped_gpt() -> None:
-    """The custom operators are extern calls between inductor's generated kernels; results match eager."""
-    _, fast = gpt_pair()
-    idx, targets = models.random_batches(models.tiny(), 1, 2)[0]
+@GPT_IMPLS
+def test_inductor_compiles_the_swapped_gpt(impl: str | None, device: str) -> None:
+    """The custom operators are extern calls between inductor's generated kernels (on a GPU, inductor launches the
+    Triton twins' kernels itself); results match eager."""
+    _, fast = gpt_pair(device, impl)
+    idx, targets = models.random_batches(models.tiny(), 1, 2, device)[0]
     torch._dynamo.reset()
     loss = torch.compile(fast, fullgraph=True)(idx, targets)
     torch.testing.assert_close(loss, fast(idx, targets), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_swapped_gpt_matches_torch_under_bf16_autocast(device: str) -> None:
+@pytest.mark.parametrize(("impl", "device"), [(None, "cpu"), pytest.param(None, "cuda", marks=DEVICES[1].marks),
+                                              ("triton", TRITON_DEVICE)], ids=["auto-cpu", "auto-cuda", "triton"])
+def test_swapped_gpt_matches_torch_under_bf16_autocast(impl: str | None, device: str) -> None:
     """A bf16 autocast training step: the swapped model's loss and gradients equal the torch model's to bf16 noise,
     eager and compiled, and the kprof layers return the dtypes torch's layers return."""
-    model, fast = gpt_pair(device)
+    model, fast = gpt_pair(device, impl)
     idx, targets = models.random_batches(models.tiny(), 1, 4, device)[0]
     dtypes: dict[str, dict[str, torch.dtype]] = {"torch": {}, "kprof": {}}
 
