@@ -8,7 +8,6 @@ import functools
 import html
 import http.server
 import json
-import os
 import re
 import shutil
 import threading
@@ -243,8 +242,8 @@ document.body.dataset.result = JSON.stringify(out);
 def harness(tb, tmp_path):
     """The tab's page on a local server of its own, its plugin requests answered by the real TensorBoard: a page
     script can then drive the form."""
-    for name in os.listdir(STATIC):
-        shutil.copy(STATIC / name, tmp_path / name)
+    for path in STATIC.iterdir():
+        shutil.copy(path, tmp_path / path.name)
     (tmp_path / "harness.html").write_text(HARNESS)
 
     class Handler(http.server.SimpleHTTPRequestHandler):
@@ -275,4 +274,5 @@ def test_the_form_picks_runs_and_steps_and_swaps_them(tb, harness, logdir, chrom
     other = next(r["run"] for r in tb.get_json(PLUGIN + "runs")["runs"] if r["run"] != "steps")
     assert out["before"] == ["steps", other, False]  # A from the view, B the first other run, nothing diffed yet
     assert out["view"] == out["hash"] == "diff=a=steps&b=steps&a_steps=10-13&b_steps=14-17"
-    assert out["headline"] == kprof.diff(f"{logdir / 'steps'}@steps=10-13", f"{logdir / 'steps'}@steps=14-17").headline()
+    run = logdir / "steps"
+    assert out["headline"] == kprof.diff(f"{run}@steps=10-13", f"{run}@steps=14-17").headline()

@@ -46,8 +46,8 @@ def tb(tmp_path_factory, group_leftovers):
     (run / "host_1.200.pt.trace.json").symlink_to(outside / "secret.pt.trace.json")
     (run / "host_1.300.pt.trace.json.gz").symlink_to(run / TRACE)  # a link that stays inside: served
     (run / "host_1.memory_snapshot.pickle").symlink_to(outside / "secret.pt.trace.json")
-    (outside / "valid.pt.trace.json").write_bytes(_trace_with(lambda e: e.update(name=SECRET) if e.get("cat") == "cpu_op"
-                                                          else None))
+    secret_ops = _trace_with(lambda e: e.update(name=SECRET) if e.get("cat") == "cpu_op" else None)
+    (outside / "valid.pt.trace.json").write_bytes(secret_ops)  # a trace a link leads to: never read
     leaky = logdir / "leaky"
     leaky.mkdir()
     shutil.copy(FIXTURE, leaky / TRACE)
