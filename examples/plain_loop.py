@@ -48,6 +48,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = TinyLM().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    flops = 6 * sum(p.numel() for p in model.parameters()) * BATCH * CONTEXT  # forward + backward, per step
     with kprof.session("log", run="plain-loop", wait=3, warmup=2, active=5, repeat=2, record_shapes=True) as s:
         for step, (x, y) in enumerate(batches(device)):
             with s.region("forward"):
@@ -57,7 +58,7 @@ def main() -> None:
             with s.region("optimizer"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            s.step(samples=BATCH)
+            s.step(samples=BATCH, flops=flops)  # throughput, and TFLOP/s / MFU in the summary
             if step % 10 == 0:
                 print(f"step {step:3d}  loss {loss.item():.3f}")
     print(f"\nmedian step {sorted(s.step_times)[len(s.step_times) // 2] * 1e3:.2f} ms on {device}")

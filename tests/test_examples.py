@@ -46,3 +46,12 @@ def test_diff_runs_names_what_autocast_changed(tmp_path):
     assert "kprof diff: B against A" in out and "Step time:" in out
     assert "ToCopyBackward0" in out and " new" in out  # bf16 autocast adds casts and their backward
     assert (tmp_path / "log" / "diff.html").exists()
+
+
+def test_lightning_gpt_swaps_its_layers_and_reports_throughput(tmp_path):
+    """SwapCallback + ProfilerCallback(flops_per_batch=) on the GPT: kprof's layers train, TFLOP/s is reported."""
+    out = _run([sys.executable, str(EXAMPLES / "lightning_gpt.py"), "--root", str(tmp_path), "--steps", "20"],
+               tmp_path)
+    assert out.rstrip().endswith("layers: kprof_callbacks.kernels.layernorm")
+    assert "TFLOP/s (median over steps 0-19, from the FLOPs the program gave per step)" in out
+    assert list((tmp_path / "lightning_logs" / "version_0" / "kprof" / "train").glob("*.pt.trace.json"))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import kprof_callbacks as kprof
 from kprof_callbacks.tensorboard.launch import TensorBoardServer
 
 PLUGIN = "data/plugin/kprof/"
@@ -45,6 +46,12 @@ def tb(tmp_path_factory, group_leftovers):
     (run / "host_1.200.pt.trace.json").symlink_to(outside / "secret.pt.trace.json")
     (run / "host_1.300.pt.trace.json.gz").symlink_to(run / TRACE)  # a link that stays inside: served
     (run / "host_1.memory_snapshot.pickle").symlink_to(outside / "secret.pt.trace.json")
+    secret_ops = _trace_with(lambda e: e.update(name=SECRET) if e.get("cat") == "cpu_op" else None)
+    (outside / "valid.pt.trace.json").write_bytes(secret_ops)  # a trace a link leads to: never read
+    leaky = logdir / "leaky"
+    leaky.mkdir()
+    shutil.copy(FIXTURE, leaky / TRACE)
+    (leaky / "host_1.500.pt.trace.json").symlink_to(outside / "valid.pt.trace.json")
     linked = logdir / "linked"
     linked.mkdir()
     (linked / "compare.json").symlink_to(outside / "compare.json")
@@ -101,6 +108,14 @@ def test_summary_names_links_out_of_the_logdir_and_reads_nothing_there(tb):
     assert SECRET not in json.dumps(data)
 
 
+def test_diff_reads_no_trace_outside_the_logdir(tb):
+    code, body = _status(tb, "diff", a="run", b="leaky")
+    assert code == 200 and SECRET not in body
+    assert json.loads(body)["diff"]["b"]["samples"] == len(kprof.summarize(FIXTURE).per_step.steps)  # the inside file
+    read_all = kprof.diff(Path(tb.logdir) / "run", Path(tb.logdir) / "leaky").to_dict()  # what following it shows
+    assert SECRET in json.dumps(read_all)
+
+
 def test_compare_json_link_leading_out_of_the_logdir_is_refused(tb):
     code, body = _status(tb, "compare", dir="linked")
     assert code in (403, 404) and SECRET not in body
@@ -133,11 +148,24 @@ def test_malformed_compare_json_is_a_4xx_with_a_message(tb, name):
     ("trace", {"run": "run", "file": "f" * 300}),
     ("timeline", {"run": "run", "file": TRACE, "step": "x"}),
     ("timeline", {"run": "run", "file": TRACE, "step": "9" * 40}),
+    ("diff", {"a": "run", "b": "ru\0n"}),
+    ("diff", {"a": "r" * 5000, "b": "run"}),
+    ("diff", {"a": "run", "b": "run", "a_steps": "9" * 5000}),
+    ("diff", {"a": "run", "b": "run", "b_steps": "1-" + "9" * 40}),
+    ("diff", {"a": "run", "b": "linked"}),
 ])
 def test_nul_bytes_long_names_and_bad_numbers_are_4xx_with_a_message(tb, route, params):
     code, body = _status(tb, route, **params)
     assert 400 <= code < 500, (code, body)
     assert body.strip()
+
+
+@pytest.mark.parametrize("a, b", [("crash", "run"), ("run", "crash")])
+def test_diff_of_traces_that_cannot_be_analyzed_is_not_500(tb, a, b):
+    """The files that can be read are diffed; `crash` also holds steps of 0 us (a speedup of 0 or infinity)."""
+    code, body = _status(tb, "diff", a=a, b=b)
+    assert code == 200, body
+    assert json.loads(body)["diff"]["step_time"]["verdict"]
 
 
 def test_traces_that_cannot_be_analyzed_are_problems_not_500(tb):

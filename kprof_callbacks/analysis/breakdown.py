@@ -42,6 +42,9 @@ KIND_COLORS = {
 }
 """Timeline colours by event kind (`slices.KINDS`): host operators in the host-only orange, kernels in GPU blue."""
 
+CHANGE_COLORS = {"increased": "#e15759", "decreased": "#59a14f"}
+"""A diff's rows that grew (red) and shrank (green): the HTML report's bars and the tab's."""
+
 
 def other_us(step: StepStats) -> float:
     """The wall time that is neither GPU busy nor host only."""
@@ -55,4 +58,5 @@ def value(part: Part, step: StepStats) -> float:
 
 def legend() -> dict[str, Any]:
     """Everything above as JSON, for the kprof tab."""
-    return {"parts": [dataclasses.asdict(p) for p in PARTS], "columns": COLUMNS, "kinds": KIND_COLORS}
+    return {"parts": [dataclasses.asdict(p) for p in PARTS], "columns": COLUMNS, "kinds": KIND_COLORS,
+            "changes": CHANGE_COLORS}

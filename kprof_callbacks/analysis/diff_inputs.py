@@ -11,8 +11,8 @@ from . import fmt, perstep
 from .perstep import PerStep
 from .summary import Summary, summarize
 
-Source = str | os.PathLike | Summary
 SELECTION = re.compile(r"^(?P<path>.*)@steps=(?P<spec>[^@/]*)$")
+MAX_STEPS = 100_000  # in one selection: more than any trace holds; a typo such as 2-2000000000 fails at once
 
 
 def parse_steps(spec: str) -> list[int]:
@@ -25,6 +25,8 @@ def parse_steps(spec: str) -> list[int]:
         lo, hi = int(match[1]), int(match[2] or match[1])
         if hi < lo:
             raise ValueError(f"bad step range {part!r} in {spec!r}: the end is before the start")
+        if len(steps) + hi - lo >= MAX_STEPS:
+            raise ValueError(f"bad step selection {spec[:80]!r}: more than {MAX_STEPS:,} steps")
         steps.update(range(lo, hi + 1))
     return sorted(steps)
 
@@ -39,8 +41,13 @@ class Input:
     summary: Summary | None = None
 
 
+Source = str | os.PathLike | Summary | Input  # an Input: a Summary and its picked steps (the kprof tab's sides)
+
+
 def _parse(x: Source, label: str) -> Input:
     """Check one side's argument and split off its step selection (no file is read here)."""
+    if isinstance(x, Input):
+        return x
     if isinstance(x, Summary):
         return Input(x.name, None, None, x)
     if not isinstance(x, (str, os.PathLike)):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .. import stats
 from . import fmt
+from .breakdown import CHANGE_COLORS
 from .fmt import clip
 from .html import page, table
 from .report import NAME_WIDTH, Table, text_table
@@ -146,9 +147,10 @@ def _signed_bars(rows: Sequence[Change], width: int = 900) -> str:
         label = f"{_signed(c.change, fmt.duration)} ({c.verdict})"
         tx = centre + w + 4 if c.change > 0 else centre - w - 4
         anchor = "start" if c.change > 0 else "end"
+        color = CHANGE_COLORS["increased" if c.change > 0 else "decreased"]
         out.append(f'<text x="0" y="{y + 13}" font-size="12">{escape(fmt.row_label(c.kind, c.name, 48))}</text>'
                    f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row - 4}" '
-                   f'fill="{"#e15759" if c.change > 0 else "#59a14f"}"><title>{escape(c.name)}: {escape(label)}</title>'
+                   f'fill="{color}"><title>{escape(c.name)}: {escape(label)}</title>'
                    f'</rect><text x="{tx:.1f}" y="{y + 13}" font-size="12" text-anchor="{anchor}">'
                    f"{escape(_signed(c.change, fmt.duration))}</text>")
     return "".join(out) + "</svg>"

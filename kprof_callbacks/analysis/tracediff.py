@@ -261,9 +261,10 @@ def _few_steps(walls: list[np.ndarray]) -> list[str]:
 def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: float = 0.02, seed: int = 0) -> Diff:
     """Compare B with A: step time, every operator, label, GPU activity and count per step, and the findings.
 
-    `a` and `b` are run folders, trace files, `PATH@steps=SPEC` selections (`log/run@steps=2-4,7`), or
-    Summaries. `confidence` sets the intervals and the false discovery rate (1 - confidence); changes under
-    `noise_threshold` (a fraction of A's value) are never significant; `seed` makes the bootstrap repeatable.
+    `a` and `b` are run folders, trace files, `PATH@steps=SPEC` selections (`log/run@steps=2-4,7`), Summaries,
+    or `diff_inputs.Input`s (a Summary and its steps: the kprof tab summarizes runs itself). `confidence` sets
+    the intervals and the false discovery rate (1 - confidence); changes under `noise_threshold` (a fraction of
+    A's value) are never significant; `seed` makes the bootstrap repeatable.
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence!r}")

@@ -78,11 +78,11 @@ def _mfu_findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
     peak = _peak(series)
     if not mfu or peak is None:
         return [Diagnostic("mfu", "info", (
-            f"Achieved {tflops:.1f} TFLOP/s ({span}, from the FLOPs the program gave per step). No MFU: the device "
+            f"Achieved {tflops:.3g} TFLOP/s ({span}, from the FLOPs the program gave per step). No MFU: the device "
             "is not in kprof's table of dense peaks; pass peak_tflops= (and mfu_dtype=) to kprof.session."))]
     share = float(np.median(np.concatenate(mfu)))
     return [Diagnostic("mfu", "info", (
-        f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.1f} TFLOP/s achieved of a dense peak of "
+        f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.3g} TFLOP/s achieved of a dense peak of "
         f"{peak:.1f} TFLOP/s (from the FLOPs the program gave per step; dense, not the sparse datasheet figure)."))]
 
 

@@ -1,8 +1,10 @@
-"""The "kprof" TensorBoard tab: run summaries, step time over the run, a timeline, comparisons, raw trace downloads.
+"""The "kprof" TensorBoard tab: run summaries, step time over the run, a timeline, comparisons, diffs of two runs,
+raw trace downloads.
 
 TensorBoard finds `KprofPlugin` through this package's `tensorboard_plugins` entry point and serves its
 routes under `data/plugin/kprof/`. Summaries come from `kprof.summarize` on the trace files on disk,
-cached per run until its files change; the timeline serves one step of one trace file at a time from a decoded
+cached per run until its files change; a diff is `kprof.diff` of two such summaries, cached until either run's
+files change; the timeline serves one step of one trace file at a time from a decoded
 copy of the file, cached until it changes; step time comes from the `kprof/step_time_ms` scalars through
 TensorBoard's own data provider. The frontend is plain ES modules (static/*.js) in the tab's iframe.
 """
@@ -26,36 +28,56 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from werkzeug import wrappers
 
 from .. import layout
-from ..analysis import breakdown
+from ..analysis import breakdown, diff_report, fmt
+from ..analysis.diff_inputs import Input, parse_steps
 from ..analysis.reader import TraceError
 from ..analysis.slices import TraceSlices, median_step
-from ..analysis.summary import summarize_contents
+from ..analysis.summary import Summary, summarize_contents
+from ..analysis.tracediff import Diff, diff
 from . import logdir
 from .cache import FileCache
 
 PLUGIN_NAME = "kprof"
 STATIC = Path(__file__).parent / "static"
-_STATIC_TYPES = {"index.js": "text/javascript", "charts.js": "text/javascript", "timeline.js": "text/javascript",
+_STATIC_TYPES = {**{f"{name}.js": "text/javascript" for name in ("index", "dom", "charts", "timeline", "diff")},
                  "style.css": "text/css"}
 _MAX_POINTS = 10_000  # step-time points per run: TensorBoard keeps fewer by default, so this means "all it has"
 _JSON = "application/json"
 _OUTSIDE = "a link to a file outside the logdir: not read"
 _DECODED_TRACES = 4  # decoded trace files kept for the timeline: 49 bytes per event, ~7 MB for a 50 MB trace
+_DIFFS = 16  # diffs kept, ~0.4 KB of JSON per row: under 1 MB each for 2,000 operators and kernels
 
 
-def summarize_run(run: logdir.RunFiles) -> dict[str, Any]:
-    """`summarize` of the run's files (`to_dict()`), its problems as (file name, reason) pairs for the page, when it
-    was made (`summarized_at`, epoch seconds) and how long it took (`seconds`): a client tells fresh from stored."""
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """A run summarized: its Summary (None when no file could be read), for diffs, and what `/summary` serves."""
+
+    summary: Summary | None
+    body: dict[str, Any]
+
+
+def summarize_run(run: logdir.RunFiles) -> RunSummary:
+    """`summarize` of the run's files; the body has its `to_dict()`, its problems as (file name, reason) pairs for
+    the page, when it was made (`summarized_at`, epoch seconds) and how long it took (`seconds`): a client tells
+    fresh from stored."""
     start = time.perf_counter()
     outside = [{"file": name, "problem": _OUTSIDE} for name in run.outside]
     try:
         summary = summarize_contents(run.folder.name, run.contents())
     except ValueError as exc:  # not one readable trace file: the message names each file and why
-        result = {"summary": None, "error": str(exc), "problems": outside}
+        summary, result = None, {"summary": None, "error": str(exc), "problems": outside}
     else:
         problems = [{"file": p.path.name, "problem": p.reason} for p in summary.problems]
         result = {"summary": summary.to_dict(), "error": None, "problems": problems + outside}
-    return dict(result, summarized_at=time.time(), seconds=time.perf_counter() - start)
+    return RunSummary(summary, dict(result, summarized_at=time.time(), seconds=time.perf_counter() - start))
+
+
+def diff_body(d: Diff) -> dict[str, Any]:
+    """A diff for the page: `to_dict()`, the headline, each row's name as the reports show it (parallel to
+    `changes`) and the reports' tables (title, kinds, whether its rows are times or counts)."""
+    groups = [{"title": title, "kinds": list(kinds), "value": value} for title, kinds, value in diff_report.GROUPS]
+    names = [fmt.row_name(c.kind, c.name) for c in d.changes]
+    return {"diff": d.to_dict(), "headline": d.headline(), "names": names, "groups": groups}
 
 
 def read_comparison(path: Path) -> dict[str, Any]:
@@ -86,7 +108,8 @@ class KprofPlugin(base_plugin.TBPlugin):
         # No logdir with --logdir_spec; a remote logdir (gs://...) is not a folder here and shows no runs.
         self._logdir = Path(context.logdir).expanduser().resolve() if context.logdir else None
         self._provider = context.data_provider
-        self._summaries: FileCache[dict[str, Any]] = FileCache(64)
+        self._summaries: FileCache[RunSummary] = FileCache(64)
+        self._diffs: FileCache[dict[str, Any]] = FileCache(_DIFFS)
         self._traces: FileCache[TraceSlices] = FileCache(_DECODED_TRACES)
 
     def is_active(self) -> bool:
@@ -105,6 +128,7 @@ class KprofPlugin(base_plugin.TBPlugin):
             "/compare": self._compare_route,
             "/trace": self._trace_route,
             "/timeline": self._timeline_route,
+            "/diff": self._diff_route,
         })
         return apps
 
@@ -136,8 +160,8 @@ class KprofPlugin(base_plugin.TBPlugin):
     def _summary_route(self, request: werkzeug.Request) -> werkzeug.Response:
         """The run's Summary (`to_dict()`), per-file problems, and its files; re-summarized only when they change."""
         run = self._run(request)
-        result = self._summaries.get(run.name, run.fingerprint, lambda: summarize_run(run))
-        return http_util.Respond(request, dict(result, run=run.name, files=run.to_dict()), _JSON)
+        body = self._summary(run).body
+        return http_util.Respond(request, dict(body, run=run.name, files=run.to_dict()), _JSON)
 
     @wrappers.Request.application
     def _steptime_route(self, request: werkzeug.Request) -> werkzeug.Response:
@@ -206,7 +230,35 @@ class KprofPlugin(base_plugin.TBPlugin):
         body = dict(piece.to_dict(), run=run.name, steps=[dataclasses.asdict(w) for w in windows])
         return http_util.Respond(request, msgspec.json.encode(body), _JSON)
 
+    @wrappers.Request.application
+    def _diff_route(self, request: werkzeug.Request) -> werkzeug.Response:
+        """`kprof.diff` of run `b` against run `a` (each optionally `a_steps`/`b_steps`: `2-4,7`), see `diff_body`;
+        computed again only when either run's files change."""
+        sides = [(self._run(request, side), _selection(request, side)) for side in "ab"]
+        key = tuple((run.name, steps and tuple(steps)) for run, steps in sides)
+        try:
+            body = self._diffs.get(key, tuple(run.fingerprint for run, _ in sides), lambda: self._diff(sides))
+        except ValueError as exc:  # a run with no readable trace, steps it does not hold, overlapping selections
+            return _unprocessable(request, str(exc))
+        return http_util.Respond(request, body, _JSON)
+
+    def _diff(self, sides: list[tuple[logdir.RunFiles, list[int] | None]]) -> dict[str, Any]:
+        """`diff_body` of the two sides, with when it was made (`computed_at`) and how long it took (`seconds`)."""
+        start = time.perf_counter()
+        inputs = []
+        for run, steps in sides:
+            summarized = self._summary(run)
+            if summarized.summary is None:
+                raise ValueError(f"run {run.name!r}: {summarized.body['error']}")
+            source = f"{run.name}@steps={fmt.ranges(steps)}" if steps else run.name
+            inputs.append(Input(source, None, steps, summarized.summary))
+        body = diff_body(diff(*inputs))
+        return dict(body, computed_at=time.time(), seconds=time.perf_counter() - start)
+
     # -- request helpers ---------------------------------------------------------------------------------------
+    def _summary(self, run: logdir.RunFiles) -> RunSummary:
+        return self._summaries.get(run.name, run.fingerprint, lambda: summarize_run(run))
+
     def _folder(self, name: str) -> Path:
         try:
             folder = logdir.inside(self._logdir, name) if self._logdir else None
@@ -216,10 +268,10 @@ class KprofPlugin(base_plugin.TBPlugin):
             raise errors.NotFoundError(f"no folder {name!r} in the logdir")
         return folder
 
-    def _run(self, request: werkzeug.Request) -> logdir.RunFiles:
-        name = request.args.get("run")
+    def _run(self, request: werkzeug.Request, param: str = "run") -> logdir.RunFiles:
+        name = request.args.get(param)
         if not name:
-            raise errors.InvalidArgumentError("missing ?run=")
+            raise errors.InvalidArgumentError(f"missing ?{param}=")
         run = logdir.run_files(self._logdir, self._folder(name))
         if run is None:
             raise errors.NotFoundError(f"no trace files in run {name!r}")
@@ -242,6 +294,15 @@ def _step_number(text: str) -> int:
     if not text.lstrip("-").isdecimal() or len(text) > 18:  # beyond 18 digits it would not fit the trace's int64
         raise errors.InvalidArgumentError(f"step must be a step number, got {text[:40]!r}")
     return int(text)
+
+
+def _selection(request: werkzeug.Request, side: str) -> list[int] | None:
+    """``?a_steps=`` (or ``b_steps``) as step numbers, None when absent or empty (every step); 400 when malformed."""
+    spec = request.args.get(f"{side}_steps", "").strip()
+    try:
+        return parse_steps(spec) if spec else None
+    except ValueError as exc:
+        raise errors.InvalidArgumentError(f"{side}_steps: {exc}") from exc
 
 
 def _unprocessable(request: werkzeug.Request, message: str) -> werkzeug.Response:

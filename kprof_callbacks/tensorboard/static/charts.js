@@ -197,3 +197,30 @@ export function rangeBars(items, unit = 'ms') {
   });
   return chart;
 }
+
+/**
+ * Signed changes from a centre line, one row each: increases to the right in `colors.increased`, decreases to the
+ * left in `colors.decreased`, on one scale, each labelled with its value as `format` writes it. `items` are
+ * {label, value, title}.
+ */
+export function changeBars(items, colors, format) {
+  const row = 22, left = 320, right = 20, top = 4, room = 80; // room: for the value beside the longest bar
+  const width = pageWidth();
+  const height = 2 * top + items.length * row;
+  const chart = frame(width, height, `${items.length} changes`);
+  const max = Math.max(...items.map((it) => Math.abs(it.value))) || 1;
+  const half = (width - left - right) / 2;
+  const centre = left + half;
+  chart.append(svg('line', {x1: centre, x2: centre, y1: 0, y2: height, class: 'axis'}));
+  items.forEach((it, i) => {
+    const y = top + i * row, up = it.value > 0;
+    const w = Math.max(1, ((half - room) * Math.abs(it.value)) / max);
+    chart.append(svg('text', {x: left - 8, y: y + 15, class: 'tick', 'text-anchor': 'end'}, it.label));
+    chart.append(svg('rect', {x: up ? centre : centre - w, y: y + 4, width: w, height: row - 8,
+      fill: colors[up ? 'increased' : 'decreased'], class: up ? 'increased' : 'decreased'},
+    svg('title', {}, it.title)));
+    chart.append(svg('text', {x: up ? centre + w + 4 : centre - w - 4, y: y + 15, class: 'tick value',
+      'text-anchor': up ? 'start' : 'end'}, `${up ? '+' : '−'}${format(Math.abs(it.value))}`));
+  });
+  return chart;
+}

@@ -2,62 +2,13 @@
 // goes to this plugin's routes (relative URLs under data/plugin/kprof/), nothing to the network.
 
 import {lineChart, median, num, rangeBars, stackedBars} from './charts.js';
+import {diffPage, diffView} from './diff.js';
+import {getJSON, h, mb, ms, note, pct, query, section, shorten, table, windowsOf} from './dom.js';
 import {timelineView} from './timeline.js';
 
-const TOP = 15;
 const SLOW = 3; // a step slower than this times the median is marked slow (the slow-step trigger's default)
 const state = {runs: [], comparisons: [], logdir: '', view: null, legend: null};
-
-/** An HTML element with attributes (`on*` are listeners) and children (strings become text, never HTML). */
-function h(tag, attrs = {}, ...children) {
-  const el = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (value === null || value === undefined || value === false) continue;
-    if (key.startsWith('on')) el.addEventListener(key.slice(2), value);
-    else el.setAttribute(key, value === true ? '' : value);
-  }
-  for (const child of children.flat(Infinity)) {
-    if (child !== null && child !== undefined && child !== false) el.append(child instanceof Node ? child : String(child));
-  }
-  return el;
-}
-
-async function getJSON(url) {
-  const response = await fetch(url);
-  if (!response.ok) throw new Error(`${url}: ${response.status} ${(await response.text()).trim()}`);
-  return response.json();
-}
-
-const query = (params) => new URLSearchParams(params).toString();
-const ms = (us) => `${num(us / 1000)} ms`;
-const pct = (share) => `${(100 * share).toFixed(1)}%`;
-const mb = (bytes) => `${num(bytes / 2 ** 20)} MB`;
-const shorten = (text, max = 140) => (text.length > max ? `${text.slice(0, max - 1)}…` : text);
-
-function section(title, ...body) {
-  return h('section', {}, h('h2', {}, title), ...body);
-}
-
-function note(text, cls = 'note') {
-  return h('p', {class: cls}, text);
-}
-
-/**
- * A table of `rows` (at most `limit`); `columns` are {label, get, fmt, cls, title}. Columns whose values
- * are all zero are left out unless `keep` is set (GPU columns on a CPU run say nothing). A `compact`
- * table is only as wide as its numbers.
- */
-function table(columns, rows, limit = TOP, cls = null) {
-  const shown = columns.filter((c) => c.keep || rows.some((r) => c.get(r)));
-  const body = rows.slice(0, limit).map((r) => h('tr', {}, shown.map((c) => {
-    const value = c.get(r);
-    const text = c.fmt ? c.fmt(value) : String(value ?? '');
-    return h('td', {class: c.cls || (c.fmt ? 'num' : 'name'), title: c.title ? c.title(r) : null}, text);
-  })));
-  const head = h('tr', {}, shown.map((c) => h('th', {class: c.fmt ? 'num' : 'name'}, c.label)));
-  const more = rows.length > limit ? note(`Top ${limit} of ${rows.length}.`) : null;
-  return [h('table', {class: cls}, h('thead', {}, head), h('tbody', {}, body)), more];
-}
+const DIFF = 'diff='; // the picker's value for every diff view (the view itself says which runs)
 
 // -- page skeleton ------------------------------------------------------------------------------------------
 const picker = h('select', {id: 'picker', 'aria-label': 'run', onchange: () => select(picker.value)});
@@ -103,10 +54,12 @@ async function load() {
   }
   options.push(h('optgroup', {label: 'Runs'},
     state.runs.map((r) => h('option', {value: `run=${r.run}`}, `${r.run}  (${r.traces.length} trace${r.traces.length === 1 ? '' : 's'}, ${mb(r.bytes)})`))));
+  if (state.runs.length) options.push(h('optgroup', {label: 'Diff'}, h('option', {value: DIFF}, 'diff: two runs…')));
   picker.replaceChildren(...options);
   const wanted = state.view || decodeURIComponent(location.hash.slice(1));
   const values = [...picker.querySelectorAll('option')].map((o) => o.value);
-  await select(values.includes(wanted) ? wanted : latestView());
+  const known = values.includes(wanted) || (state.runs.length && wanted.startsWith(DIFF));
+  await select(known ? wanted : latestView());
 }
 
 /** The run or comparison written last: after `kprof.compare` that is the comparison, else the newest run. */
@@ -118,15 +71,28 @@ function latestView() {
   return items.reduce((a, b) => (b.modified > a.modified ? b : a)).view;
 }
 
+/** A link that opens `view` in this page (the #hash alone would not: the page is not told of hash changes). */
+function viewLink(view, text) {
+  return h('a', {href: `#${encodeURIComponent(view)}`, onclick: (e) => {
+    e.preventDefault();
+    select(view);
+  }}, text);
+}
+
 async function select(view) {
   state.view = view;
-  picker.value = view;
+  const [kind, name] = [view.slice(0, view.indexOf('=')), view.slice(view.indexOf('=') + 1)];
+  picker.value = kind === 'diff' ? DIFF : view;
   main.dataset.view = view;
   history.replaceState(null, '', `#${encodeURIComponent(view)}`);
-  const [kind, name] = [view.slice(0, view.indexOf('=')), view.slice(view.indexOf('=') + 1)];
-  status.textContent = `Loading ${name}…`;
+  status.textContent = `Loading ${kind === 'diff' ? 'the diff' : name}…`;
+  const pages = {
+    run: runPage,
+    compare: comparePage,
+    diff: (q) => diffPage(new URLSearchParams(q), {runs: state.runs, legend: state.legend, go: select}),
+  };
   try {
-    main.replaceChildren(...(kind === 'compare' ? await comparePage(name) : await runPage(name)));
+    main.replaceChildren(...(await pages[kind](name)).flat().filter(Boolean));
   } catch (err) {
     main.replaceChildren(note(`Could not load ${name}: ${err.message}`, 'error'));
   }
@@ -163,7 +129,8 @@ async function runPage(name) {
   const when = new Date(data.summarized_at * 1000).toLocaleTimeString();
   const parts = [
     h('p', {class: 'meta'}, `${files.traces.length} trace file${files.traces.length === 1 ? '' : 's'}, ${mb(files.bytes)}; `
-      + `summarized in ${num(data.seconds)} s at ${when}` + (s && s.ranks.length > 1 ? `; ${s.ranks.length} ranks` : '')),
+      + `summarized in ${num(data.seconds)} s at ${when}` + (s && s.ranks.length > 1 ? `; ${s.ranks.length} ranks` : '')
+      + '; ', viewLink(diffView({a: name}), 'diff it against another run')),
   ];
   if (data.error) parts.push(note(data.error, 'error'));
   if (data.problems.length) parts.push(problemsSection(data.problems));
@@ -201,25 +168,11 @@ function diagnosticsSection(diagnostics) {
   return section('Findings', body);
 }
 
-/** Consecutive runs of step numbers, as [[first, last], ...]: the profiled windows. */
-function windowsOf(numbers) {
-  const sorted = [...new Set(numbers)].filter((n) => n >= 0).sort((a, b) => a - b);
-  const out = [];
-  for (const n of sorted) {
-    if (out.length && n === out[out.length - 1][1] + 1) out[out.length - 1][1] = n;
-    else out.push([n, n]);
-  }
-  return out;
-}
-
 function stepTimeSection(points, profiledSteps, comparison) {
   if (!points.length) {
     const why = comparison
       ? [`kprof.compare writes no step-time scalars; the step times of its variants are in the comparison `,
-        h('a', {href: `#compare=${encodeURIComponent(comparison)}`, onclick: (e) => {
-          e.preventDefault();
-          select(`compare=${comparison}`);
-        }}, comparison === '.' ? 'of the logdir' : comparison), '.']
+        viewLink(`compare=${comparison}`, comparison === '.' ? 'of the logdir' : comparison), '.']
       : ['No kprof/step_time_ms scalars for this run yet: the session writes them every 50 steps and at exit, and '
         + 'TensorBoard picks them up on its next reload (a few seconds).'];
     return section('Step time over the run', h('p', {class: 'note'}, ...why));
@@ -420,12 +373,7 @@ async function comparePage(dir) {
     if (v.check_ok) return `ok (max rel err ${v.check_max_rel_err.toExponential(1)})`;
     return `FAILED at ${v.check_worst} (tol ${v.check_tol.toExponential(0)})`;
   };
-  const runLink = (v) => (data.runs[v.name]
-    ? h('a', {href: `#run=${encodeURIComponent(data.runs[v.name])}`, onclick: (e) => {
-      e.preventDefault();
-      select(`run=${data.runs[v.name]}`);
-    }}, v.name)
-    : v.name);
+  const runLink = (v) => (data.runs[v.name] ? viewLink(`run=${data.runs[v.name]}`, v.name) : v.name);
   const rows = variants.map((v) => h('tr', {class: v.status === 'ok' ? '' : 'failed'},
     h('td', {class: 'name'}, runLink(v)),
     h('td', {class: 'num'}, v.median_ms === null ? '–' : `${num(v.median_ms)} ms`),
@@ -454,8 +402,18 @@ async function comparePage(dir) {
     variants.some((v) => v.trace_diff) ? [h('h3', {}, `In the traces, against ${c.baseline} (kprof diff)`),
       h('ul', {class: 'files', id: 'trace-diff'}, variants.filter((v) => v.trace_diff).map((v) =>
         h('li', {}, h('code', {}, v.name), `: ${v.trace_diff}`)))] : null,
+    diffLinks(variants, data.runs),
     errors.length ? h('ul', {class: 'problems'}, errors) : null,
     note(`Versions: ${versions}. Click a variant to open its profiled run.`))];
+}
+
+/** Links to the diff of the first variant's run against each other variant's run (those that were profiled). */
+function diffLinks(variants, runs) {
+  const [first, ...others] = variants.filter((v) => runs[v.name]);
+  if (!first || !others.length) return null;
+  const links = others.map((v) => viewLink(diffView({a: runs[first.name], b: runs[v.name]}), v.name));
+  return h('p', {id: 'diff-links'}, `The whole diff of each against ${first.name}: `,
+    links.flatMap((link, i) => (i ? [', ', link] : [link])), '.');
 }
 
 /**
