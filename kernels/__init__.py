@@ -1,9 +1,11 @@
-"""Custom layers with CUDA and C++ CPU kernels, importable as ``kprof_callbacks.kernels``.
+"""Custom layers with CUDA and C++ CPU kernels, and Triton twins, importable as ``kprof_callbacks.kernels``.
 
 Each op is a registered PyTorch operator, ``torch.ops.kprof.<op>`` (``<op>.cu`` holds the CUDA kernels, ``<op>.cpp``
 the CPU kernels, autograd, autocast and the registration), with a functional form and an ``nn.Module`` with
 ``from_module``. Nothing is compiled at import: each extension is built (or loaded from the cache) when a layer
-is constructed or a functional form first runs.
+is constructed or a functional form first runs. GELU, bias + GELU, LayerNorm, RMSNorm and SwiGLU also have Triton
+kernels (``<op>_triton.py``, operators ``torch.ops.kprof.triton_<op>``), chosen with ``impl="triton"`` and loaded
+(with triton, an optional extra) the same way.
 
 The functions ``square``, ``add`` and ``gelu`` share their names with the modules defining them; the
 functions win here, and ``importlib.import_module("kprof_callbacks.kernels.gelu")`` reaches a module.
@@ -27,8 +29,8 @@ _LAZY = {
     "rms_norm": "rmsnorm", "RMSNorm": "rmsnorm",
 }
 
-__all__ = ["IMPLS", "KernelBuildError", "check_impl", "load", "load_inline", "Add", "add", "GELU", "BiasGELU", "LinearGELU", "bias_gelu",
-           "gelu", "Square", "square", "SwiGLU", "SwiGLUMLP", "swiglu", *_LAZY]
+__all__ = ["IMPLS", "KernelBuildError", "check_impl", "load", "load_inline", "Add", "add", "GELU", "BiasGELU",
+           "LinearGELU", "bias_gelu", "gelu", "Square", "square", "SwiGLU", "SwiGLUMLP", "swiglu", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

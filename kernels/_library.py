@@ -23,15 +23,19 @@ _lock = threading.Lock()
 
 
 class OpLibrary:
-    """The operators ``ops`` of one extension; ``build`` compiles or loads it (``_build.load``/``load_inline``).
+    """The operators ``kprof::<prefix><op>`` for each of ``ops``; ``build`` registers them (``_build.load`` or
+    ``load_inline`` for a C++ extension, an import for the Triton twins, whose ``prefix`` is "triton_").
 
-    Once loaded, each operator's ``OpOverload`` is an attribute (``LIBRARY.gelu`` is ``torch.ops.kprof.gelu.default``):
-    one attribute read per call instead of four, and Dynamo puts it in the graph all the same.
+    Once loaded, each operator's ``OpOverload`` is an attribute named without the prefix (``LIBRARY.gelu`` is
+    ``torch.ops.kprof.gelu.default``): one attribute read per call instead of four, Dynamo puts it in the graph all
+    the same, and a twin library is called exactly as the one it twins.
     """
 
-    def __init__(self, name: str, build: Callable[[], types.ModuleType], ops: tuple[str, ...]) -> None:
+    def __init__(self, name: str, build: Callable[[], types.ModuleType], ops: tuple[str, ...], prefix: str = ""
+                 ) -> None:
         self.name = name
         self.ops = ops
+        self.prefix = prefix
         self._builder = build
         self._fakes: dict[str, Callable] = {}
         self._loaded = False
@@ -43,7 +47,7 @@ class OpLibrary:
         self.ensure: Callable[[], bool] = torch.compiler.assume_constant_result(ensure)
 
     def fake(self, op: str) -> Callable[[Fn], Fn]:
-        """Decorator: ``fn`` is the fake kernel of ``kprof::<op>``, registered when the library loads."""
+        """Decorator: ``fn`` is the fake kernel of ``kprof::<prefix><op>``, registered when the library loads."""
         if op not in self.ops:
             raise ValueError(f"{op!r} is not one of {self.name}'s operators {self.ops}")
 
@@ -64,12 +68,12 @@ class OpLibrary:
             return True
         with _lock:
             if not self._loaded:
-                if not hasattr(torch.ops.kprof, self.ops[0]):
+                if not hasattr(torch.ops.kprof, self.prefix + self.ops[0]):
                     self._builder()
                 for op, fn in self._fakes.items():  # a load that failed half-way may be retried
-                    if not torch_compat.has_fake_kernel(f"kprof::{op}"):
-                        torch.library.register_fake(f"kprof::{op}", fn)
+                    if not torch_compat.has_fake_kernel(f"kprof::{self.prefix}{op}"):
+                        torch.library.register_fake(f"kprof::{self.prefix}{op}", fn)
                 for op in self.ops:
-                    setattr(self, op, getattr(torch.ops.kprof, op).default)
+                    setattr(self, op, getattr(torch.ops.kprof, self.prefix + op).default)
                 self._loaded = True
         return True

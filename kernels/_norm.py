@@ -15,6 +15,8 @@ from ._layer import KernelLayer, check_supported
 
 # Longest row the CUDA kernels take: kMaxCols in _reduce.cuh (each thread holds 16 elements, 512 threads).
 CUDA_MAX_COLS = 8192
+# Longest row the Triton kernels take: a row is one tile (Liger-Kernel's MAX_FUSED_SIZE).
+TRITON_MAX_COLS = 65536
 
 
 def as_shape(normalized_shape: int | Sequence[int], op: str) -> tuple[int, ...]:
@@ -64,17 +66,19 @@ class RowNorm(KernelLayer):
         self.build()
 
     @classmethod
-    def _check_source(cls, module: nn.Module, source: type[nn.Module]) -> None:
-        """from_module's checks: the right type, with a weight, on a device and dtype the kernels take."""
+    def _check_source(cls, module: nn.Module, source: type[nn.Module], impl: str | None) -> None:
+        """from_module's checks: the right type, with a weight, on a device and dtype (and of a length) the kernels of
+        ``impl`` take."""
         name = f"{cls.__name__}.from_module"
         if not isinstance(module, source):
             raise TypeError(f"{name}: expected torch.nn.{source.__name__}, got {type(module).__name__}")
         if not module.elementwise_affine:
             raise ValueError(f"{name}: elementwise_affine=False is not supported (the kernels always apply a weight)")
-        check_supported(module.weight, "weight", name)
-        if module.weight.is_cuda and math.prod(module.normalized_shape) > CUDA_MAX_COLS:
+        check_supported(module.weight, "weight", name, impl)
+        limit, kernels = (TRITON_MAX_COLS, "Triton") if impl == "triton" else (CUDA_MAX_COLS, "CUDA")
+        if (module.weight.is_cuda or impl == "triton") and math.prod(module.normalized_shape) > limit:
             raise ValueError(f"{name}: normalized_shape {tuple(module.normalized_shape)} is longer than the "
-                             f"{CUDA_MAX_COLS} elements the CUDA kernels take")
+                             f"{limit} elements the {kernels} kernels take")
 
     def _adopt(self, module: nn.Module) -> None:
         """Take `module`'s parameters (shared, not copied) and training mode."""

@@ -6,10 +6,11 @@ from __future__ import annotations
 import torch
 
 from . import _build
-from ._layer import KernelLayer, check_kernel_impl
+from ._layer import KernelLayer, Kernels
 from ._library import OpLibrary
 
 LIBRARY = OpLibrary("add", lambda: _build.load("add", ["add.cpp", "add.cu"]), ops=("add",))
+KERNELS = Kernels(LIBRARY)  # no Triton twin
 
 
 @LIBRARY.fake("add")
@@ -20,18 +21,15 @@ def _add_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def add(a: torch.Tensor, b: torch.Tensor, *, impl: str | None = None) -> torch.Tensor:
     """a + b for tensors of one shape, dtype and device (no broadcasting); strided inputs are read through a
     contiguous copy. ``impl``: None (by device), "cuda", "cpp" or "torch"."""
-    if impl is not None:
-        if impl == "torch":
-            return torch.add(a, b)
-        check_kernel_impl(impl, a, "kprof add")
-    LIBRARY.ensure()
-    return LIBRARY.add(a, b)
+    if impl == "torch":
+        return torch.add(a, b)
+    return KERNELS.pick(impl, a, "kprof add").add(a, b)
 
 
 class Add(KernelLayer):
     """``add`` as a module, so one model can run it with each implementation."""
 
-    library = LIBRARY
+    kernels = KERNELS
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return add(a, b, impl=self.impl)

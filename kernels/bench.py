@@ -1,24 +1,28 @@
-"""Time kprof's elementwise kernels (square, add, GELU, bias + GELU, Linear + GELU) against PyTorch eager and
-``torch.compile`` of the same reference, forward and forward + backward.
+"""Time kprof's kernels (square, add, GELU, bias + GELU, Linear + GELU, LayerNorm, RMSNorm, SwiGLU) and their
+Triton twins against PyTorch eager and ``torch.compile`` of the same reference, forward and forward + backward.
 
 For each op and size: the median time (CUDA events, after warm-up), the bytes the op must move at least
 (each input read once, each output written once) over that time, that rate as a share of a device-to-
 device ``copy_`` moving the same bytes (measured here, the practical ceiling of a memory-bound kernel),
-and the speedup over eager and compiled PyTorch. Prints a markdown table; ``--out`` writes JSON with the
-device, versions and date.
+and the speedup over eager and compiled PyTorch; then the same for the Triton twin (``impl="triton"``, where the
+op has one and triton is installed), with its speed against the CUDA kernel. Prints a markdown table; ``--out``
+writes JSON with the device, versions and date.
 
-    kprof bench [--quick] [--check] [--no-compile] [--largest] [--ops gelu,bias_gelu] [--out r.json]
+    kprof bench [--quick] [--check] [--no-compile] [--no-triton] [--largest] [--ops gelu,bias_gelu] [--out r.json]
     python benchmarks/kernels.py ...      (the same)
 
-``--quick`` runs small sizes on the CPU in seconds (CI smoke). ``--check`` runs every kernel forward and
-backward once on small odd shapes and compares with float64 (run it under compute-sanitizer). Progress (kernel
-builds, each row as it is measured) goes to stderr; the table is printed to stdout in one piece at the end.
+``--quick`` runs small sizes on the CPU in seconds (CI smoke), without Triton columns: on the CPU the Triton kernels
+only run in Triton's interpreter, which times Python, not kernels. ``--check`` runs every kernel (and Triton twin,
+where it can run: on CUDA, or on the CPU under TRITON_INTERPRET=1) forward and backward once on small odd shapes and
+compares with float64 (run it under compute-sanitizer). Progress (kernel builds, each row as it is measured) goes to
+stderr; the table is printed to stdout in one piece at the end.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import platform
@@ -31,19 +35,26 @@ import torch.nn.functional as F
 
 import kprof_callbacks as kprof
 from kprof_callbacks import kernels
+from kprof_callbacks.kernels import _triton
 
 Inputs = list[torch.Tensor]
 
 
 @dataclasses.dataclass(frozen=True)
 class Op:
-    """One layer to time: its kernel call, the PyTorch reference, and how to make inputs of a size."""
+    """One layer to time: its kernel call (taking ``impl=``), the PyTorch reference, and how to make inputs of a
+    size."""
 
     name: str
     kernel: Callable[..., torch.Tensor]
     reference: Callable[..., torch.Tensor]
     make: Callable[[tuple[int, ...], torch.dtype, str], Inputs]
     memory_bound: bool = True  # False: a matmul dominates, so GB/s and % of copy mean nothing
+    triton: bool = False  # has a Triton twin (impl="triton")
+
+    def impls(self, triton: bool) -> tuple[str | None, ...]:
+        """The kernel impls to run: the C++/CUDA one (None: by device), and "triton" when asked and there is one."""
+        return (None, "triton") if triton and self.triton else (None,)
 
 
 def _one(shape, dtype, device):
@@ -70,21 +81,22 @@ def _linear(shape, dtype, device):
 
 
 OPS = [
-    Op("square", lambda x: kernels.square(x), torch.square, _one),
-    Op("square-grid2d", lambda x: kernels.square(x, variant="grid2d"), torch.square, _one),
+    Op("square", kernels.square, torch.square, _one),
+    Op("square-grid2d", lambda x, impl=None: kernels.square(x, variant="grid2d", impl=impl), torch.square, _one),
     Op("add", kernels.add, torch.add, _two),
-    Op("gelu", kernels.gelu, F.gelu, _one),
-    Op("gelu-tanh", lambda x: kernels.gelu(x, "tanh"), lambda x: F.gelu(x, approximate="tanh"), _one),
-    Op("bias_gelu", kernels.bias_gelu, lambda x, b: F.gelu(x + b), _with_bias),
-    Op("bias_gelu-tanh", lambda x, b: kernels.bias_gelu(x, b, "tanh"),
-       lambda x, b: F.gelu(x + b, approximate="tanh"), _with_bias),
-    Op("linear_gelu", lambda x, w, b: kernels.bias_gelu(F.linear(x, w), b), lambda x, w, b: F.gelu(F.linear(x, w, b)),
-       _linear, memory_bound=False),
-    Op("layer_norm", lambda x, w, b: kernels.layer_norm(x, x.shape[-1], w, b),
-       lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), _weight_bias),
-    Op("rms_norm", lambda x, w: kernels.rms_norm(x, x.shape[-1], w), lambda x, w: F.rms_norm(x, x.shape[-1:], w),
-       _with_bias),
-    Op("swiglu", kernels.swiglu, lambda g, u: F.silu(g) * u, _two),
+    Op("gelu", kernels.gelu, F.gelu, _one, triton=True),
+    Op("gelu-tanh", lambda x, impl=None: kernels.gelu(x, "tanh", impl=impl), lambda x: F.gelu(x, approximate="tanh"),
+       _one, triton=True),
+    Op("bias_gelu", kernels.bias_gelu, lambda x, b: F.gelu(x + b), _with_bias, triton=True),
+    Op("bias_gelu-tanh", lambda x, b, impl=None: kernels.bias_gelu(x, b, "tanh", impl=impl),
+       lambda x, b: F.gelu(x + b, approximate="tanh"), _with_bias, triton=True),
+    Op("linear_gelu", lambda x, w, b, impl=None: kernels.bias_gelu(F.linear(x, w), b, impl=impl),
+       lambda x, w, b: F.gelu(F.linear(x, w, b)), _linear, memory_bound=False, triton=True),
+    Op("layer_norm", lambda x, w, b, impl=None: kernels.layer_norm(x, x.shape[-1], w, b, impl=impl),
+       lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), _weight_bias, triton=True),
+    Op("rms_norm", lambda x, w, impl=None: kernels.rms_norm(x, x.shape[-1], w, impl=impl),
+       lambda x, w: F.rms_norm(x, x.shape[-1:], w), _with_bias, triton=True),
+    Op("swiglu", kernels.swiglu, lambda g, u: F.silu(g) * u, _two, triton=True),
 ]
 
 # (dtype, shape) per op family; [rows, cols] for the elementwise ops (grid2d's 2-D view), all > L2.
@@ -104,6 +116,7 @@ QUICK_SIZES = {
 CHECK_SHAPES = {"elementwise": [(3, 1001), (1,)], "bias": [(3, 1001), (5, 64)], "linear": [(7, 24, 40)],
                 "norm": [(3, 1001), (37, 520), (5, 64), (2, 8192)]}
 CHECK_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+CPU_CHECK_DTYPES = {None: [torch.float32, torch.float64], "triton": [torch.float32]}  # Triton takes no float64
 CHECK_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
 
 
@@ -154,9 +167,10 @@ def copy_ms(nbytes: int, device: str, timer: Callable) -> float:
     return timer(dst.copy_, src)
 
 
-def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, warmup: int, iters: int,
-                   on_row: Callable[[list[dict]], None]) -> list[dict]:
-    """Time every op at every size; ``on_row(rows so far)`` runs after each row (so a cut-short run keeps its rows)."""
+def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, triton: bool, warmup: int,
+                   iters: int, on_row: Callable[[list[dict]], None]) -> list[dict]:
+    """Time every op at every size (and its Triton twin when ``triton``); ``on_row(rows so far)`` runs after each row
+    (so a cut-short run keeps its rows)."""
 
     def timer(fn, *args, **kwargs) -> float:
         return kprof.time_cuda(fn, *args, warmup=warmup, iters=iters, device=device, **kwargs).median_ms
@@ -171,7 +185,8 @@ def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, w
             for backward in (False, True):
                 args, kwargs = (grads, {"grad": dy}) if backward else (inputs, {})
                 wrap = fwd_bwd if backward else (lambda f: f)
-                ours = timer(wrap(op.kernel), *args, **kwargs)
+                ours, tri = (timer(wrap(functools.partial(op.kernel, impl=impl)), *args, **kwargs)
+                             if impl in op.impls(triton) else math.nan for impl in (None, "triton"))
                 eager = timer(wrap(op.reference), *args, **kwargs)
                 comp = timer(wrap(compiled), *args, **kwargs) if compiled is not None else math.nan
                 nbytes = min_bytes(op, inputs, backward)
@@ -179,7 +194,7 @@ def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, w
                 row = {
                     "op": op.name, "dtype": str(dtype).removeprefix("torch."), "shape": list(shape),
                     "pass": "fwd+bwd" if backward else "fwd", "ms": ours, "eager_ms": eager, "compile_ms": comp,
-                    "bytes": nbytes if op.memory_bound else None,
+                    "triton_ms": tri, "bytes": nbytes if op.memory_bound else None,
                     "gbps": nbytes / ours / 1e6 if op.memory_bound else None,
                     "copy_gbps": nbytes / copy / 1e6 if op.memory_bound else None,
                 }
@@ -195,15 +210,21 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 TABLE_HEADER = ("| op | dtype | shape | pass | kprof ms | GB/s | % of copy | eager ms | × eager | compile ms "
-                "| × compile |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+                "| × compile | triton ms | triton % of copy | triton × kprof | triton × eager | triton × compile "
+                "|\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
 def format_row(r: dict) -> str:
+    """A table row; "× X" columns are X's time over the kernel's (above 1: the kernel is faster)."""
     share = r["gbps"] / r["copy_gbps"] * 100 if r["gbps"] is not None else None
+    triton = r.get("triton_ms", math.nan)
+    triton_share = share * r["ms"] / triton if share is not None else None
     return (f"| {r['op']} | {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r['pass']} | {r['ms']:.4f} | "
             f"{_fmt(r['gbps'], '.0f')} | {_fmt(share, '.1f')} | {r['eager_ms']:.4f} | "
             f"{r['eager_ms'] / r['ms']:.2f} | {_fmt(r['compile_ms'], '.4f')} | "
-            f"{_fmt(r['compile_ms'] / r['ms'], '.2f')} |")
+            f"{_fmt(r['compile_ms'] / r['ms'], '.2f')} | {_fmt(triton, '.4f')} | {_fmt(triton_share, '.1f')} | "
+            f"{_fmt(r['ms'] / triton, '.2f')} | {_fmt(r['eager_ms'] / triton, '.2f')} | "
+            f"{_fmt(r['compile_ms'] / triton, '.2f')} |")
 
 
 def environment(device: str) -> dict:
@@ -214,41 +235,58 @@ def environment(device: str) -> dict:
     }
 
 
-def check(ops: list[Op], device: str) -> bool:
-    """Every kernel forward and backward once on small odd shapes, against float64; True when all pass."""
+def check(ops: list[Op], device: str, triton: bool) -> bool:
+    """Every kernel (and Triton twin when ``triton``) forward and backward once on small odd shapes, against float64;
+    True when all pass."""
     ok = True
     for op in ops:
-        for shape in CHECK_SHAPES[family(op)]:
-            for dtype in CHECK_DTYPES if device == "cuda" else [torch.float32, torch.float64]:
-                inputs = [t.requires_grad_() for t in op.make(shape, dtype, device)]
-                out = op.kernel(*inputs)
-                dy = torch.randn_like(out)
-                got = [out, *torch.autograd.grad(out, inputs, dy)]
-                ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
-                ref_out = op.reference(*ref_inputs)
-                want = [ref_out, *torch.autograd.grad(ref_out, ref_inputs, dy.double())]
-                errors = [((g.double() - w).norm() / (w.norm() + 1e-6)).item() for g, w in zip(got, want, strict=True)]
-                tol = CHECK_TOL.get(dtype, 1e-10) * (20 if op.name.startswith("linear") else 4)
-                passed = all(math.isfinite(e) and e < tol for e in errors)
-                ok &= passed
-                print(f"{'ok  ' if passed else 'FAIL'} {op.name:15s} {str(dtype):15s} {str(shape):15s} "
-                      f"max rel err {max(errors):.2e}", flush=True)
+        for impl in op.impls(triton):
+            kernel = functools.partial(op.kernel, impl=impl)
+            for shape in CHECK_SHAPES[family(op)]:
+                for dtype in CHECK_DTYPES if device == "cuda" else CPU_CHECK_DTYPES[impl]:
+                    passed, error = _check_one(op, kernel, shape, dtype, device)
+                    ok &= passed
+                    name = op.name + (" (triton)" if impl else "")
+                    print(f"{'ok  ' if passed else 'FAIL'} {name:24s} {str(dtype):15s} {str(shape):15s} "
+                          f"max rel err {error:.2e}", flush=True)
     if device == "cuda":
         torch.cuda.synchronize()
     return ok
 
 
-def run(*, quick: bool = False, check_only: bool = False, compile_ref: bool = True, largest_only: bool = False,
-        ops: str = "", out: Path | None = None) -> int:
-    """Check or time the ops named in ``ops`` (comma-separated; all when empty); the exit status of ``kprof bench``."""
+def _check_one(op: Op, kernel: Callable[..., torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype,
+               device: str) -> tuple[bool, float]:
+    """(passed, the largest relative error) of kernel's output and input gradients against float64."""
+    inputs = [t.requires_grad_() for t in op.make(shape, dtype, device)]
+    out = kernel(*inputs)
+    dy = torch.randn_like(out)
+    got = [out, *torch.autograd.grad(out, inputs, dy)]
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    ref_out = op.reference(*ref_inputs)
+    want = [ref_out, *torch.autograd.grad(ref_out, ref_inputs, dy.double())]
+    errors = [((g.double() - w).norm() / (w.norm() + 1e-6)).item() for g, w in zip(got, want, strict=True)]
+    tol = CHECK_TOL.get(dtype, 1e-10) * (20 if op.name.startswith("linear") else 4)
+    return all(math.isfinite(e) and e < tol for e in errors), max(errors)
+
+
+def run(*, quick: bool = False, check_only: bool = False, compile_ref: bool = True, triton: bool = True,
+        largest_only: bool = False, ops: str = "", out: Path | None = None) -> int:
+    """Check or time the ops named in ``ops`` (comma-separated; all when empty), with their Triton twins when
+    ``triton`` and they can run here; the exit status of ``kprof bench``."""
     names = [n for n in ops.split(",") if n]
     unknown = sorted(set(names) - {op.name for op in OPS})
     if unknown:
         raise ValueError(f"--ops: unknown op(s) {unknown}; known: {','.join(op.name for op in OPS)}")
     chosen = [op for op in OPS if not names or op.name in names]
     device = "cuda" if torch.cuda.is_available() and not quick else "cpu"
+    if triton:
+        why_not = ("on the CPU the Triton kernels run in Triton's interpreter, which times Python, not kernels"
+                   if device == "cpu" and not check_only else _triton.unavailable(device))
+        if why_not:
+            print(f"[kprof bench] no Triton {'checks' if check_only else 'columns'}: {why_not}", file=sys.stderr)
+        triton = why_not is None
     if check_only:
-        return 0 if check(chosen, device) else 1
+        return 0 if check(chosen, device, triton) else 1
     if device == "cpu" and not quick:
         raise ValueError("no CUDA device: use --quick (CPU smoke run) or --check")
     env = environment(device)
@@ -259,8 +297,8 @@ def run(*, quick: bool = False, check_only: bool = False, compile_ref: bool = Tr
             out.write_text(json.dumps({**env, "rows": rows}, indent=1))
 
     sizes = QUICK_SIZES if quick else largest(FULL_SIZES) if largest_only else FULL_SIZES
-    rows = run_benchmarks(chosen, sizes, device, compile_ref=compile_ref and not quick, warmup=2 if quick else 10,
-                          iters=5 if quick else 50, on_row=save)
+    rows = run_benchmarks(chosen, sizes, device, compile_ref=compile_ref and not quick, triton=triton,
+                          warmup=2 if quick else 10, iters=5 if quick else 50, on_row=save)
     print(f"# kprof kernels on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
     print("\n".join([TABLE_HEADER, *map(format_row, rows)]), flush=True)
     return 0

@@ -7,14 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _build
-from ._layer import KernelLayer, check_choice, check_impl, check_kernel_impl
+from . import _build, _triton
+from ._layer import KernelLayer, Kernels, check_choice, check_impl
 from ._library import OpLibrary
 
 APPROXIMATIONS = ("none", "tanh")
 
 LIBRARY = OpLibrary("gelu", lambda: _build.load("gelu", ["gelu.cpp", "gelu.cu"]),
                     ops=("gelu", "gelu_backward", "bias_gelu", "bias_gelu_backward"))
+KERNELS = Kernels(LIBRARY, _triton.library("gelu", "gelu_triton", LIBRARY.ops))
 
 
 @LIBRARY.fake("gelu")
@@ -40,25 +41,19 @@ def _bias_gelu_backward_fake(grad: torch.Tensor, x: torch.Tensor, bias: torch.Te
 
 def gelu(x: torch.Tensor, approximate: str = "none", *, impl: str | None = None) -> torch.Tensor:
     """``F.gelu`` with kprof kernels; a strided ``x`` is read through a contiguous copy. ``impl``: None (by device),
-    "cuda", "cpp" or "torch"."""
-    if impl is not None:
-        if impl == "torch":
-            return F.gelu(x, approximate=approximate)
-        check_kernel_impl(impl, x, "kprof gelu")
-    LIBRARY.ensure()
-    return LIBRARY.gelu(x, approximate)
+    "cuda", "cpp", "triton" or "torch"."""
+    if impl == "torch":
+        return F.gelu(x, approximate=approximate)
+    return KERNELS.pick(impl, x, "kprof gelu").gelu(x, approximate)
 
 
 def bias_gelu(
     x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", *, impl: str | None = None
 ) -> torch.Tensor:
     """``F.gelu(x + bias)`` fused, ``bias`` (x's dtype) broadcast over the last dimension of ``x``."""
-    if impl is not None:
-        if impl == "torch":
-            return F.gelu(x + bias, approximate=approximate)
-        check_kernel_impl(impl, x, "kprof bias_gelu")
-    LIBRARY.ensure()
-    return LIBRARY.bias_gelu(x, bias, approximate)
+    if impl == "torch":
+        return F.gelu(x + bias, approximate=approximate)
+    return KERNELS.pick(impl, x, "kprof bias_gelu").bias_gelu(x, bias, approximate)
 
 
 def _check_approximate(approximate: str) -> str:
@@ -68,7 +63,7 @@ def _check_approximate(approximate: str) -> str:
 class GELU(KernelLayer):
     """Drop-in for ``nn.GELU`` running kprof kernels (``impl`` as in ``gelu``)."""
 
-    library = LIBRARY
+    kernels = KERNELS
 
     def __init__(self, approximate: str = "none", *, impl: str | None = None) -> None:
         super().__init__(impl)
@@ -90,7 +85,7 @@ class GELU(KernelLayer):
 class BiasGELU(KernelLayer):
     """gelu(x + bias) fused, the epilogue of a bias-free matmul; ``bias`` has ``features`` entries."""
 
-    library = LIBRARY
+    kernels = KERNELS
 
     def __init__(self, features: int, approximate: str = "none", *, impl: str | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
@@ -110,7 +105,7 @@ class LinearGELU(nn.Linear, KernelLayer):
     """``nn.Linear`` followed by ``nn.GELU``: the matmul runs without its bias, then one fused
     bias + GELU kernel. Same parameters and state_dict keys (weight, bias) as the ``nn.Linear``."""
 
-    library = LIBRARY
+    kernels = KERNELS
 
     def __init__(self, in_features: int, out_features: int, approximate: str = "none", *, impl: str | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:

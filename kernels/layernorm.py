@@ -16,13 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _build
-from ._layer import check_kernel_impl
+from . import _build, _triton
+from ._layer import Kernels
 from ._library import OpLibrary
 from ._norm import RowNorm, shape_arg, stats_like
 
 LIBRARY = OpLibrary("layernorm", lambda: _build.load("layernorm", ["layernorm.cpp", "layernorm.cu"]),
                     ops=("layer_norm", "layer_norm_fwd", "layer_norm_backward"))
+KERNELS = Kernels(LIBRARY, _triton.library("layernorm", "norm_triton", LIBRARY.ops))
 
 
 @LIBRARY.fake("layer_norm_fwd")
@@ -48,20 +49,17 @@ def layer_norm(
     impl: str | None = None,
 ) -> torch.Tensor:
     """``torch.nn.functional.layer_norm`` with the kprof kernels (a weight is required); strided inputs are read
-    through contiguous copies. ``impl``: None (by device), "cuda", "cpp" or "torch"."""
-    if impl is not None:
-        if impl == "torch":
-            return F.layer_norm(x, shape_arg(normalized_shape), weight, bias, eps)
-        check_kernel_impl(impl, x, "kprof layer_norm")
-    LIBRARY.ensure()
-    return LIBRARY.layer_norm(x, shape_arg(normalized_shape), weight, bias, eps)
+    through contiguous copies. ``impl``: None (by device), "cuda", "cpp", "triton" or "torch"."""
+    if impl == "torch":
+        return F.layer_norm(x, shape_arg(normalized_shape), weight, bias, eps)
+    return KERNELS.pick(impl, x, "kprof layer_norm").layer_norm(x, shape_arg(normalized_shape), weight, bias, eps)
 
 
 class LayerNorm(RowNorm):
     """Drop-in for ``torch.nn.LayerNorm`` (same arguments, parameters and state_dict keys) with
     ``elementwise_affine=True``; ``impl`` as in ``layer_norm``."""
 
-    library = LIBRARY
+    kernels = KERNELS
 
     def __init__(
         self,
@@ -82,7 +80,7 @@ class LayerNorm(RowNorm):
     @classmethod
     def from_module(cls, module: nn.LayerNorm, *, impl: str | None = None) -> LayerNorm:
         """A LayerNorm computing what ``module`` computes, sharing its weight and bias (not copies)."""
-        cls._check_source(module, nn.LayerNorm)
+        cls._check_source(module, nn.LayerNorm, impl)
         new = cls(module.normalized_shape, module.eps, bias=module.bias is not None, impl=impl, device="meta",
                   dtype=module.weight.dtype)
         new._adopt(module)

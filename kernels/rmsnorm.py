@@ -15,13 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _build
-from ._layer import check_kernel_impl
+from . import _build, _triton
+from ._layer import Kernels
 from ._library import OpLibrary
 from ._norm import RowNorm, shape_arg, stats_like
 
 LIBRARY = OpLibrary("rmsnorm", lambda: _build.load("rmsnorm", ["rmsnorm.cpp", "rmsnorm.cu"]),
                     ops=("rms_norm", "rms_norm_fwd", "rms_norm_backward"))
+KERNELS = Kernels(LIBRARY, _triton.library("rmsnorm", "norm_triton", LIBRARY.ops))
 
 
 @LIBRARY.fake("rms_norm_fwd")
@@ -45,20 +46,17 @@ def rms_norm(
     impl: str | None = None,
 ) -> torch.Tensor:
     """``torch.nn.functional.rms_norm`` with the kprof kernels (a weight is required); strided inputs are read
-    through contiguous copies. ``impl``: None (by device), "cuda", "cpp" or "torch"."""
-    if impl is not None:
-        if impl == "torch":
-            return F.rms_norm(x, shape_arg(normalized_shape), weight, eps)
-        check_kernel_impl(impl, x, "kprof rms_norm")
-    LIBRARY.ensure()
-    return LIBRARY.rms_norm(x, shape_arg(normalized_shape), weight, eps)
+    through contiguous copies. ``impl``: None (by device), "cuda", "cpp", "triton" or "torch"."""
+    if impl == "torch":
+        return F.rms_norm(x, shape_arg(normalized_shape), weight, eps)
+    return KERNELS.pick(impl, x, "kprof rms_norm").rms_norm(x, shape_arg(normalized_shape), weight, eps)
 
 
 class RMSNorm(RowNorm):
     """Drop-in for ``torch.nn.RMSNorm`` (same arguments, parameters and state_dict keys) with
     ``elementwise_affine=True``; ``impl`` as in ``rms_norm``."""
 
-    library = LIBRARY
+    kernels = KERNELS
 
     def __init__(
         self,
@@ -78,7 +76,7 @@ class RMSNorm(RowNorm):
     @classmethod
     def from_module(cls, module: nn.RMSNorm, *, impl: str | None = None) -> RMSNorm:
         """An RMSNorm computing what ``module`` computes, sharing its weight (not a copy)."""
-        cls._check_source(module, nn.RMSNorm)
+        cls._check_source(module, nn.RMSNorm, impl)
         new = cls(module.normalized_shape, module.eps, impl=impl, device="meta", dtype=module.weight.dtype)
         new._adopt(module)
         return new

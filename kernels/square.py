@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _build
-from ._layer import KernelLayer, check_choice, check_kernel_impl
+from ._layer import KernelLayer, Kernels, check_choice
 from ._library import OpLibrary
 
 VARIANTS = ("grid2d", "vectorized")
@@ -200,6 +200,7 @@ KPROF_PYTHON_MODULE()
 
 LIBRARY = OpLibrary("square", lambda: _build.load_inline("square", CPP_SOURCE, CUDA_SOURCE),
                     ops=("square", "square_backward"))
+KERNELS = Kernels(LIBRARY)  # no Triton twin
 
 
 @LIBRARY.fake("square")
@@ -216,18 +217,15 @@ def square(x: torch.Tensor, *, variant: str = "vectorized", impl: str | None = N
     """``torch.square`` with kprof kernels; a strided ``x`` is read through a contiguous copy. ``variant``
     ("vectorized" or the seed's "grid2d") picks the CUDA forward; ``impl``: None (by device), "cuda", "cpp" or
     "torch"."""
-    if impl is not None:
-        if impl == "torch":
-            return torch.square(x)
-        check_kernel_impl(impl, x, "kprof square")
-    LIBRARY.ensure()
-    return LIBRARY.square(x, variant)
+    if impl == "torch":
+        return torch.square(x)
+    return KERNELS.pick(impl, x, "kprof square").square(x, variant)
 
 
 class Square(KernelLayer):
     """``square`` as a module, so one model can run it with each variant and implementation."""
 
-    library = LIBRARY
+    kernels = KERNELS
 
     def __init__(self, *, variant: str = "vectorized", impl: str | None = None) -> None:
         super().__init__(impl)

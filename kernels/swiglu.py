@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _build
-from ._layer import KernelLayer, check_impl, check_supported, check_kernel_impl
+from . import _build, _triton
+from ._layer import KernelLayer, Kernels, check_impl, check_supported
 from ._library import OpLibrary
 
 LIBRARY = OpLibrary("swiglu", lambda: _build.load("swiglu", ["swiglu.cpp", "swiglu.cu"]),
                     ops=("swiglu", "swiglu_backward"))
+KERNELS = Kernels(LIBRARY, _triton.library("swiglu", "swiglu_triton", LIBRARY.ops))
 
 
 @LIBRARY.fake("swiglu")
@@ -31,19 +32,16 @@ def _swiglu_backward_fake(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tens
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, impl: str | None = None) -> torch.Tensor:
     """``silu(gate) * up`` for tensors of one shape, dtype and device (no broadcasting); strided inputs are read
-    through contiguous copies. ``impl``: None (by device), "cuda", "cpp" or "torch"."""
-    if impl is not None:
-        if impl == "torch":
-            return F.silu(gate) * up
-        check_kernel_impl(impl, gate, "kprof swiglu")
-    LIBRARY.ensure()
-    return LIBRARY.swiglu(gate, up)
+    through contiguous copies. ``impl``: None (by device), "cuda", "cpp", "triton" or "torch"."""
+    if impl == "torch":
+        return F.silu(gate) * up
+    return KERNELS.pick(impl, gate, "kprof swiglu").swiglu(gate, up)
 
 
 class SwiGLU(KernelLayer):
     """``swiglu`` as a module taking (gate, up), so one model can run it with each implementation."""
 
-    library = LIBRARY
+    kernels = KERNELS
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return swiglu(gate, up, impl=self.impl)
@@ -100,7 +98,7 @@ class SwiGLUMLP(nn.Module):
                 and gate.out_features == up.out_features == down.in_features):
             raise ValueError(f"{name}: layer shapes do not chain: w_gate {gate}, w_up {up}, w_down {down}")
         if impl != "torch":
-            check_supported(gate.weight, "w_gate.weight", name)
+            check_supported(gate.weight, "w_gate.weight", name, impl)
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.w_gate, new.w_up, new.w_down = gate, up, down

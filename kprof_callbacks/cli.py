@@ -82,8 +82,9 @@ def _compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare",
         help="time a model with and without kprof.swap (custom kernels) and check they agree",
-        description="Train a model and its kprof.swap copy on the same batches, check that outputs and gradients "
-        "agree, and print step times with a bootstrap confidence interval on the speedup.",
+        description="Train a model and its kprof.swap copy (or one copy per --impls choice: CUDA, C++, Triton or "
+        "torch's own ops in the kprof layers) on the same batches, check that outputs and gradients agree, and print "
+        "step times with a bootstrap confidence interval on the speedup.",
     )
     p.add_argument("--model", default="builtin", help="'builtin' (the demo ToyModel) or MODULE:ATTR naming a "
                    "function f(device) that returns (model, step_fn, batches) (default: builtin)")
@@ -93,21 +94,25 @@ def _compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--logdir", default=None, help="also profile each variant into LOGDIR/<variant>/")
     p.add_argument("--check", choices=("raise", "warn", "off"), default="raise",
                    help="numerical check (default: raise)")
+    p.add_argument("--impls", default="", help="comma-separated kprof.swap impls, one variant each beside the torch "
+                   "model, e.g. cuda,triton,torch (default: one swap whose kernels follow the device)")
     builtin = p.add_argument_group("builtin model size")
     builtin.add_argument("--width", type=int, default=128, help="hidden width (default: 128)")
     builtin.add_argument("--depth", type=int, default=4, help="number of blocks (default: 4)")
     builtin.add_argument("--batch-size", type=int, default=64, help="batch size (default: 64)")
     p.set_defaults(func=lambda a: compare_cli.run_cli(
-        a.model, steps=a.steps, warmup=a.warmup, device=a.device, logdir=a.logdir, check=a.check, width=a.width,
-        depth=a.depth, batch_size=a.batch_size))
+        a.model, steps=a.steps, warmup=a.warmup, device=a.device, logdir=a.logdir, check=a.check, impls=a.impls,
+        width=a.width, depth=a.depth, batch_size=a.batch_size))
 
 
 def _bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="time every custom layer against eager PyTorch and torch.compile",
+    p = sub.add_parser("bench", help="time every custom layer (and its Triton twin) against eager PyTorch and "
+                       "torch.compile",
                        description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes on the CPU, a few iterations, no compile")
     p.add_argument("--check", action="store_true", help="correctness of every kernel on small shapes, no timing")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile reference")
+    p.add_argument("--no-triton", action="store_true", help="skip the Triton twins (impl='triton')")
     p.add_argument("--largest", action="store_true", help="only each op's largest shape per dtype")
     p.add_argument("--ops", default="", help="comma-separated op names (default: all): "
                    + ",".join(op.name for op in bench.OPS))
@@ -115,8 +120,8 @@ def _bench(sub: argparse._SubParsersAction) -> None:
 
     def run(a: argparse.Namespace) -> int:
         try:
-            return bench.run(quick=a.quick, check_only=a.check, compile_ref=not a.no_compile, largest_only=a.largest,
-                             ops=a.ops, out=a.out)
+            return bench.run(quick=a.quick, check_only=a.check, compile_ref=not a.no_compile, triton=not a.no_triton,
+                             largest_only=a.largest, ops=a.ops, out=a.out)
         except ValueError as exc:
             p.error(str(exc))
 

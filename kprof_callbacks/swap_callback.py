@@ -26,7 +26,7 @@ class SwapCallback(Callback):
     Args:
         mapping: torch layer type -> kernel layer, as ``kprof.swap`` takes it (None: ``swap``'s default layers).
         fallback: keep a torch layer (with a warning) where its kernel cannot be built, instead of failing the fit.
-        impl: the implementation the kernel layers run (None: by device; "cuda", "cpp", "torch", ...).
+        impl: the implementation the kernel layers run (None: by device; "cuda", "cpp", "triton", "torch").
     """
 
     def __init__(self, mapping: Mapping | None = None, fallback: bool = True, impl: str | None = None) -> None:

@@ -80,3 +80,17 @@ def has_fake_kernel(qualname: str) -> bool:
     """Whether the operator ``qualname`` (``"kprof::gelu"``) has a fake (meta) kernel registered from Python: a
     second ``register_fake`` for it would raise."""
     return torch._library.simple_registry.singleton.find(qualname).fake_impl.kernel is not None
+
+
+def autocasts(op: str, device_type: str) -> bool:
+    """Whether torch's autocast has a rule of its own for the operator ``op`` (``"aten::layer_norm"``) on
+    ``device_type`` ("cpu" or "cuda"): the Triton twins follow torch's policy for the op they replace, as the C++
+    operators do."""
+    key = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}[device_type]
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+
+
+def is_fake(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a fake (shape-only) tensor, bare or functionalized: the Triton twins' bodies run as their own
+    fake kernels under Triton's interpreter, and launch nothing then."""
+    return torch._subclasses.fake_tensor.is_fake(t)

@@ -12,6 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+
+# --- Triton (tests/test_kernels_triton.py) ---------------------------------------------------------------------------
+# Without a GPU the Triton kernels run in Triton's interpreter, on CPU tensors. triton.jit reads TRITON_INTERPRET when
+# a kernel is defined, i.e. when kprof first loads its Triton kernels, so it is set here, before any test module runs
+# (child processes inherit it). On a GPU machine it stays unset: the kernels are compiled and run on the GPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # --- TensorBoard (tests/test_tensorboard.py, tests/test_browser.py) ----------------------------------------------
 

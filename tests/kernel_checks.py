@@ -1,5 +1,5 @@
-"""What the kernel tests share: the devices to run on, NaN-poisoned output allocation, float64 references, and bad
-calls made in a child process."""
+"""What the kernel tests share: the devices to run on, NaN-poisoned output allocation, float64 references, a sample
+call of every operator, and bad calls made in a child process."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import torch
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")])]
+# Where the Triton twins run in the tests: compiled on a GPU, else on the CPU in Triton's interpreter (conftest.py).
+TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
 @contextlib.contextmanager
@@ -36,6 +38,51 @@ def reference_grads(fn, inputs: list[torch.Tensor], dy: torch.Tensor) -> tuple[t
     out = fn(*leaves)
     out.backward(dy.double())
     return out.detach(), [t.grad for t in leaves]
+
+
+def operator_samples(device: str, dtype: torch.dtype, prefix: str = "") -> list[tuple[str, tuple]]:
+    """(operator name without ``prefix``, arguments) for every kprof operator, on odd shapes, inputs requiring grad
+    where they can; the norms' saved statistics come from ``kprof::<prefix>layer_norm_fwd`` (``prefix="triton_"``:
+    the Triton twins')."""
+
+    def r(*shape: int, grad: bool = True) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype, requires_grad=grad)
+
+    x, n = r(3, 5), 5
+    ops = torch.ops.kprof
+    _, mean, rstd = getattr(ops, f"{prefix}layer_norm_fwd")(x.detach(), [n], r(n, grad=False), None, 1e-5)
+    _, rms = getattr(ops, f"{prefix}rms_norm_fwd")(x.detach(), [n], r(n, grad=False), None)
+    return [
+        ("square", (x, "vectorized")), ("square", (x, "grid2d")), ("square_backward", (r(3, 5), x)),
+        ("add", (x, r(3, 5))),
+        ("gelu", (x, "none")), ("gelu", (x, "tanh")), ("gelu_backward", (r(3, 5), x, "tanh")),
+        ("bias_gelu", (x, r(n), "none")), ("bias_gelu_backward", (r(3, 5), x, r(n), "tanh")),
+        ("swiglu", (x, r(3, 5))), ("swiglu_backward", (r(3, 5), x, r(3, 5))),
+        ("layer_norm", (r(2, 3, n), [n], r(n), r(n), 1e-5)), ("layer_norm", (r(2, 3, n), [3, n], r(3, n), None, 1e-3)),
+        ("layer_norm_fwd", (x.detach(), [n], r(n, grad=False), r(n, grad=False), 1e-5)),  # runs below autograd
+        ("layer_norm_backward", (r(3, 5), x, r(n), mean, rstd, 1e-5, True)),
+        ("layer_norm_backward", (r(3, 5), x, r(n), mean, rstd, 1e-5, False)),
+        ("rms_norm", (r(2, 3, n), [n], r(n), None)), ("rms_norm", (r(3, n), [n], r(n), 1e-3)),
+        ("rms_norm_fwd", (x.detach(), [n], r(n, grad=False), None)),
+        ("rms_norm_backward", (r(3, 5), x, r(n), rms, 1e-6)),
+    ]
+
+
+def assert_compiles_without_graph_breaks(step, device: str = "cpu") -> None:
+    """``step(x, w, b)`` (x [rows, 16], w and b [16]) traces with no graph break, and compiled (aot_eager, fullgraph,
+    static and dynamic shapes) it gives eager's output and input gradient for two row counts."""
+    x, w, b = (torch.randn(*s, device=device, requires_grad=True) for s in ((6, 16), (16,), (16,)))
+    explained = torch._dynamo.explain(step)(x, w, b)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True, dynamic=dynamic)
+        for rows in (6, 9):
+            xs = torch.randn(rows, 16, device=device, requires_grad=True)
+            got, want = compiled(xs, w, b), step(xs, w, b)
+            torch.testing.assert_close(got, want)
+            (gx,), (wx,) = torch.autograd.grad(got.sum(), [xs]), torch.autograd.grad(want.sum(), [xs])
+            torch.testing.assert_close(gx, wx)
 
 
 _CHILD = """

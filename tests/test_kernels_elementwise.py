@@ -246,7 +246,8 @@ BAD_INPUTS = [
     (lambda: kernels.gelu([1.0, 2.0]), RuntimeError, "Expected a value of type 'Tensor'"),
     (lambda: kernels.gelu(torch.randn(3), "fast"), ValueError, "approximate must be 'none' or 'tanh', got 'fast'"),
     (lambda: kernels.GELU("fast"), ValueError, "approximate must be one of"),
-    (lambda: kernels.gelu(torch.randn(3), impl="triton"), ValueError, "impl must be None or one of"),
+    (lambda: kernels.gelu(torch.randn(3), impl="fast"), ValueError, "impl must be None or one of"),
+    (lambda: kernels.square(torch.randn(3), impl="triton"), ValueError, "kprof square has no Triton kernels"),
     (lambda: kernels.gelu(torch.randn(3), impl="cuda"), ValueError, "impl='cuda' needs CUDA tensors, got one on cpu"),
     (lambda: kernels.add(torch.randn(3), torch.randn(4)), ValueError, "b has shape [4], expected [3]"),
     (lambda: kernels.add(torch.randn(3), torch.randn(3, dtype=torch.float64)), TypeError, "b is Double on cpu"),
@@ -294,7 +295,7 @@ def test_bench_prints_progress_to_stderr_and_one_table_to_stdout(capsys: pytest.
     table = [line for line in out.splitlines() if line.startswith("|")]
     assert len(table) == 2 + 4  # header, separator, two ops x (fwd, fwd+bwd)
     assert out.rstrip().endswith(table[-1])  # one block at the end: nothing interleaved
-    assert err.count("[kprof bench]") == 4 and "[kprof bench]" not in out
+    assert err.count("[kprof bench] |") == 4 and "[kprof bench]" not in out  # a row each, after notes (no Triton)
 
 
 @pytest.mark.gpu

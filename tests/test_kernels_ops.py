@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from kprof_callbacks import kernels
 from kprof_callbacks.kernels import _build
 
-from kernel_checks import DEVICES, HAS_CUDA, poisoned_outputs
+from kernel_checks import DEVICES, HAS_CUDA, assert_compiles_without_graph_breaks, operator_samples, poisoned_outputs
 
 LIBRARIES = ("add", "gelu", "square", "swiglu", "layernorm", "rmsnorm")
 
@@ -25,31 +25,6 @@ LIBRARIES = ("add", "gelu", "square", "swiglu", "layernorm", "rmsnorm")
 def libraries() -> None:
     for module in LIBRARIES:
         importlib.import_module(f"kprof_callbacks.kernels.{module}").LIBRARY.load()
-
-
-def operator_samples(device: str, dtype: torch.dtype) -> list[tuple[str, tuple]]:
-    """(operator name, arguments) for every kprof operator, on odd shapes, inputs requiring grad where they can."""
-
-    def r(*shape: int, grad: bool = True) -> torch.Tensor:
-        return torch.randn(*shape, device=device, dtype=dtype, requires_grad=grad)
-
-    x, n = r(3, 5), 5
-    _, mean, rstd = torch.ops.kprof.layer_norm_fwd(x.detach(), [n], r(n, grad=False), None, 1e-5)
-    _, rms = torch.ops.kprof.rms_norm_fwd(x.detach(), [n], r(n, grad=False), None)
-    return [
-        ("square", (x, "vectorized")), ("square", (x, "grid2d")), ("square_backward", (r(3, 5), x)),
-        ("add", (x, r(3, 5))),
-        ("gelu", (x, "none")), ("gelu", (x, "tanh")), ("gelu_backward", (r(3, 5), x, "tanh")),
-        ("bias_gelu", (x, r(n), "none")), ("bias_gelu_backward", (r(3, 5), x, r(n), "tanh")),
-        ("swiglu", (x, r(3, 5))), ("swiglu_backward", (r(3, 5), x, r(3, 5))),
-        ("layer_norm", (r(2, 3, n), [n], r(n), r(n), 1e-5)), ("layer_norm", (r(2, 3, n), [3, n], r(3, n), None, 1e-3)),
-        ("layer_norm_fwd", (x.detach(), [n], r(n, grad=False), r(n, grad=False), 1e-5)),  # runs below autograd
-        ("layer_norm_backward", (r(3, 5), x, r(n), mean, rstd, 1e-5, True)),
-        ("layer_norm_backward", (r(3, 5), x, r(n), mean, rstd, 1e-5, False)),
-        ("rms_norm", (r(2, 3, n), [n], r(n), None)), ("rms_norm", (r(3, n), [n], r(n), 1e-3)),
-        ("rms_norm_fwd", (x.detach(), [n], r(n, grad=False), None)),
-        ("rms_norm_backward", (r(3, 5), x, r(n), rms, 1e-6)),
-    ]
 
 
 def test_every_operator_has_a_sample() -> None:
@@ -179,18 +154,7 @@ def test_functional_forms_compile_without_graph_breaks() -> None:
         h = kernels.add(kernels.bias_gelu(h, b, "tanh"), kernels.square(h))
         return kernels.rms_norm(kernels.swiglu(h, kernels.gelu(h)), (x.shape[-1],), w)
 
-    x, w, b = (torch.randn(*s, requires_grad=True) for s in ((6, 16), (16,), (16,)))
-    explained = torch._dynamo.explain(step)(x, w, b)
-    assert explained.graph_break_count == 0, explained.break_reasons
-    for dynamic in (False, True):
-        torch._dynamo.reset()
-        compiled = torch.compile(step, backend="aot_eager", fullgraph=True, dynamic=dynamic)
-        for rows in (6, 9):
-            xs = torch.randn(rows, 16, requires_grad=True)
-            got, want = compiled(xs, w, b), step(xs, w, b)
-            torch.testing.assert_close(got, want)
-            (gx,), (wx,) = torch.autograd.grad(got.sum(), [xs]), torch.autograd.grad(want.sum(), [xs])
-            torch.testing.assert_close(gx, wx)
+    assert_compiles_without_graph_breaks(step)
 
 
 FRESH_COMPILE = """

@@ -1,6 +1,7 @@
 """kprof.swap: a swapped model computes and trains like the torch model, keeps its state_dict, reports what
 it swapped and skipped, honours inplace and impl, and with fallback keeps torch layers whose kernels cannot build.
-On the GPT of kprof_callbacks.models: under torch.compile (no graph break, fullgraph) and bf16 autocast."""
+On the GPT of kprof_callbacks.models: under torch.compile (no graph break, fullgraph) and bf16 autocast. The Triton
+twins (impl="triton") run in Triton's interpreter without a GPU (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import kprof_callbacks as kprof
 from kprof_callbacks import kernels, models
 from kprof_callbacks.swap import swap
 
-from kernel_checks import DEVICES
+from kernel_checks import DEVICES, HAS_CUDA, TRITON_DEVICE
 
 
 def small_model() -> nn.Module:
@@ -32,13 +33,17 @@ def small_model() -> nn.Module:
     )
 
 
+@pytest.mark.parametrize("impl", [None, "triton"], ids=["auto", "triton"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_swapped_model_matches_outputs_and_gradients(device: str) -> None:
+def test_swapped_model_matches_outputs_and_gradients(device: str, impl: str | None) -> None:
+    if impl == "triton" and device == "cpu" and HAS_CUDA:
+        pytest.skip("with a GPU the Triton kernels are compiled for it: CPU tensors need the interpreter")
     model = small_model().to(device)
-    fast = swap(model)
+    fast = swap(model, impl=impl)
     assert [type(m).__name__ for m in fast] == [type(m).__name__ for m in model]  # same names, other classes
     assert isinstance(fast[1], kernels.GELU) and isinstance(fast[2], kernels.LayerNorm)
     assert isinstance(fast[5], kernels.RMSNorm) and fast[4].approximate == "tanh"
+    assert fast[1].impl == fast[2].impl == fast[5].impl == impl
     assert list(fast.state_dict()) == list(model.state_dict())
     x = torch.randn(64, 16, device=device)
     out, want = fast(x), model(x)
@@ -162,8 +167,8 @@ def test_impl_reaches_every_swapped_layer() -> None:
     x = torch.randn(16, 16)
     torch.testing.assert_close(reference(x), model(x))  # PyTorch's own ops inside the kprof layers
     assert all(m.impl == "cpp" for m in swap(model, impl="cpp") if isinstance(m, kernels.GELU))
-    with pytest.raises(ValueError, match="impl must be None or one of .*'cuda', 'cpp', 'torch'.*got 'triton'"):
-        swap(model, impl="triton")
+    with pytest.raises(ValueError, match="impl must be None or one of .*'cuda', 'cpp', 'triton', 'torch'.*got 'fast'"):
+        swap(model, impl="fast")
 
 
 def test_swapped_layers_are_named_in_profiler_traces() -> None:
@@ -175,28 +180,35 @@ def test_swapped_layers_are_named_in_profiler_traces() -> None:
 
 
 # -- the GPT: torch.compile and bf16 autocast ------------------------------------------------------------------------
-def gpt_pair(device: str = "cpu") -> tuple[nn.Module, nn.Module]:
+def gpt_pair(device: str = "cpu", impl: str | None = None) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(0)
     model = models.GPT(models.tiny()).to(device)
-    return model, swap(model)
+    return model, swap(model, impl=impl)
+
+
+# The GPT tests run each kernel impl: the default (C++ on the CPU), and the Triton twins where they run.
+GPT_IMPLS = pytest.mark.parametrize(("impl", "device"), [(None, "cpu"), ("triton", TRITON_DEVICE)],
+                                    ids=["auto", "triton"])
 
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.grad for name, p in model.named_parameters()}
 
 
-def test_swapped_gpt_has_no_graph_break() -> None:
-    model, fast = gpt_pair()
+@GPT_IMPLS
+def test_swapped_gpt_has_no_graph_break(impl: str | None, device: str) -> None:
+    model, fast = gpt_pair(device, impl)
     assert len(fast.kprof_swap_report.swapped) == 2 * 2 + 1 + 2  # ln_1, ln_2 per block, ln_f, one GELU per block
-    idx, targets = models.random_batches(models.tiny(), 1, 2)[0]
+    idx, targets = models.random_batches(models.tiny(), 1, 2, device)[0]
     explained = torch._dynamo.explain(fast)(idx, targets)
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
 
 
-def test_compiled_swapped_gpt_matches_eager_fullgraph() -> None:
+@GPT_IMPLS
+def test_compiled_swapped_gpt_matches_eager_fullgraph(impl: str | None, device: str) -> None:
     """fullgraph=True (any break is an error); loss and every gradient equal eager's, through aot_eager."""
-    _, fast = gpt_pair()
-    idx, targets = models.random_batches(models.tiny(), 1, 3)[0]
+    _, fast = gpt_pair(device, impl)
+    idx, targets = models.random_batches(models.tiny(), 1, 3, device)[0]
     eager_loss = fast(idx, targets)
     eager_loss.backward()
     eager = {k: v.clone() for k, v in grads(fast).items()}
@@ -208,20 +220,23 @@ def test_compiled_swapped_gpt_matches_eager_fullgraph() -> None:
         torch.testing.assert_close(grad, eager[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_inductor_compiles_the_swapped_gpt() -> None:
-    """The custom operators are extern calls between inductor's generated kernels; results match eager."""
-    _, fast = gpt_pair()
-    idx, targets = models.random_batches(models.tiny(), 1, 2)[0]
+@GPT_IMPLS
+def test_inductor_compiles_the_swapped_gpt(impl: str | None, device: str) -> None:
+    """The custom operators are extern calls between inductor's generated kernels (on a GPU, inductor launches the
+    Triton twins' kernels itself); results match eager."""
+    _, fast = gpt_pair(device, impl)
+    idx, targets = models.random_batches(models.tiny(), 1, 2, device)[0]
     torch._dynamo.reset()
     loss = torch.compile(fast, fullgraph=True)(idx, targets)
     torch.testing.assert_close(loss, fast(idx, targets), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_swapped_gpt_matches_torch_under_bf16_autocast(device: str) -> None:
+@pytest.mark.parametrize(("impl", "device"), [(None, "cpu"), pytest.param(None, "cuda", marks=DEVICES[1].marks),
+                                              ("triton", TRITON_DEVICE)], ids=["auto-cpu", "auto-cuda", "triton"])
+def test_swapped_gpt_matches_torch_under_bf16_autocast(impl: str | None, device: str) -> None:
     """A bf16 autocast training step: the swapped model's loss and gradients equal the torch model's to bf16 noise,
     eager and compiled, and the kprof layers return the dtypes torch's layers return."""
-    model, fast = gpt_pair(device)
+    model, fast = gpt_pair(device, impl)
     idx, targets = models.random_batches(models.tiny(), 1, 4, device)[0]
     dtypes: dict[str, dict[str, torch.dtype]] = {"torch": {}, "kprof": {}}
 

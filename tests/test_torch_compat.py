@@ -88,3 +88,16 @@ def test_has_fake_kernel_follows_register_fake():
     assert not torch_compat.has_fake_kernel("kprof_compat_test::twice")
     torch.library.register_fake("kprof_compat_test::twice", lambda x: torch.empty_like(x), lib=lib)
     assert torch_compat.has_fake_kernel("kprof_compat_test::twice")
+
+
+def test_autocasts_names_the_ops_torch_autocasts_itself():
+    assert torch_compat.autocasts("aten::layer_norm", "cuda")  # fp32 policy under CUDA autocast
+    assert not torch_compat.autocasts("aten::gelu", "cuda") and not torch_compat.autocasts("aten::gelu", "cpu")
+
+
+def test_is_fake_tells_fake_tensors_from_real_ones():
+    from torch._subclasses import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.empty(3)
+    assert torch_compat.is_fake(fake) and not torch_compat.is_fake(torch.empty(3))

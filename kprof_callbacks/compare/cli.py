@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -13,13 +15,14 @@ from .run import compare
 
 
 def run_cli(
-    model: str, *, steps: int, warmup: int, device: str | None, logdir: str | None, check: str, width: int,
-    depth: int, batch_size: int,
+    model: str, *, steps: int, warmup: int, device: str | None, logdir: str | None, check: str, impls: str = "",
+    width: int, depth: int, batch_size: int,
 ) -> int:
-    """Compare ``model`` ('builtin' or MODULE:ATTR) with its ``kprof.swap`` copy and print the table; exit status."""
-    from ..swap import swap
+    """Compare ``model`` ('builtin' or MODULE:ATTR) with its ``kprof.swap`` copies (one per impl in the comma-separated
+    ``impls``, or one choosing by device) and print the table; exit status."""
     from ..tensorboard.launch import open_hint
 
+    swapped = _swapped_variants(impls)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if model == "builtin":
         net, step_fn, batches = _builtin_setup(device, width, depth, batch_size)
@@ -27,7 +30,7 @@ def run_cli(
         net, step_fn, batches = _user_setup(model, device)
     try:
         result = compare(
-            {"torch": net, "kprof.swap": lambda: swap(net)},
+            {"torch": net, **{name: functools.partial(make, net) for name, make in swapped.items()}},
             step_fn,
             batches,
             steps=steps,
@@ -44,6 +47,22 @@ def run_cli(
         print(open_hint(logdir))
         print("  the kprof tab shows this comparison, and each variant's profiled run")
     return 0 if all(v.status == "ok" for v in result.variants.values()) else 1
+
+
+def _swapped_variants(impls: str) -> dict[str, Callable[[nn.Module], nn.Module]]:
+    """Variant name -> the swap making it: "kprof.swap-<impl>" per impl named, else "kprof.swap" (kernels by device)."""
+    from ..kernels import check_impl
+    from ..swap import swap
+
+    names = [name.strip() for name in impls.split(",") if name.strip()]
+    try:
+        for name in names:
+            check_impl(name)
+    except ValueError as exc:
+        raise SystemExit(f"kprof compare: --impls: {exc}") from None
+    if not names:
+        return {"kprof.swap": swap}
+    return {f"kprof.swap-{name}": functools.partial(swap, impl=name) for name in names}
 
 
 def _builtin_setup(device: str, width: int, depth: int, batch_size: int):
