@@ -136,24 +136,29 @@ def make_run_dir(logdir: Path, run: str | None) -> Path:
     name, n = (shared_run_name(logdir), 1) if run is None else (run, 1)
     while True:
         run_dir = logdir / (name if n == 1 else f"{name}-{n}")
-        claim = run_dir / f".kprof-claim-{'single' if rank_now is None else rank_now}"
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            try:
-                os.write(fd, worker)
-            finally:
-                os.close(fd)
-            break
-        except FileExistsError:
-            if claim.read_bytes() == worker:
+            if _claim(run_dir / f".kprof-claim-{'single' if rank_now is None else rank_now}", worker):
                 break
-            n += 1
         except OSError as exc:
             raise PermissionError(f"kprof cannot write traces to {run_dir}: {exc.strerror or exc}") from exc
-    if n > 1 and rank() in (None, 0):
+        n += 1
+    if n > 1 and rank_now in (None, 0):
         print(f"kprof: {logdir / name} holds an earlier run; this one writes to {run_dir}", flush=True)
     return run_dir
+
+
+def _claim(path: Path, worker: bytes) -> bool:
+    """Create ``path`` holding ``worker`` unless it exists; True when it is (now) ``worker``'s."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return path.read_bytes() == worker
+    try:
+        os.write(fd, worker)
+    finally:
+        os.close(fd)
+    return True
 
 
 def shared_run_name(logdir: Path) -> str:
