@@ -7,7 +7,10 @@ H100 (host-bound: each layer cost 2-3x torch's host time per call). Target: the 
 ``compare``'s check runs too, without a tolerance: each variant against a float64 run of the torch model, the
 swapped one held to twice torch's own error (bf16 autocast included).
 
-    python benchmarks/real_model.py [--quick] [--modes fp32,bf16,compile] [--steps 50] [--out r.json]
+    python benchmarks/real_model.py [--quick] [--modes fp32,bf16,compile] [--impl triton] [--steps 50] [--out r.json]
+
+``--impl`` picks the swapped layers' kernels (``kprof.swap(impl=)``): the device's C++/CUDA ones by default, or
+``triton`` (which torch.compile can trace into and fuse with its neighbours) or ``torch``.
 """
 
 from __future__ import annotations
@@ -39,10 +42,11 @@ def step_fn(device: str, autocast: bool) -> Callable[[nn.Module, tuple], torch.T
     return step
 
 
-def run_mode(mode: str, cfg: models.GPTConfig, batch: int, device: str, steps: int, warmup: int) -> kprof.Comparison:
+def run_mode(mode: str, cfg: models.GPTConfig, batch: int, device: str, steps: int, warmup: int,
+             impl: str | None) -> kprof.Comparison:
     torch.manual_seed(0)
     model = models.GPT(cfg).to(device)
-    swapped = kprof.swap(model)
+    swapped = kprof.swap(model, impl=impl)
     print(swapped.kprof_swap_report, file=sys.stderr, flush=True)
     torch.compiler.reset()
     return kprof.compare(
@@ -78,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="20 timed steps after 3 warm-up (compile needs them)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
+    parser.add_argument("--impl", choices=("cuda", "cpp", "triton", "torch"), help="kprof.swap's impl (default: the "
+                        "device's kernels)")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per variant (default: 50)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, help="also write the rows and the full comparisons as JSON here")
@@ -90,12 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     rows, results = [], {}
     for mode in modes:
         print(f"[real_model] {mode} ...", file=sys.stderr, flush=True)
-        result = run_mode(mode, cfg, batch, args.device, steps, warmup)
+        result = run_mode(mode, cfg, batch, args.device, steps, warmup, args.impl)
         print(result, file=sys.stderr, flush=True)
         rows.append(row(mode, result))
         results[mode] = result.to_dict()
     print(f"# GPT ({cfg.n_layer} x {cfg.n_embd}, vocab {cfg.vocab_size}, batch {batch} x {cfg.block_size}) on "
-          f"{results[modes[0]]['device']}, AdamW; kprof.compare median step time, {steps} timed steps per variant\n")
+          f"{results[modes[0]]['device']}, AdamW, kprof.swap(impl={args.impl!r}); kprof.compare median step time, {steps} timed steps per variant\n")
     print(table(rows), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps({"rows": rows, "comparisons": results}, indent=1))

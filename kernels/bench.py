@@ -3,9 +3,11 @@ Triton twins against PyTorch eager and ``torch.compile`` of the same reference, 
 
 For each op and size: the median time (CUDA events, after warm-up), the bytes the op must move at least
 (each input read once, each output written once) over that time, that rate as a share of a device-to-
-device ``copy_`` moving the same bytes (measured here, the practical ceiling of a memory-bound kernel),
-and the speedup over eager and compiled PyTorch; then the same for the Triton twin (``impl="triton"``, where the
-op has one and triton is installed), with its speed against the CUDA kernel. Prints a markdown table; ``--out``
+device ``copy_`` moving the same bytes (measured here, the practical ceiling of a memory-bound kernel) and of the
+device's datasheet bandwidth (``peaks.py``; what published kernel benchmarks quote); the same for the Triton twin
+(``impl="triton"``, where the op has one and triton is installed); the times of PyTorch eager, ``torch.compile`` of
+the same reference and, where it has the op and is installed (``pip install 'kprof-callbacks[bench]'``),
+Liger-Kernel; and each kprof kernel's speedup over the best of those three. Prints a markdown table; ``--out``
 writes JSON with the device, versions and date.
 
     kprof bench [--quick] [--check] [--no-compile] [--no-triton] [--largest] [--ops gelu,bias_gelu] [--out r.json]
@@ -23,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import importlib.metadata
 import json
 import math
 import platform
@@ -34,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 import kprof_callbacks as kprof
-from kprof_callbacks import kernels
+from kprof_callbacks import kernels, peaks
 from kprof_callbacks.kernels import _triton
 
 Inputs = list[torch.Tensor]
@@ -51,6 +54,7 @@ class Op:
     make: Callable[[tuple[int, ...], torch.dtype, str], Inputs]
     memory_bound: bool = True  # False: a matmul dominates, so GB/s and % of copy mean nothing
     triton: bool = False  # has a Triton twin (impl="triton")
+    liger: str | None = None  # the liger_kernel.transformers.functional function doing the same, if any
 
     def impls(self, triton: bool) -> tuple[str | None, ...]:
         """The kernel impls to run: the C++/CUDA one (None: by device), and "triton" when asked and there is one."""
@@ -93,11 +97,31 @@ OPS = [
     Op("linear_gelu", lambda x, w, b, impl=None: kernels.bias_gelu(F.linear(x, w), b, impl=impl),
        lambda x, w, b: F.gelu(F.linear(x, w, b)), _linear, memory_bound=False, triton=True),
     Op("layer_norm", lambda x, w, b, impl=None: kernels.layer_norm(x, x.shape[-1], w, b, impl=impl),
-       lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), _weight_bias, triton=True),
+       lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), _weight_bias, triton=True, liger="liger_layer_norm"),
     Op("rms_norm", lambda x, w, impl=None: kernels.rms_norm(x, x.shape[-1], w, impl=impl),
-       lambda x, w: F.rms_norm(x, x.shape[-1:], w), _with_bias, triton=True),
-    Op("swiglu", kernels.swiglu, lambda g, u: F.silu(g) * u, _two, triton=True),
+       lambda x, w: F.rms_norm(x, x.shape[-1:], w), _with_bias, triton=True, liger="liger_rms_norm"),
+    Op("swiglu", kernels.swiglu, lambda g, u: F.silu(g) * u, _two, triton=True, liger="liger_swiglu"),
 ]
+# The eps of kprof's and torch's norms, given to Liger's (which has no default); Liger's own defaults otherwise
+# (RMSNorm: "llama" casting, gradient written in place of the incoming one, as in the models it patches).
+LIGER_ARGS = {"liger_layer_norm": (1e-5,), "liger_rms_norm": (torch.finfo(torch.float32).eps,)}
+
+
+def liger(op: Op, device: str) -> Callable[..., torch.Tensor] | None:
+    """Liger-Kernel's function for ``op`` when it has one and can run here (installed, CUDA), else None."""
+    if op.liger is None or device != "cuda" or liger_version() is None:
+        return None
+    from liger_kernel.transformers import functional
+
+    fn, extra = getattr(functional, op.liger), LIGER_ARGS.get(op.liger, ())
+    return lambda *inputs: fn(*inputs, *extra)
+
+
+def liger_version() -> str | None:
+    try:
+        return importlib.metadata.version("liger-kernel")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 # (dtype, shape) per op family; [rows, cols] for the elementwise ops (grid2d's 2-D view), all > L2.
 FULL_SIZES = {
@@ -169,12 +193,13 @@ def copy_ms(nbytes: int, device: str, timer: Callable) -> float:
 
 def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, triton: bool, warmup: int,
                    iters: int, on_row: Callable[[list[dict]], None]) -> list[dict]:
-    """Time every op at every size (and its Triton twin when ``triton``); ``on_row(rows so far)`` runs after each row
-    (so a cut-short run keeps its rows)."""
+    """Time every op at every size (and its Triton twin when ``triton``, and Liger-Kernel's where it can run);
+    ``on_row(rows so far)`` runs after each row (so a cut-short run keeps its rows)."""
 
     def timer(fn, *args, **kwargs) -> float:
         return kprof.time_cuda(fn, *args, warmup=warmup, iters=iters, device=device, **kwargs).median_ms
 
+    spec_tbps = peaks.memory_tbps(torch.cuda.get_device_name()) if device == "cuda" else None
     rows = []
     for op in ops:
         for dtype, shape in sizes[family(op)]:
@@ -182,6 +207,7 @@ def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, t
             grads = [t.detach().requires_grad_() for t in inputs]
             dy = torch.randn_like(op.reference(*inputs))
             compiled = torch.compile(op.reference, dynamic=False) if compile_ref else None
+            theirs = liger(op, device)
             for backward in (False, True):
                 args, kwargs = (grads, {"grad": dy}) if backward else (inputs, {})
                 wrap = fwd_bwd if backward else (lambda f: f)
@@ -189,14 +215,16 @@ def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, t
                              if impl in op.impls(triton) else math.nan for impl in (None, "triton"))
                 eager = timer(wrap(op.reference), *args, **kwargs)
                 comp = timer(wrap(compiled), *args, **kwargs) if compiled is not None else math.nan
+                lig = timer(wrap(theirs), *args, **kwargs) if theirs is not None else math.nan
                 nbytes = min_bytes(op, inputs, backward)
                 copy = copy_ms(nbytes, device, timer) if op.memory_bound else math.nan
                 row = {
                     "op": op.name, "dtype": str(dtype).removeprefix("torch."), "shape": list(shape),
                     "pass": "fwd+bwd" if backward else "fwd", "ms": ours, "eager_ms": eager, "compile_ms": comp,
-                    "triton_ms": tri, "bytes": nbytes if op.memory_bound else None,
+                    "triton_ms": tri, "liger_ms": lig, "bytes": nbytes if op.memory_bound else None,
                     "gbps": nbytes / ours / 1e6 if op.memory_bound else None,
                     "copy_gbps": nbytes / copy / 1e6 if op.memory_bound else None,
+                    "spec_gbps": spec_tbps * 1e3 if spec_tbps and op.memory_bound else None,
                 }
                 rows.append(row)
                 print(f"[kprof bench] {format_row(row)}", file=sys.stderr, flush=True)
@@ -209,28 +237,33 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-TABLE_HEADER = ("| op | dtype | shape | pass | kprof ms | GB/s | % of copy | eager ms | × eager | compile ms "
-                "| × compile | triton ms | triton % of copy | triton × kprof | triton × eager | triton × compile "
-                "|\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+TABLE_HEADER = ("| op | dtype | shape | pass | kprof ms | GB/s | % of copy | % of spec | triton ms | triton % of copy "
+                "| eager ms | compile ms | liger ms | kprof × best other | triton × best other |\n"
+                "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def best_other_ms(r: dict) -> float:
+    """The fastest of eager, ``torch.compile`` and Liger-Kernel on this row (the ones that ran)."""
+    return min((r[key] for key in ("eager_ms", "compile_ms", "liger_ms") if not math.isnan(r.get(key, math.nan))))
 
 
 def format_row(r: dict) -> str:
-    """A table row; "× X" columns are X's time over the kernel's (above 1: the kernel is faster)."""
-    share = r["gbps"] / r["copy_gbps"] * 100 if r["gbps"] is not None else None
-    triton = r.get("triton_ms", math.nan)
+    """A table row; "× best other" is the fastest other's time over the kernel's (above 1: the kernel is faster)."""
+    gbps, triton, best = r["gbps"], r.get("triton_ms", math.nan), best_other_ms(r)
+    share = gbps / r["copy_gbps"] * 100 if gbps is not None else None
+    spec = gbps / r["spec_gbps"] * 100 if gbps is not None and r.get("spec_gbps") else None
     triton_share = share * r["ms"] / triton if share is not None else None
     return (f"| {r['op']} | {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r['pass']} | {r['ms']:.4f} | "
-            f"{_fmt(r['gbps'], '.0f')} | {_fmt(share, '.1f')} | {r['eager_ms']:.4f} | "
-            f"{r['eager_ms'] / r['ms']:.2f} | {_fmt(r['compile_ms'], '.4f')} | "
-            f"{_fmt(r['compile_ms'] / r['ms'], '.2f')} | {_fmt(triton, '.4f')} | {_fmt(triton_share, '.1f')} | "
-            f"{_fmt(r['ms'] / triton, '.2f')} | {_fmt(r['eager_ms'] / triton, '.2f')} | "
-            f"{_fmt(r['compile_ms'] / triton, '.2f')} |")
+            f"{_fmt(gbps, '.0f')} | {_fmt(share, '.1f')} | {_fmt(spec, '.1f')} | {_fmt(triton, '.4f')} | "
+            f"{_fmt(triton_share, '.1f')} | {r['eager_ms']:.4f} | {_fmt(r['compile_ms'], '.4f')} | "
+            f"{_fmt(r.get('liger_ms', math.nan), '.4f')} | {best / r['ms']:.2f} | {_fmt(best / triton, '.2f')} |")
 
 
 def environment(device: str) -> dict:
     return {
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine(),
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "liger_kernel": liger_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -287,6 +320,8 @@ def run(*, quick: bool = False, check_only: bool = False, compile_ref: bool = Tr
         triton = why_not is None
     if check_only:
         return 0 if check(chosen, device, triton) else 1
+    if device == "cuda" and liger_version() is None:
+        print("[kprof bench] no Liger-Kernel columns: pip install 'kprof-callbacks[bench]'", file=sys.stderr)
     if device == "cpu" and not quick:
         raise ValueError("no CUDA device: use --quick (CPU smoke run) or --check")
     env = environment(device)
@@ -299,6 +334,7 @@ def run(*, quick: bool = False, check_only: bool = False, compile_ref: bool = Tr
     sizes = QUICK_SIZES if quick else largest(FULL_SIZES) if largest_only else FULL_SIZES
     rows = run_benchmarks(chosen, sizes, device, compile_ref=compile_ref and not quick, triton=triton,
                           warmup=2 if quick else 10, iters=5 if quick else 50, on_row=save)
-    print(f"# kprof kernels on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}, {env['date']})\n")
+    liger_note = f", Liger-Kernel {env['liger_kernel']}" if env["liger_kernel"] else ""
+    print(f"# kprof kernels on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}{liger_note}, {env['date']})\n")
     print("\n".join([TABLE_HEADER, *map(format_row, rows)]), flush=True)
     return 0

@@ -23,9 +23,11 @@ RMS_NORM = "kprof triton_rms_norm"
 
 
 @triton.jit
-def _forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, rows, n, eps,
+def _forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, rows, n, inv_n, eps,
              CENTER: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    # y = (x - mean) * rstd * w + b per row (mean = 0 and no b for RMSNorm); rstd = 1 / sqrt(mean((x - mean)^2) + eps)
+    # y = (x - mean) * rstd * w + b per row (mean = 0 and no b for RMSNorm); rstd = 1 / sqrt(mean((x - mean)^2) + eps).
+    # Means multiply by inv_n = 1 / n: Triton's fp32 division is approximate, and a row of one element must centre
+    # to exactly 0 (its rstd is 1 / sqrt(eps), which would blow the division's rounding up)
     r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     c = tl.arange(0, BLOCK_N)
     rmask, cmask = r < rows, c < n
@@ -33,10 +35,10 @@ def _forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, rows, n, eps,
     offs = r[:, None] * n + c[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if CENTER:
-        mean = tl.sum(x, axis=1) / n
+        mean = tl.sum(x, axis=1) * inv_n
         x = tl.where(mask, x - mean[:, None], 0.0)
         tl.store(mean_ptr + r, mean, mask=rmask)
-    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / n + eps)
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) * inv_n + eps)
     tl.store(rstd_ptr + r, rstd, mask=rmask)
     y = x * rstd[:, None] * tl.load(w_ptr + c, mask=cmask, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
@@ -45,7 +47,7 @@ def _forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, rows, n, eps,
 
 
 @triton.jit
-def _backward(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr, rows, n, tiles,
+def _backward(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr, rows, n, inv_n, tiles,
               CENTER: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
     # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = w * dy (no mean(g) term for RMSNorm), over row tiles
     # p, p + P, ...; partial[0, p] = this program's sum of dy * xhat over its rows, partial[1, p] its sum of dy
@@ -67,9 +69,9 @@ def _backward(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr, row
             x = tl.where(mask, x - tl.load(mean_ptr + r, mask=rmask, other=0.0)[:, None], 0.0)
         xhat = x * rstd
         g = w[None, :] * dy
-        dx = g - xhat * (tl.sum(g * xhat, axis=1) / n)[:, None]
+        dx = g - xhat * (tl.sum(g * xhat, axis=1) * inv_n)[:, None]
         if CENTER:
-            dx -= (tl.sum(g, axis=1) / n)[:, None]
+            dx -= (tl.sum(g, axis=1) * inv_n)[:, None]
         tl.store(dx_ptr + offs, (dx * rstd).to(dx_ptr.dtype.element_ty), mask=mask)
         dw += dy * xhat
         if HAS_BIAS:
@@ -90,7 +92,7 @@ def _norm_forward(op: str, x: torch.Tensor, normalized_shape: Sequence[int], wei
     mean = torch.empty(rows if center else 0, dtype=torch.float32, device=x.device)
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     T.launch(_forward, (triton.cdiv(rows, block_r),), x, weight, weight if bias is None else bias, y,
-             mean if center else rstd, rstd, rows, n, eps, CENTER=center, HAS_BIAS=bias is not None,
+             mean if center else rstd, rstd, rows, n, 1.0 / n, eps, CENTER=center, HAS_BIAS=bias is not None,
              BLOCK_R=block_r, BLOCK_N=block_n, num_warps=T.warps(block_r * block_n))
     return y, mean, rstd
 
@@ -112,7 +114,7 @@ def _norm_backward(op: str, grad: torch.Tensor, x: torch.Tensor, weight: torch.T
     # the backward also holds the dweight and dbias accumulators: twice the forward's warps keep it at 40-130
     # registers per thread on sm_90, no spill up to rows of 8192 (benchmarks/triton_sm90.py)
     T.launch(_backward, (programs,), grad, x, weight, rstd if mean is None else mean, rstd, dx, partial, rows, n,
-             tiles, CENTER=mean is not None, HAS_BIAS=bias, BLOCK_R=block_r, BLOCK_N=block_n,
+             1.0 / n, tiles, CENTER=mean is not None, HAS_BIAS=bias, BLOCK_R=block_r, BLOCK_N=block_n,
              num_warps=T.warps(2 * block_r * block_n))
     sums = [p.sum(0).to(weight.dtype).view(weight.shape) for p in partial]  # one tensor each: outputs never alias
     return dx, sums[0], sums[1] if bias else weight.new_empty(0)

@@ -15,6 +15,7 @@ RUN_ALL = Path(__file__).resolve().parent.parent / "benchmarks" / "run_all.py"
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_run_all_quick_produces_every_table_and_the_targets(tmp_path):
     out = tmp_path / "results.json"
     done = subprocess.run(
@@ -57,6 +58,44 @@ def test_isolated_calls_run_each_in_a_new_pinned_process_with_their_own_environm
 def test_largest_keeps_the_biggest_shape_of_each_dtype():
     sizes = {"f": [(torch.float32, (4, 4)), (torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2)), (torch.float32, (3, 3))]}
     assert bench.largest(sizes) == {"f": [(torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2))]}
+
+
+def _row(op, dtype, shape, ms, eager, compiled, liger, gbps=None, copy_gbps=None, spec_gbps=None):
+    return {"op": op, "dtype": dtype, "shape": list(shape), "pass": "fwd+bwd", "ms": ms, "eager_ms": eager,
+            "compile_ms": compiled, "liger_ms": liger, "triton_ms": float("nan"), "gbps": gbps,
+            "copy_gbps": copy_gbps, "spec_gbps": spec_gbps, "bytes": None}
+
+
+def test_bench_rows_compare_with_the_fastest_other_liger_included():
+    nan = float("nan")
+    row = _row("rms_norm", "bfloat16", (8, 8), ms=0.5, eager=0.9, compiled=0.7, liger=0.4, gbps=2000.0,
+               copy_gbps=2500.0, spec_gbps=3350.0)
+    assert bench.best_other_ms(row) == 0.4
+    cells = [c.strip() for c in bench.format_row(row).split("|")[1:-1]]
+    header = [c.strip() for c in bench.TABLE_HEADER.splitlines()[0].split("|")[1:-1]]
+    got = dict(zip(header, cells, strict=True))
+    assert (got["% of copy"], got["% of spec"], got["liger ms"], got["kprof × best other"]) == ("80.0", "59.7", "0.4000", "0.80")
+    assert got["triton ms"] == got["triton × best other"] == "—"
+    no_liger = bench.format_row({**row, "liger_ms": nan, "spec_gbps": None})  # Liger absent, device not in peaks.py
+    assert "| 1.40 | — |" in no_liger and "| 80.0 | — |" in no_liger
+
+
+def test_run_all_marks_each_kernel_target_on_the_largest_forward_backward_row():
+    from run_all import _kernel_targets
+
+    nan = float("nan")
+    rows = [
+        _row("rms_norm", "bfloat16", (16, 8), ms=1.0, eager=2.0, compiled=1.5, liger=0.9, gbps=85.0, copy_gbps=100.0),
+        _row("rms_norm", "bfloat16", (4, 8), ms=1.0, eager=9.0, compiled=9.0, liger=9.0, gbps=10.0, copy_gbps=100.0),
+        {**_row("rms_norm", "bfloat16", (64, 8), ms=1.0, eager=9.0, compiled=9.0, liger=9.0), "pass": "fwd"},
+        _row("swiglu", "float32", (16, 8), ms=1.0, eager=3.0, compiled=1.04, liger=nan, gbps=1.0, copy_gbps=1.0),
+    ]
+    marks = {target.split(": ", 1)[1]: (measured, ok) for target, measured, ok in _kernel_targets(rows)
+             if target.startswith("rms_norm")}
+    assert marks == {">= 80% of copy bandwidth": ("85%", True),
+                     ">= 1.0x the best of eager, torch.compile and Liger": ("0.90x", False)}
+    swiglu = {target.split(": ", 1)[1]: ok for target, _, ok in _kernel_targets(rows) if target.startswith("swiglu")}
+    assert swiglu == {">= 1.05x compile": False, ">= 1.0x the best of eager, torch.compile and Liger": True}
 
 
 def test_rounds_stop_when_the_next_would_pass_the_budget(monkeypatch):

@@ -137,6 +137,16 @@ def test_the_dense_peak_table(name, dtype, peak):
     assert peaks.peak_tflops(name, dtype) == peak
 
 
+@pytest.mark.parametrize(
+    "name, tbps",
+    [("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0), ("NVIDIA H200", 4.8), ("NVIDIA GH200 480GB", 4.0),
+     ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA A100-SXM4-40GB", 1.555), ("NVIDIA L40S", 0.864),
+     ("NVIDIA GeForce RTX 4090", None)],
+)
+def test_the_memory_bandwidth_table(name, tbps):
+    assert peaks.memory_tbps(name) == tbps
+
+
 def test_bad_flops_and_mfu_options_fail_before_anything_runs(tmp_path):
     with pytest.raises(ValueError, match="mfu_dtype"):
         kprof.session(tmp_path, mfu_dtype="int8")

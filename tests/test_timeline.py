@@ -217,6 +217,7 @@ def test_file_cache_recomputes_only_when_the_fingerprint_changes():
     assert calls == [10, 12, 20, 30, 13]
 
 
+@pytest.mark.serial
 def test_benchmark_quick_prints_its_table():
     done = subprocess.run([sys.executable, str(BENCHMARK), "--quick"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
