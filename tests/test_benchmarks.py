@@ -126,3 +126,17 @@ def test_window_end_breakdown_groups_samples_under_the_deepest_disable_profiler_
     assert total == 11
     assert parts == {"State::finalizeTrace > RecordQueue::getRecords": 8,
                      "State::finalizeTrace > KinetoEvent::KinetoEvent": 2, "(in disableProfiler itself)": 1}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Liger-Kernel's kernels run on CUDA only")
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "swiglu"])
+def test_liger_column_times_the_same_op(name):
+    """Liger's function stands in for the same op as the reference (same eps), and its column is filled."""
+    pytest.importorskip("liger_kernel", reason="the bench extra (pip install 'kprof-callbacks[bench]') is not installed")
+    op = next(o for o in bench.OPS if o.name == name)
+    inputs = op.make((64, 256), torch.float32, "cuda")
+    torch.testing.assert_close(bench.liger(op, "cuda")(*inputs), op.reference(*inputs), rtol=1e-4, atol=1e-5)
+    rows = bench.run_benchmarks([op], {bench.family(op): [(torch.float32, (64, 256))]}, "cuda", compile_ref=False,
+                                triton=False, warmup=1, iters=2, on_row=lambda rows: None)
+    assert all(row["liger_ms"] > 0 for row in rows) and len(rows) == 2
