@@ -11,7 +11,11 @@ ratio's range. "grad" calls take an input that requires grad (autograd records t
 ones do not. On the CPU one intra-op thread is used, so OpenMP's thread wake-ups do not swamp the call itself; on
 CUDA the host time is the wall time of the block (the GPU finishes each tiny kernel long before the next launch).
 
-    python benchmarks/host_overhead.py [--device cpu|cuda] [--rounds 30] [--calls 2000] [--quick] [--out r.json]
+    python benchmarks/host_overhead.py [--device cpu|cuda] [--impl triton] [--rounds 30] [--calls 2000] [--quick]
+                                       [--out r.json]
+
+``--impl`` builds the kprof side with that implementation (``impl=`` of every layer); ``triton`` (CUDA only) times
+the Triton twins' calls, and leaves out the layers without one (square, add).
 """
 
 from __future__ import annotations
@@ -46,30 +50,36 @@ class Pair:
     kprof_call: Callable[[], torch.Tensor]
 
 
-def pairs(device: str, grad: bool) -> list[Pair]:
-    """Every kprof layer (module and functional form) with its torch counterpart, on [ROWS, WIDTH] inputs."""
+NO_TRITON = ("torch.square -> kernels.square", "torch.add -> kernels.add")
+
+
+def pairs(device: str, grad: bool, impl: str | None = None) -> list[Pair]:
+    """Every kprof layer (module and functional form, built with ``impl``) with its torch counterpart, on
+    [ROWS, WIDTH] inputs."""
     x, up = (torch.randn(ROWS, WIDTH, device=device, requires_grad=grad) for _ in range(2))
     b = torch.randn(WIDTH, device=device, requires_grad=grad)
     ln, rms, linear, act = (nn.LayerNorm(WIDTH), nn.RMSNorm(WIDTH), nn.Linear(WIDTH, WIDTH), nn.GELU())
     for module in (ln, rms, linear):
         module.to(device).requires_grad_(grad)
-    gelu, k_ln, k_rms = kernels.GELU(), kernels.LayerNorm.from_module(ln), kernels.RMSNorm.from_module(rms)
-    linear_gelu = kernels.LinearGELU.from_module(linear, act)
-    return [
+    gelu, k_ln, k_rms = (kernels.GELU(impl=impl), kernels.LayerNorm.from_module(ln, impl=impl),
+                         kernels.RMSNorm.from_module(rms, impl=impl))
+    linear_gelu = kernels.LinearGELU.from_module(linear, act, impl=impl)
+    every = [
         Pair("nn.GELU -> kernels.GELU", lambda: act(x), lambda: gelu(x)),
         Pair("nn.LayerNorm -> kernels.LayerNorm", lambda: ln(x), lambda: k_ln(x)),
         Pair("nn.RMSNorm -> kernels.RMSNorm", lambda: rms(x), lambda: k_rms(x)),
         Pair("Linear+GELU -> kernels.LinearGELU", lambda: act(linear(x)), lambda: linear_gelu(x)),
-        Pair("F.gelu -> kernels.gelu", lambda: F.gelu(x), lambda: kernels.gelu(x)),
+        Pair("F.gelu -> kernels.gelu", lambda: F.gelu(x), lambda: kernels.gelu(x, impl=impl)),
         Pair("F.layer_norm -> kernels.layer_norm", lambda: F.layer_norm(x, (WIDTH,), ln.weight, ln.bias),
-             lambda: kernels.layer_norm(x, WIDTH, ln.weight, ln.bias)),
+             lambda: kernels.layer_norm(x, WIDTH, ln.weight, ln.bias, impl=impl)),
         Pair("F.rms_norm -> kernels.rms_norm", lambda: F.rms_norm(x, (WIDTH,), rms.weight),
-             lambda: kernels.rms_norm(x, WIDTH, rms.weight)),
-        Pair("F.gelu(x + b) -> kernels.bias_gelu", lambda: F.gelu(x + b), lambda: kernels.bias_gelu(x, b)),
-        Pair("F.silu(g) * u -> kernels.swiglu", lambda: F.silu(x) * up, lambda: kernels.swiglu(x, up)),
-        Pair("torch.square -> kernels.square", lambda: torch.square(x), lambda: kernels.square(x)),
-        Pair("torch.add -> kernels.add", lambda: torch.add(x, up), lambda: kernels.add(x, up)),
+             lambda: kernels.rms_norm(x, WIDTH, rms.weight, impl=impl)),
+        Pair("F.gelu(x + b) -> kernels.bias_gelu", lambda: F.gelu(x + b), lambda: kernels.bias_gelu(x, b, impl=impl)),
+        Pair("F.silu(g) * u -> kernels.swiglu", lambda: F.silu(x) * up, lambda: kernels.swiglu(x, up, impl=impl)),
+        Pair("torch.square -> kernels.square", lambda: torch.square(x), lambda: kernels.square(x, impl=impl)),
+        Pair("torch.add -> kernels.add", lambda: torch.add(x, up), lambda: kernels.add(x, up, impl=impl)),
     ]
+    return [pair for pair in every if impl != "triton" or pair.name not in NO_TRITON]
 
 
 def per_call_us(call: Callable[[], torch.Tensor], calls: int, device: str) -> float:
@@ -122,11 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30, help="paired rounds per layer (default: 30)")
     parser.add_argument("--calls", type=int, default=2000, help="calls per block (default: 2000)")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 200 calls: a smoke run")
+    parser.add_argument("--impl", choices=("cuda", "cpp", "triton", "torch"), help="the kprof layers' impl (default: "
+                        "the device's kernels)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device")
+    if args.impl == "triton" and args.device != "cuda":
+        parser.error("--impl triton: the Triton kernels' host time is measured on CUDA (on a CPU they run interpreted)")
     rounds, calls = (3, 200) if args.quick else (args.rounds, args.calls)
     if args.device == "cpu":
         torch.set_num_threads(1)
@@ -134,13 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     rows = []
     for mode, grad in (("no grad", False), ("grad", True)):
-        for pair in pairs(args.device, grad):  # building the layers loads (or builds) their operators first
+        for pair in pairs(args.device, grad, args.impl):  # building the layers loads (or builds) their operators first
             row = {**measure(pair, rounds, calls, args.device, rng), "mode": mode}
             rows.append(row)
             print(f"[host_overhead] {row['layer']} ({mode}): {row['ratio']:.2f}x", file=sys.stderr, flush=True)
     env = environment(args.device)
     print(f"# Host time per forward call, [{ROWS}, {WIDTH}] float32 on {env['device']} (torch {env['torch']}, "
-          f"CUDA {env['cuda']}, {env['threads']} thread(s)); median of {rounds} paired rounds of {calls} calls\n")
+          f"CUDA {env['cuda']}, {env['threads']} thread(s)), kprof impl={args.impl!r}; median of {rounds} paired rounds of {calls} calls\n")
     print(table(rows), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps({**env, "rounds": rounds, "calls": calls, "rows": rows}, indent=1))
