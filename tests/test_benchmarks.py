@@ -140,3 +140,15 @@ def test_liger_column_times_the_same_op(name):
     rows = bench.run_benchmarks([op], {bench.family(op): [(torch.float32, (64, 256))]}, "cuda", compile_ref=False,
                                 triton=False, warmup=1, iters=2, on_row=lambda rows: None)
     assert all(row["liger_ms"] > 0 for row in rows) and len(rows) == 2
+
+
+def test_host_overhead_quick_times_every_layer_with_the_impl_asked_for(capsys):
+    import host_overhead
+
+    assert host_overhead.main(["--quick", "--device", "cpu", "--impl", "torch"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "->" in line]
+    assert "kprof impl='torch'" in out and len(rows) == 2 * len(host_overhead.pairs("cpu", False))
+    assert len(host_overhead.pairs("cpu", False, "triton")) == len(host_overhead.pairs("cpu", False)) - 2
+    with pytest.raises(SystemExit):  # Triton's host time only means something on CUDA
+        host_overhead.main(["--quick", "--device", "cpu", "--impl", "triton"])
