@@ -134,8 +134,8 @@ def bias_gelu_backward(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, 
     cols = bias.numel()
     rows = x.numel() // cols if cols else 0
     block_r, block_c = T.tile(cols, BIAS_COLS)
-    col_blocks = triton.cdiv(cols, block_c)
-    tiles = triton.cdiv(rows, block_r)
+    col_blocks = T.cdiv(cols, block_c)
+    tiles = T.cdiv(rows, block_r)
     programs = T.programs(x, tiles, col_blocks)
     dx = torch.empty_like(x)
     partial = torch.empty(programs, cols, dtype=torch.float32, device=x.device)

@@ -91,7 +91,7 @@ def _norm_forward(op: str, x: torch.Tensor, normalized_shape: Sequence[int], wei
     y = torch.empty_like(x)
     mean = torch.empty(rows if center else 0, dtype=torch.float32, device=x.device)
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-    T.launch(_forward, (triton.cdiv(rows, block_r),), x, weight, weight if bias is None else bias, y,
+    T.launch(_forward, (T.cdiv(rows, block_r),), x, weight, weight if bias is None else bias, y,
              mean if center else rstd, rstd, rows, n, 1.0 / n, eps, CENTER=center, HAS_BIAS=bias is not None,
              BLOCK_R=block_r, BLOCK_N=block_n, num_warps=T.warps(block_r * block_n))
     return y, mean, rstd
@@ -107,7 +107,7 @@ def _norm_backward(op: str, grad: torch.Tensor, x: torch.Tensor, weight: torch.T
     if mean is not None:
         mean = T.stat(op, "mean", mean, rows, x)
     block_r, block_n = T.tile(n, T.MAX_ROW)
-    tiles = triton.cdiv(rows, block_r)
+    tiles = T.cdiv(rows, block_r)
     programs = T.programs(x, tiles)
     dx = torch.empty_like(x)
     partial = torch.empty(1 + bias, programs, n, dtype=torch.float32, device=x.device)
