@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -34,22 +35,29 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from kprof_callbacks.analysis import summarize
 
 
+def profile_training(model: nn.Module, loss: Callable[[], torch.Tensor], n_steps: int, on_ready,
+                     with_stack: bool = False) -> None:
+    """Profile `n_steps` SGD steps of `model` (`loss()` is the forward; one active window after one warm-up step,
+    shapes recorded, forward and backward labelled) and hand the profile to `on_ready`."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=with_stack, on_trace_ready=on_ready,
+                 schedule=schedule(wait=0, warmup=1, active=n_steps, repeat=1)) as prof:
+        for _ in range(n_steps + 1):
+            with record_function("forward"):
+                value = loss()
+            with record_function("backward"):
+                value.backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+
+
 def train_steps(n_steps: int, on_ready, width: int = 128) -> None:
     """Profile `n_steps` steps of a small MLP (one active window) and hand the profile to `on_ready`."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 128), nn.ReLU(), nn.Linear(128, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, on_trace_ready=on_ready,
-                 schedule=schedule(wait=0, warmup=1, active=n_steps, repeat=1)) as prof:
-        for _ in range(n_steps + 1):
-            with record_function("forward"):
-                loss = nn.functional.cross_entropy(model(x), y)
-            with record_function("backward"):
-                loss.backward()
-            opt.step()
-            opt.zero_grad()
-            prof.step()
+    profile_training(model, lambda: nn.functional.cross_entropy(model(x), y), n_steps, on_ready)
 
 
 def measure(n_steps: int, folder: Path) -> dict:

@@ -26,9 +26,10 @@ from pathlib import Path
 import msgspec
 import torch
 from torch import nn
-from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from kprof_callbacks.analysis.slices import TraceSlices, median_step
+
+from summary import profile_training
 
 STEPS = 3
 
@@ -37,19 +38,9 @@ def write_trace(path: Path, depth: int) -> None:
     """Profile STEPS training steps of a `depth`-layer MLP (shapes and stacks recorded) into `path`."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(depth)])
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(8, 32)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True,
-                 schedule=schedule(wait=0, warmup=1, active=STEPS, repeat=1),
-                 on_trace_ready=lambda prof: prof.export_chrome_trace(str(path))) as prof:
-        for _ in range(STEPS + 1):
-            with record_function("forward"):
-                loss = model(x).square().mean()
-            with record_function("backward"):
-                loss.backward()
-            opt.step()
-            opt.zero_grad()
-            prof.step()
+    profile_training(model, lambda: model(x).square().mean(), STEPS,
+                     lambda prof: prof.export_chrome_trace(str(path)), with_stack=True)
 
 
 def _serve(slices: TraceSlices, step: int) -> tuple[bytes, bytes, int]:
