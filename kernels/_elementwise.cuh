@@ -18,9 +18,12 @@ namespace kprof::elementwise {
 // Element types, numbered as c10::ScalarType so the torch binding can pass `scalar_type()` through.
 enum Dtype : int { kHalf = 5, kFloat = 6, kBFloat16 = 15 };
 
-constexpr int kThreads = 256;
-// Packs each thread loads before it computes: two independent 16-byte loads per input in flight.
-constexpr int kUnroll = 2;
+// A map block: 128 threads, each loading kUnroll packs of every input before it computes (four independent 16-byte
+// loads per input in flight), over a grid as large as the work (one pass; see grid_blocks). On the H100 this shape
+// reaches the device-to-device copy's bandwidth on every map; 256 threads x 2 packs over a grid of resident blocks
+// stayed at 93-95% of it (87% for bf16 GELU, whose erf needs the extra loads in flight): BENCHMARKS.md, section 11.
+constexpr int kThreads = 128;
+constexpr int kUnroll = 4;
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
@@ -69,7 +72,8 @@ __device__ __forceinline__ float apply(const Op& op, const Pack<T, VEC> (&v)[N],
 }
 
 // out[i] = op(in.p[0][i], ...) in float for i < n. Each thread loads kUnroll packs of every input
-// before computing, then strides over the grid; elements past the last whole pack go one per thread.
+// before computing; the grid-stride loop runs once unless the work outgrows the largest grid. Elements past the last
+// whole pack go one per thread.
 template <typename T, int VEC, int N, typename Op>
 __global__ void __launch_bounds__(kThreads) map_kernel(int64_t n, Op op, T* __restrict__ out, Inputs<T, N> in) {
   const int64_t packs = n / VEC;
@@ -178,23 +182,16 @@ inline cudaError_t allow_dynamic_smem(Kernel kernel, int smem) {
   return err;
 }
 
-// Blocks for a grid-stride kernel: what the work needs, at most what the device runs at once.
-template <typename Kernel>
-inline cudaError_t grid_size(Kernel kernel, int threads, int64_t work_per_block, int64_t work, int* blocks) {
-  int64_t resident = 0;
-  const cudaError_t err = resident_blocks(kernel, threads, &resident);
+// Blocks for a grid-stride map: what the work needs, so each block makes one pass (at most the largest grid).
+inline int grid_blocks(int64_t work_per_block, int64_t work) {
   const int64_t needed = (work + work_per_block - 1) / work_per_block;
-  *blocks = static_cast<int>(needed < 1 ? 1 : (needed < resident ? needed : resident));
-  return err;
+  return static_cast<int>(needed < 1 ? 1 : (needed < INT32_MAX ? needed : INT32_MAX));
 }
 
 template <int VEC, typename T, int N, typename Op>
 inline cudaError_t launch_map(cudaStream_t stream, int64_t n, Op op, T* out, Inputs<T, N> in) {
-  auto kernel = map_kernel<T, VEC, N, Op>;
-  int blocks = 0;
-  const cudaError_t err = grid_size(kernel, kThreads, static_cast<int64_t>(kThreads) * kUnroll * VEC, n, &blocks);
-  if (err != cudaSuccess) return err;
-  kernel<<<blocks, kThreads, 0, stream>>>(n, op, out, in);
+  const int blocks = grid_blocks(static_cast<int64_t>(kThreads) * kUnroll * VEC, n);
+  map_kernel<T, VEC, N, Op><<<blocks, kThreads, 0, stream>>>(n, op, out, in);
   return cudaGetLastError();
 }
 

@@ -61,11 +61,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int VEC, typename T>
 cudaError_t launch_bwd(cudaStream_t stream, int64_t n, const T* dy, const T* gate, const T* up, T* dgate, T* dup) {
-  const auto kernel = swiglu_bwd_kernel<T, VEC>;
-  int blocks = 0;
-  const cudaError_t err = grid_size(kernel, kThreads, static_cast<int64_t>(kThreads) * kUnroll * VEC, n, &blocks);
-  if (err != cudaSuccess) return err;
-  kernel<<<blocks, kThreads, 0, stream>>>(n, dy, gate, up, dgate, dup);
+  const int blocks = grid_blocks(static_cast<int64_t>(kThreads) * kUnroll * VEC, n);
+  swiglu_bwd_kernel<T, VEC><<<blocks, kThreads, 0, stream>>>(n, dy, gate, up, dgate, dup);
   return cudaGetLastError();
 }
 
