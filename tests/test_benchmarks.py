@@ -55,6 +55,13 @@ def test_isolated_calls_run_each_in_a_new_pinned_process_with_their_own_environm
         isolated(time.sleep, 30)
 
 
+def test_isolated_torch_runs_as_many_threads_as_it_has_cores():
+    """A thread pool sized for the whole machine, pinned to a few cores, runs a tiny CPU step hundreds of times slower
+    (2 threads on 1 core: 1 ms -> 208 ms a step here); run_all.py --quick took minutes on the 16-core H100 host."""
+    isolated = Isolated(preload=("torch",), cores=1)
+    assert isolated(torch.get_num_threads) == 1
+
+
 def test_largest_keeps_the_biggest_shape_of_each_dtype():
     sizes = {"f": [(torch.float32, (4, 4)), (torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2)), (torch.float32, (3, 3))]}
     assert bench.largest(sizes) == {"f": [(torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2))]}
