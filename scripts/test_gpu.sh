@@ -14,8 +14,8 @@ if [ -d .whl ]; then
 fi
 "$py" -m pip install -q --no-deps --no-build-isolation -e .  # kprof itself, with its TensorBoard entry point
 workers=$("$py" -c "import os; print(min(8, os.cpu_count() or 1))")
-# The tests marked serial start a child process that profiles the GPU; beside a dozen workers profiling the same GPU
-# they ran past 300 s on the H100 (each passes alone in seconds), so they run after the rest, one at a time.
+# The tests marked serial start child processes that profile (the GPU, or pinned CPU cores); beside a dozen workers
+# doing the same they ran past 300 s on the H100, so they run after the rest, one at a time.
 # Exit status 5 (no test selected, e.g. a path without such tests) counts as success in either part.
 status=0
 "$py" -m pytest -n "$workers" --timeout 300 -m "not serial" "$@" || status=$?
