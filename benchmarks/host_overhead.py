@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30, help="paired rounds per layer (default: 30)")
     parser.add_argument("--calls", type=int, default=2000, help="calls per block (default: 2000)")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 200 calls: a smoke run")
-    parser.add_argument("--impl", choices=("cuda", "cpp", "triton", "torch"), help="the kprof layers' impl (default: "
-                        "the device's kernels)")
+    parser.add_argument("--impl", choices=kernels.IMPLS,
+                        help="the kprof layers' impl (default: the device's kernels)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[host_overhead] {row['layer']} ({mode}): {row['ratio']:.2f}x", file=sys.stderr, flush=True)
     env = environment(args.device)
     print(f"# Host time per forward call, [{ROWS}, {WIDTH}] float32 on {env['device']} (torch {env['torch']}, "
-          f"CUDA {env['cuda']}, {env['threads']} thread(s)), kprof impl={args.impl!r}; median of {rounds} paired rounds of {calls} calls\n")
+          f"CUDA {env['cuda']}, {env['threads']} thread(s)), kprof impl={args.impl!r}; median of {rounds} paired "
+          f"rounds of {calls} calls\n")
     print(table(rows), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps({**env, "rounds": rounds, "calls": calls, "rows": rows}, indent=1))

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 import kprof_callbacks as kprof
-from kprof_callbacks import models
+from kprof_callbacks import kernels, models
 
 MODES = ("fp32", "bf16", "compile")
 
@@ -82,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="20 timed steps after 3 warm-up (compile needs them)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
-    parser.add_argument("--impl", choices=("cuda", "cpp", "triton", "torch"), help="kprof.swap's impl (default: the "
-                        "device's kernels)")
+    parser.add_argument("--impl", choices=kernels.IMPLS, help="kprof.swap's impl (default: the device's kernels)")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per variant (default: 50)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, help="also write the rows and the full comparisons as JSON here")
@@ -101,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row(mode, result))
         results[mode] = result.to_dict()
     print(f"# GPT ({cfg.n_layer} x {cfg.n_embd}, vocab {cfg.vocab_size}, batch {batch} x {cfg.block_size}) on "
-          f"{results[modes[0]]['device']}, AdamW, kprof.swap(impl={args.impl!r}); kprof.compare median step time, {steps} timed steps per variant\n")
+          f"{results[modes[0]]['device']}, AdamW, kprof.swap(impl={args.impl!r}); kprof.compare median step time, "
+          f"{steps} timed steps per variant\n")
     print(table(rows), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps({"rows": rows, "comparisons": results}, indent=1))

@@ -112,7 +112,9 @@ def _kernel_targets(rows: list[dict]) -> list[tuple[str, str, bool | None]]:
     largest: dict[tuple, dict] = {}
     for row in rows:
         key = (row["op"], row["dtype"])
-        if row["pass"] == "fwd+bwd" and (key not in largest or math.prod(row["shape"]) > math.prod(largest[key]["shape"])):
+        if row["pass"] != "fwd+bwd":
+            continue
+        if key not in largest or math.prod(row["shape"]) > math.prod(largest[key]["shape"]):
             largest[key] = row
     out = []
     for (op, dtype), row in sorted(largest.items()):
