@@ -85,6 +85,7 @@ def test_bad_arguments_fail_when_the_callback_is_built():
 
 DDP = textwrap.dedent(
     """
+    import os
     import sys
     import lightning as L
     import torch
@@ -100,7 +101,8 @@ DDP = textwrap.dedent(
                             enable_checkpointing=False, callbacks=[kprof.SwapCallback()])
         trainer.fit(model, data())
         kinds = " ".join(f"{type(m).__module__}.{type(m).__name__}" for m in (model.norm, model.act))
-        print(f"rank {trainer.global_rank}: {kinds} {model.norm.weight.sum().item():.6f}")  # swapped, trained
+        line = f"rank {trainer.global_rank}: {kinds} {model.norm.weight.sum().item():.6f}\\n"  # swapped, trained
+        os.write(1, line.encode())  # one write: both ranks share the pipe, and print's text and newline can interleave
     """
 )
 
@@ -112,7 +114,7 @@ def test_ddp_every_rank_swaps_and_trains_the_same_layers(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
-    assert [line.split(":")[0] for line in lines] == ["rank 0", "rank 1"]
+    assert [line.split(":")[0] for line in lines] == ["rank 0", "rank 1"], done.stderr[-3000:]
     assert {line.split(": ")[1] for line in lines} == {lines[0].split(": ")[1]}  # same layers, same weights
     assert lines[0].split(": ")[1].startswith("kprof_callbacks.kernels.layernorm.LayerNorm "
                                               "kprof_callbacks.kernels.gelu.GELU")
