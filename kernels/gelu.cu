@@ -20,11 +20,11 @@ struct GeluBackward {
 };
 
 // The bias kernels walk a [rows, cols] matrix with 32 x kRows blocks: threadIdx.x takes a pack of columns
-// (a warp reads 32 consecutive packs of a row), threadIdx.y and the grid's y stride over rows, with
-// kRowUnroll<VEC> rows in flight per thread. Each thread keeps its bias pack in registers for all its rows.
+// (a warp reads 32 consecutive packs of a row), threadIdx.y and the grid's y stride over rows. Each thread keeps
+// its bias pack in registers for all its rows. The forward loads kUnroll rows (the map's) before computing.
 constexpr int kRows = 8;
 
-// Rows a thread loads before computing: two for 4-element packs; one for 8-element (2-byte) packs, whose
+// Rows a backward thread loads before computing: two for 4-element packs; one for 8-element (2-byte) packs, whose
 // float math already holds enough registers to limit how many threads stay resident.
 template <int VEC>
 constexpr int kRowUnroll = VEC >= 8 ? 1 : 2;
@@ -44,7 +44,6 @@ __global__ void __launch_bounds__(32 * kRows)
   if (col >= cols) return;  // no barriers below
   float b[VEC];
   load_pack<T, VEC>(bias + col, b);
-  constexpr int kUnroll = kRowUnroll<VEC>;
   const int64_t stride = static_cast<int64_t>(gridDim.y) * kRows;
   for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; r0 < rows; r0 += stride * kUnroll) {
     Pack<T, VEC> v[kUnroll];
@@ -114,16 +113,23 @@ __global__ void __launch_bounds__(32 * kRows)
   store_pack<float, VEC>(partial + static_cast<int64_t>(blockIdx.y) * cols + col, acc);
 }
 
-// The grid of a bias kernel: 32 column packs per block in x; in y, enough row blocks to fill the device.
-template <typename Kernel>
-cudaError_t bias_grid(Kernel kernel, int64_t rows, int64_t cols, int vec, dim3* grid) {
-  const int64_t col_blocks = (cols / vec + 31) / 32;
-  int64_t resident = 0;
-  const cudaError_t err = resident_blocks(kernel, 32 * kRows, &resident);
-  if (err != cudaSuccess) return err;
-  const int64_t wanted = resident / col_blocks > 0 ? resident / col_blocks : 1;
-  const int64_t needed = (rows + 2 * kRows - 1) / (2 * kRows);  // at least two rows per thread
-  int64_t row_blocks = needed < wanted ? needed : wanted;
+// The grid of a bias kernel: 32 column packs per block in x. In y, the forward makes one pass, like the map (a row
+// block for each kRows x kUnroll rows); the backward, which writes a row of bias-gradient partials per row block,
+// takes only as many row blocks as fill the device, each thread striding over at least two rows.
+template <int VEC, typename Kernel>
+cudaError_t bias_grid(Kernel kernel, int64_t rows, int64_t cols, bool one_pass, dim3* grid) {
+  const int64_t col_blocks = (cols / VEC + 31) / 32;
+  int64_t row_blocks = 0;
+  if (one_pass) {
+    row_blocks = (rows + kRows * kUnroll - 1) / (kRows * kUnroll);
+  } else {
+    int64_t resident = 0;
+    const cudaError_t err = resident_blocks(kernel, 32 * kRows, &resident);
+    if (err != cudaSuccess) return err;
+    const int64_t wanted = resident / col_blocks > 0 ? resident / col_blocks : 1;
+    const int64_t needed = (rows + 2 * kRows - 1) / (2 * kRows);
+    row_blocks = needed < wanted ? needed : wanted;
+  }
   row_blocks = row_blocks < 65535 ? (row_blocks > 0 ? row_blocks : 1) : 65535;
   *grid = dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks));
   return cudaSuccess;
@@ -165,9 +171,10 @@ extern "C" cudaError_t kprof_bias_gelu_forward(int dtype, const void* x, const v
   const bool aligned = aligned16(x) && aligned16(bias) && aligned16(y);
   return with_bias_layout(dtype, cols, aligned, [&](auto t, auto vec) {
     using T = typename decltype(t)::type;
-    auto kernel = bias_gelu_fwd_kernel<T, decltype(vec)::value>;
+    constexpr int kVec = decltype(vec)::value;
+    auto kernel = bias_gelu_fwd_kernel<T, kVec>;
     dim3 grid;
-    const cudaError_t err = bias_grid(kernel, rows, cols, vec, &grid);
+    const cudaError_t err = bias_grid<kVec>(kernel, rows, cols, true, &grid);
     if (err != cudaSuccess) return err;
     kernel<<<grid, dim3(32, kRows), 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(bias),
                                                  static_cast<T*>(y), rows, cols, tanh_approx);
@@ -183,9 +190,10 @@ extern "C" cudaError_t kprof_bias_gelu_backward(int dtype, const void* dy, const
   const bool aligned = aligned16(dy) && aligned16(x) && aligned16(bias) && aligned16(dx);
   return with_bias_layout(dtype, cols, aligned, [&](auto t, auto vec) {
     using T = typename decltype(t)::type;
-    auto kernel = bias_gelu_bwd_kernel<T, decltype(vec)::value>;
+    constexpr int kVec = decltype(vec)::value;
+    auto kernel = bias_gelu_bwd_kernel<T, kVec>;
     dim3 grid;
-    const cudaError_t err = bias_grid(kernel, rows, cols, vec, &grid);
+    const cudaError_t err = bias_grid<kVec>(kernel, rows, cols, false, &grid);
     if (err != cudaSuccess) return err;
     if (partial == nullptr) {
       *partial_rows = grid.y;
