@@ -20,8 +20,9 @@ __device__ __forceinline__ void swiglu_grad(float dy, float g, float u, float& d
   du = dy * g * s;
 }
 
-// Same walk as map_kernel: kUnroll packs of each input loaded before any math, a grid-stride loop over
-// whole packs, then the elements past the last pack one per thread.
+// Same walk as map_kernel: kUnroll packs of each input loaded (kept in their storage type, so 2-byte types hold half
+// the registers) before any math, a grid-stride loop over whole packs, then the elements past the last pack one per
+// thread.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
     swiglu_bwd_kernel(int64_t n, const T* __restrict__ dy, const T* __restrict__ gate, const T* __restrict__ up,
@@ -30,14 +31,14 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads * kUnroll;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < packs;
        base += step) {
-    float d[kUnroll][VEC], g[kUnroll][VEC], u[kUnroll][VEC];
+    Pack<T, VEC> d[kUnroll], g[kUnroll], u[kUnroll];
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int64_t p = base + k * kThreads;
       if (p >= packs) continue;
-      load_pack<T, VEC>(dy + p * VEC, d[k]);
-      load_pack<T, VEC>(gate + p * VEC, g[k]);
-      load_pack<T, VEC>(up + p * VEC, u[k]);
+      d[k] = *reinterpret_cast<const Pack<T, VEC>*>(dy + p * VEC);
+      g[k] = *reinterpret_cast<const Pack<T, VEC>*>(gate + p * VEC);
+      u[k] = *reinterpret_cast<const Pack<T, VEC>*>(up + p * VEC);
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
@@ -45,7 +46,7 @@ __global__ void __launch_bounds__(kThreads)
       if (p >= packs) continue;
       float dg[VEC], du[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) swiglu_grad(d[k][j], g[k][j], u[k][j], dg[j], du[j]);
+      for (int j = 0; j < VEC; ++j) swiglu_grad(to_float(d[k].v[j]), to_float(g[k].v[j]), to_float(u[k].v[j]), dg[j], du[j]);
       store_pack<T, VEC>(dgate + p * VEC, dg);
       store_pack<T, VEC>(dup + p * VEC, du);
     }
