@@ -1,7 +1,7 @@
 """The seeds' experiment: torch.square(a) vs a * a vs a ** 2 vs kprof's own square kernels.
 
 Each variant is timed with ``kprof.time_cuda`` (CUDA events after a warm-up; perf_counter on a CPU), profiled
-once with torch.profiler (its key_averages table is printed, as in the seeds), and the profiler's events say
+for three calls with torch.profiler (its key_averages table is printed, as in the seeds), and the profiler's events say
 which ATen op and which device kernel each one dispatched to: torch.square and ``** 2`` go through
 ``aten::pow``, ``a * a`` through ``aten::mul``. Nothing about the dispatch is hard-coded below.
 
@@ -31,19 +31,18 @@ VARIANTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def dispatch_chain(events: list[FunctionEvent], cuda: bool) -> list[str]:
-    """The ops from the top-level call down to the one that did the work.
+    """The ops from the top-level call down to the one that did the work, in the fastest profiled call.
 
-    Starting at the top-level op (inside the ``ProfilerStep`` range), step into the child that holds most of
-    the time (device time on CUDA, CPU time otherwise) for as long as one child holds more than half of its
-    parent's.
+    Of the profiled calls (one ``ProfilerStep`` range each) take the fastest, so that a call the OS preempted
+    cannot decide. Starting at its top-level op, step into the child that holds most of the time (device time
+    on CUDA, CPU time otherwise) for as long as one child holds more than half of its parent's.
     """
 
     def cost(e: FunctionEvent) -> float:
         return e.device_time_total if cuda else e.cpu_time_total
 
-    node = max((e for e in events if e.cpu_parent is None and e.device_type.name == "CPU"), key=cost)
-    if node.name.startswith("ProfilerStep") and node.cpu_children:
-        node = max(node.cpu_children, key=cost)
+    steps = [e for e in events if e.cpu_parent is None and e.name.startswith("ProfilerStep") and e.cpu_children]
+    node = max(min(steps, key=cost).cpu_children, key=cost)
     chain = [node.name]
     while node.cpu_children:
         child = max(node.cpu_children, key=cost)
@@ -64,12 +63,12 @@ def device_kernels(events: list[FunctionEvent]) -> list[str]:
     return sorted({e.name for e in events if e.device_type.name == "CUDA" and e.name not in ranges})
 
 
-def profile_once(fn: Callable, a: torch.Tensor, cuda: bool):
-    """Profile one call after one profiled-but-discarded warm-up step (the seeds' schedule, shortened), so
-    the profiler's own start-up cost stays out of the table."""
+def profile_calls(fn: Callable, a: torch.Tensor, cuda: bool, calls: int = 3):
+    """Profile `calls` calls, one step each, after one profiled-but-discarded warm-up step (the seeds'
+    schedule, shortened), so the profiler's own start-up cost stays out of the table."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=1, repeat=1)) as prof:
-        for _ in range(2):
+    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=calls, repeat=1)) as prof:
+        for _ in range(1 + calls):
             fn(a)
             if cuda:
                 torch.cuda.synchronize()
@@ -96,7 +95,7 @@ def main() -> None:
     for name, fn in VARIANTS.items():
         err = (fn(a) - reference).abs().max().item()
         timing = kprof.time_cuda(fn, a, warmup=args.warmup, iters=args.iters, device=device)
-        prof = profile_once(fn, a, cuda)
+        prof = profile_calls(fn, a, cuda)
         events = list(prof.events())
         chain, launched = dispatch_chain(events, cuda), device_kernels(events)
         rows.append((name, timing, chain, launched, err))
