@@ -223,7 +223,8 @@ struct Vec {
 };
 
 // Runs f(Type<T>{}, Type<W>{}, Vec<VEC>{}, shape) -> cudaError_t for input type T, parameter type W (T or
-// float) and the row shape of n in blocks of up to block_threads; cudaErrorInvalidValue for a row length or dtype pair it has no kernel for.
+// float) and the row shape of n in blocks of up to block_threads; cudaErrorInvalidValue for a row length or
+// dtype pair it has no kernel for.
 template <typename F>
 inline cudaError_t with_row_types(int x_dtype, int w_dtype, int n, bool aligned, int block_threads, F&& f) {
   if (n < 1 || n > kMaxCols) return cudaErrorInvalidValue;

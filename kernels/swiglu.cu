@@ -46,7 +46,9 @@ __global__ void __launch_bounds__(kThreads)
       if (p >= packs) continue;
       float dg[VEC], du[VEC];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) swiglu_grad(to_float(d[k].v[j]), to_float(g[k].v[j]), to_float(u[k].v[j]), dg[j], du[j]);
+      for (int j = 0; j < VEC; ++j) {
+        swiglu_grad(to_float(d[k].v[j]), to_float(g[k].v[j]), to_float(u[k].v[j]), dg[j], du[j]);
+      }
       store_pack<T, VEC>(dgate + p * VEC, dg);
       store_pack<T, VEC>(dup + p * VEC, du);
     }
