@@ -7,15 +7,26 @@ namespace {
 
 using namespace kprof::elementwise;
 
-__device__ __forceinline__ float sigmoid(float g) { return 1.f / (1.f + expf(-g)); }
+// sigmoid(g). kFast, for 2-byte storage: the hardware's approximate exp and division, whose few-ulp float error lies
+// far below the output's rounding (2^-8 relative for bfloat16, 2^-11 for half); float storage keeps the accurate ones.
+template <bool kFast>
+__device__ __forceinline__ float sigmoid(float g) {
+  if constexpr (kFast) return __fdividef(1.f, 1.f + __expf(-g));  // 0 once exp(-g) overflows, as 1 / inf
+  return 1.f / (1.f + expf(-g));
+}
 
+template <typename T>
+constexpr bool kFastMath = sizeof(T) == 2;
+
+template <bool kFast>
 struct SwiGLUOp {
-  __device__ float operator()(float g, float u) const { return g * sigmoid(g) * u; }
+  __device__ float operator()(float g, float u) const { return g * sigmoid<kFast>(g) * u; }
 };
 
 // d(silu(g) * u): dg = dy * u * s * (1 + g * (1 - s)) with s = sigmoid(g), du = dy * g * s.
+template <bool kFast>
 __device__ __forceinline__ void swiglu_grad(float dy, float g, float u, float& dg, float& du) {
-  const float s = sigmoid(g);
+  const float s = sigmoid<kFast>(g);
   dg = dy * u * s * (1.f + g * (1.f - s));
   du = dy * g * s;
 }
@@ -47,7 +58,7 @@ __global__ void __launch_bounds__(kThreads)
       float dg[VEC], du[VEC];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        swiglu_grad(to_float(d[k].v[j]), to_float(g[k].v[j]), to_float(u[k].v[j]), dg[j], du[j]);
+        swiglu_grad<kFastMath<T>>(to_float(d[k].v[j]), to_float(g[k].v[j]), to_float(u[k].v[j]), dg[j], du[j]);
       }
       store_pack<T, VEC>(dgate + p * VEC, dg);
       store_pack<T, VEC>(dup + p * VEC, du);
@@ -56,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = packs * VEC + static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     float dg, du;
-    swiglu_grad(to_float(dy[i]), to_float(gate[i]), to_float(up[i]), dg, du);
+    swiglu_grad<kFastMath<T>>(to_float(dy[i]), to_float(gate[i]), to_float(up[i]), dg, du);
     dgate[i] = from_float<T>(dg);
     dup[i] = from_float<T>(du);
   }
@@ -78,7 +89,8 @@ cudaError_t kprof_swiglu_forward(int dtype, const void* gate, const void* up, vo
                                  cudaStream_t stream) {
   return with_dtype(dtype, [&](auto t) {
     using T = typename decltype(t)::type;
-    return map(stream, n, SwiGLUOp{}, static_cast<T*>(y), static_cast<const T*>(gate), static_cast<const T*>(up));
+    return map(stream, n, SwiGLUOp<kFastMath<T>>{}, static_cast<T*>(y), static_cast<const T*>(gate),
+               static_cast<const T*>(up));
   });
 }
 

@@ -115,6 +115,24 @@ def test_swiglu_kernels_match_float64(device: str, shape) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_swiglu_saturates_without_nan(device: str) -> None:
+    """Gates past where exp(-gate) overflows a float (gate < -88.7): silu and its gradients go to 0, never NaN, and
+    at large positive gates silu(g) * u = g * u. The 2-byte CUDA kernels take the hardware's fast exp and division,
+    whose edge cases these are. Absolute error 1e-6 covers the reference's denormal-sized values the kernels flush
+    to 0 (silu(-88.8) * 1.5 is -3.6e-37)."""
+    g = torch.tensor([-1e4, -200.0, -100.0, -88.8, -88.0, -20.0, -0.5, 0.0, 0.5, 20.0, 88.0, 100.0, 200.0, 1e4])
+    for dtype, _ in cases(device):
+        gate = g.to(device, dtype)
+        up, dy = torch.full_like(gate, 1.5), torch.full_like(gate, 0.75)
+        with poisoned_outputs():
+            y = ops.swiglu(gate, up)
+            dgate, dup = ops.swiglu_backward(dy, gate, up)
+        ref, (gg, gu) = reference_grads(lambda a, b: F.silu(a) * b, [gate, up], dy)
+        for out, want in ((y, ref), (dgate, gg), (dup, gu)):
+            torch.testing.assert_close(out.double(), want, rtol=TOL[dtype], atol=1e-6, msg=lambda m: f"{dtype}: {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_swiglu_packed_and_unaligned_views_agree(device: str) -> None:
     """An input starting one element into its storage takes the one-element path; same numbers."""
     base = torch.randn(2, 4097, device=device)
