@@ -159,3 +159,12 @@ def test_host_overhead_quick_times_every_layer_with_the_impl_asked_for(capsys):
     assert len(host_overhead.pairs("cpu", False, "triton")) == len(host_overhead.pairs("cpu", False)) - 2
     with pytest.raises(SystemExit):  # Triton's host time only means something on CUDA
         host_overhead.main(["--quick", "--device", "cpu", "--impl", "triton"])
+
+
+def test_gemm_floor_quick_times_the_gemms_against_both_linear_gelus(capsys):
+    import gemm_floor
+
+    assert gemm_floor.main(["--quick", "--device", "cpu"]) == 0
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    assert {"GEMMs alone", "eager Linear+GELU", "kprof bias_gelu after the GEMM"} <= set(rows)
+    assert rows["GEMMs alone"].rstrip(" |").endswith("1.000")
