@@ -44,9 +44,16 @@ struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
+// A pack of VEC elements at `p`, kept in its storage type until used (half the registers of floats for 2-byte types,
+// so more threads stay resident).
+template <typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> load_raw(const T* p) {
+  return *reinterpret_cast<const Pack<T, VEC>*>(p);
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void load_pack(const T* p, float (&out)[VEC]) {
-  const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
+  const Pack<T, VEC> pk = load_raw<T, VEC>(p);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) out[j] = to_float(pk.v[j]);
 }
@@ -86,7 +93,7 @@ __global__ void __launch_bounds__(kThreads) map_kernel(int64_t n, Op op, T* __re
       const int64_t p = base + u * kThreads;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        if (p < packs) v[u][k] = *reinterpret_cast<const Pack<T, VEC>*>(in.p[k] + p * VEC);
+        if (p < packs) v[u][k] = load_raw<T, VEC>(in.p[k] + p * VEC);
       }
     }
 #pragma unroll

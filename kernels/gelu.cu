@@ -29,13 +29,6 @@ constexpr int kRows = 8;
 template <int VEC>
 constexpr int kRowUnroll = VEC >= 8 ? 1 : 2;
 
-// A pack of VEC elements at `p`, kept in its storage type until used (half the registers of floats for
-// 2-byte types, so more threads stay resident).
-template <typename T, int VEC>
-__device__ __forceinline__ Pack<T, VEC> load_raw(const T* p) {
-  return *reinterpret_cast<const Pack<T, VEC>*>(p);
-}
-
 template <typename T, int VEC>
 __global__ void __launch_bounds__(32 * kRows)
     bias_gelu_fwd_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y, int64_t rows,
@@ -121,7 +114,7 @@ cudaError_t bias_grid(Kernel kernel, int64_t rows, int64_t cols, bool one_pass, 
   const int64_t col_blocks = (cols / VEC + 31) / 32;
   int64_t row_blocks = 0;
   if (one_pass) {
-    row_blocks = (rows + kRows * kUnroll - 1) / (kRows * kUnroll);
+    row_blocks = grid_blocks(kRows * kUnroll, rows);
   } else {
     int64_t resident = 0;
     const cudaError_t err = resident_blocks(kernel, 32 * kRows, &resident);

@@ -47,9 +47,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < kUnroll; ++k) {
       const int64_t p = base + k * kThreads;
       if (p >= packs) continue;
-      d[k] = *reinterpret_cast<const Pack<T, VEC>*>(dy + p * VEC);
-      g[k] = *reinterpret_cast<const Pack<T, VEC>*>(gate + p * VEC);
-      u[k] = *reinterpret_cast<const Pack<T, VEC>*>(up + p * VEC);
+      d[k] = load_raw<T, VEC>(dy + p * VEC);
+      g[k] = load_raw<T, VEC>(gate + p * VEC);
+      u[k] = load_raw<T, VEC>(up + p * VEC);
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
