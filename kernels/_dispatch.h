@@ -6,6 +6,7 @@
 // records `kprof::<op>` by itself. Fake (shape-only) kernels for torch.compile are registered from Python.
 #pragma once
 
+#include "_fastcall.h"
 #include "_op.h"
 
 #include <ATen/autocast_mode.h>
@@ -114,9 +115,19 @@ void autocast_like(torch::Library& m, const char* op, c10::OperatorName twin) {
 #define KPROF_STR2(a) #a
 #define KPROF_STR(a) KPROF_STR2(a)
 
-// The (empty) Python module: importing the library runs the static registrations above, which is all it is for.
-#define KPROF_PYTHON_MODULE()                                                                          \
-  PyMODINIT_FUNC KPROF_CAT(PyInit_, TORCH_EXTENSION_NAME)(void) {                                      \
-    static PyModuleDef module = {PyModuleDef_HEAD_INIT, KPROF_STR(TORCH_EXTENSION_NAME), nullptr, -1, nullptr}; \
-    return PyModule_Create(&module);                                                                   \
+// The Python module: importing it runs the static registrations above; its one function, `fast(op, overload)`, makes
+// the eager entry of each operator listed (KPROF_FAST(name, autograd_kernel), see _fastcall.h).
+#define KPROF_PYTHON_MODULE(...)                                                                              \
+  namespace {                                                                                                 \
+  const ::kprof::fastcall::Maker kprof_makers_[] = {__VA_ARGS__ __VA_OPT__(, )::kprof::fastcall::Maker{nullptr, \
+                                                                                                      nullptr}}; \
+  PyMethodDef kprof_methods_[] = {                                                                            \
+      {"fast", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&::kprof::fastcall::fast<kprof_makers_>)), \
+       METH_FASTCALL, "fast(op, overload): the eager entry of a kprof operator, or None"},                    \
+      {nullptr, nullptr, 0, nullptr}};                                                                        \
+  }                                                                                                           \
+  PyMODINIT_FUNC KPROF_CAT(PyInit_, TORCH_EXTENSION_NAME)(void) {                                             \
+    static PyModuleDef module = {PyModuleDef_HEAD_INIT, KPROF_STR(TORCH_EXTENSION_NAME), nullptr, -1,          \
+                                 kprof_methods_};                                                             \
+    return PyModule_Create(&module);                                                                          \
   }

@@ -26,9 +26,10 @@ class OpLibrary:
     """The operators ``kprof::<prefix><op>`` for each of ``ops``; ``build`` registers them (``_build.load`` or
     ``load_inline`` for a C++ extension, an import for the Triton twins, whose ``prefix`` is "triton_").
 
-    Once loaded, each operator's ``OpOverload`` is an attribute named without the prefix (``LIBRARY.gelu`` is
-    ``torch.ops.kprof.gelu.default``): one attribute read per call instead of four, Dynamo puts it in the graph all
-    the same, and a twin library is called exactly as the one it twins.
+    Once loaded, each operator is an attribute named without the prefix (``LIBRARY.gelu``), called exactly as a
+    twin library's: the extension's eager entry where it has one (``_fastcall.h``: the operator through its typed
+    dispatcher handle, without torch.ops' per-call argument parsing; Dynamo traces it as the ``OpOverload``), else
+    the ``OpOverload`` itself (``torch.ops.kprof.gelu.default``).
     """
 
     def __init__(self, name: str, build: Callable[[], types.ModuleType], ops: tuple[str, ...], prefix: str = ""
@@ -68,12 +69,30 @@ class OpLibrary:
             return True
         with _lock:
             if not self._loaded:
+                module = None
                 if not hasattr(torch.ops.kprof, self.prefix + self.ops[0]):
-                    self._builder()
+                    module = self._builder()
                 for op, fn in self._fakes.items():  # a load that failed half-way may be retried
                     if not torch_compat.has_fake_kernel(f"kprof::{self.prefix}{op}"):
                         torch.library.register_fake(f"kprof::{self.prefix}{op}", fn)
                 for op in self.ops:
-                    setattr(self, op, getattr(torch.ops.kprof, self.prefix + op).default)
+                    setattr(self, op, _entry(module, f"kprof::{self.prefix}{op}"))
                 self._loaded = True
         return True
+
+
+def _entry(module: types.ModuleType | None, op: str) -> Callable:
+    """How Python calls ``op``: ``module``'s eager entry for it, which Dynamo traces as the ``OpOverload``, where the
+    module has one; else the ``OpOverload``."""
+    namespace, name = op.split("::")
+    overload = getattr(getattr(torch.ops, namespace), name).default
+    make = getattr(module, "fast", None)
+    entry = make(op, overload) if make is not None else None
+    if entry is None:
+        return overload
+
+    def traced(*args):
+        return overload(*args)
+
+    torch.compiler.substitute_in_graph(entry, skip_signature_check=True)(traced)
+    return entry

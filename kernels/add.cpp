@@ -59,4 +59,4 @@ TORCH_LIBRARY_IMPL(kprof, Autograd, m) { m.impl("add", &add_autograd); }
 
 KPROF_AUTOCAST_LIKE("add", "aten::add", "Tensor")
 
-KPROF_PYTHON_MODULE()
+KPROF_PYTHON_MODULE(KPROF_FAST("add", add_autograd))

@@ -257,4 +257,4 @@ TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
 KPROF_AUTOCAST_LIKE("gelu", "aten::gelu", "")
 KPROF_AUTOCAST_LIKE("bias_gelu", "aten::gelu", "")
 
-KPROF_PYTHON_MODULE()
+KPROF_PYTHON_MODULE(KPROF_FAST("gelu", gelu_autograd), KPROF_FAST("bias_gelu", bias_gelu_autograd))

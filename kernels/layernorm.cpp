@@ -233,4 +233,4 @@ TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
 
 KPROF_AUTOCAST_LIKE("layer_norm", "aten::layer_norm", "")
 
-KPROF_PYTHON_MODULE()
+KPROF_PYTHON_MODULE(KPROF_FAST("layer_norm", layer_norm_autograd))

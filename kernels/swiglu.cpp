@@ -127,4 +127,4 @@ TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
 
 KPROF_AUTOCAST_LIKE("swiglu", "aten::silu", "")
 
-KPROF_PYTHON_MODULE()
+KPROF_PYTHON_MODULE(KPROF_FAST("swiglu", swiglu_autograd))
