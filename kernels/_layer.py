@@ -34,6 +34,14 @@ def check_impl(impl: str | None) -> str | None:
     return impl
 
 
+def use_reference(impl: str | None) -> bool:
+    """True where a functional form runs its PyTorch reference instead of a kernel: ``impl="torch"``, or no impl chosen
+    while torch.compile traces it. Inductor fuses the reference's math with its neighbours, which an opaque operator
+    call stops, so a compiled model with automatic layers is never slower than torch's own; an explicit "cuda", "cpp"
+    or "triton" keeps the kernel in the compiled graph. Dynamo folds the check to a constant."""
+    return impl == "torch" or (impl is None and torch.compiler.is_compiling())
+
+
 def check_supported(t: torch.Tensor, name: str, op: str, impl: str | None = None) -> None:
     """A TypeError unless ``impl``'s kernels take t's dtype on t's device (for checks made once, at construction)."""
     supported = CUDA_DTYPES if t.is_cuda or impl == "triton" else CPU_DTYPES if t.device.type == "cpu" else ()
@@ -62,6 +70,9 @@ class Kernels:
     def pick(self, impl: str | None, x: torch.Tensor, op: str) -> OpLibrary:
         """The loaded library for ``impl`` (not "torch": the functional forms call their PyTorch reference first),
         after checking it: an unknown impl, or "cuda"/"cpp" with x on the other device, is a ValueError."""
+        if impl is None:  # the common case first: every call of a layer goes through here
+            self.native.ensure()
+            return self.native
         if impl in KERNEL_DEVICES:
             device = KERNEL_DEVICES[impl]
             if not isinstance(x, torch.Tensor) or x.device.type != device:

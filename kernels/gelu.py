@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _build, _triton
-from ._layer import KernelLayer, Kernels, check_choice, check_impl
+from ._layer import KernelLayer, Kernels, check_choice, check_impl, use_reference
 from ._library import OpLibrary
 
 APPROXIMATIONS = ("none", "tanh")
@@ -42,7 +42,7 @@ def _bias_gelu_backward_fake(grad: torch.Tensor, x: torch.Tensor, bias: torch.Te
 def gelu(x: torch.Tensor, approximate: str = "none", *, impl: str | None = None) -> torch.Tensor:
     """``F.gelu`` with kprof kernels; a strided ``x`` is read through a contiguous copy. ``impl``: None (by device),
     "cuda", "cpp", "triton" or "torch"."""
-    if impl == "torch":
+    if use_reference(impl):
         return F.gelu(x, approximate=approximate)
     return KERNELS.pick(impl, x, "kprof gelu").gelu(x, approximate)
 
@@ -51,7 +51,7 @@ def bias_gelu(
     x: torch.Tensor, bias: torch.Tensor, approximate: str = "none", *, impl: str | None = None
 ) -> torch.Tensor:
     """``F.gelu(x + bias)`` fused, ``bias`` (x's dtype) broadcast over the last dimension of ``x``."""
-    if impl == "torch":
+    if use_reference(impl):
         return F.gelu(x + bias, approximate=approximate)
     return KERNELS.pick(impl, x, "kprof bias_gelu").bias_gelu(x, bias, approximate)
 

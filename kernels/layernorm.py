@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _build, _triton
-from ._layer import Kernels
+from ._layer import Kernels, use_reference
 from ._library import OpLibrary
 from ._norm import RowNorm, shape_arg, stats_like
 
@@ -50,7 +50,7 @@ def layer_norm(
 ) -> torch.Tensor:
     """``torch.nn.functional.layer_norm`` with the kprof kernels (a weight is required); strided inputs are read
     through contiguous copies. ``impl``: None (by device), "cuda", "cpp", "triton" or "torch"."""
-    if impl == "torch":
+    if use_reference(impl):
         return F.layer_norm(x, shape_arg(normalized_shape), weight, bias, eps)
     return KERNELS.pick(impl, x, "kprof layer_norm").layer_norm(x, shape_arg(normalized_shape), weight, bias, eps)
 

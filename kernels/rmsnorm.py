@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _build, _triton
-from ._layer import Kernels
+from ._layer import Kernels, use_reference
 from ._library import OpLibrary
 from ._norm import RowNorm, shape_arg, stats_like
 
@@ -47,7 +47,7 @@ def rms_norm(
 ) -> torch.Tensor:
     """``torch.nn.functional.rms_norm`` with the kprof kernels (a weight is required); strided inputs are read
     through contiguous copies. ``impl``: None (by device), "cuda", "cpp", "triton" or "torch"."""
-    if impl == "torch":
+    if use_reference(impl):
         return F.rms_norm(x, shape_arg(normalized_shape), weight, eps)
     return KERNELS.pick(impl, x, "kprof rms_norm").rms_norm(x, shape_arg(normalized_shape), weight, eps)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from . import _build
-from ._layer import KernelLayer, Kernels, check_choice
+from ._layer import KernelLayer, Kernels, check_choice, use_reference
 from ._library import OpLibrary
 
 VARIANTS = ("grid2d", "vectorized")
@@ -217,7 +217,7 @@ def square(x: torch.Tensor, *, variant: str = "vectorized", impl: str | None = N
     """``torch.square`` with kprof kernels; a strided ``x`` is read through a contiguous copy. ``variant``
     ("vectorized" or the seed's "grid2d") picks the CUDA forward; ``impl``: None (by device), "cuda", "cpp" or
     "torch"."""
-    if impl == "torch":
+    if use_reference(impl):
         return torch.square(x)
     return KERNELS.pick(impl, x, "kprof square").square(x, variant)
 

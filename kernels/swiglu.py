@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _build, _triton
-from ._layer import KernelLayer, Kernels, check_impl, check_supported
+from ._layer import KernelLayer, Kernels, check_impl, check_supported, use_reference
 from ._library import OpLibrary
 
 LIBRARY = OpLibrary("swiglu", lambda: _build.load("swiglu", ["swiglu.cpp", "swiglu.cu"]),
@@ -33,7 +33,7 @@ def _swiglu_backward_fake(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tens
 def swiglu(gate: torch.Tensor, up: torch.Tensor, *, impl: str | None = None) -> torch.Tensor:
     """``silu(gate) * up`` for tensors of one shape, dtype and device (no broadcasting); strided inputs are read
     through contiguous copies. ``impl``: None (by device), "cuda", "cpp", "triton" or "torch"."""
-    if impl == "torch":
+    if use_reference(impl):
         return F.silu(gate) * up
     return KERNELS.pick(impl, gate, "kprof swiglu").swiglu(gate, up)
 

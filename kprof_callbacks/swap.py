@@ -71,7 +71,8 @@ def swap(
     Mapping values: a class with ``from_module``, a callable taking the torch module, or the name of a
     class in ``kprof_callbacks.kernels``. Only exact type matches are swapped: a subclass may change
     ``forward``, so it is reported as skipped. ``impl`` picks the layers' implementation: None (the kernels of
-    the input's device), "cuda", "cpp" or "torch" (PyTorch's own op inside the kprof layer, to compare a model
+    the input's device; under torch.compile, PyTorch's math, which inductor fuses with its neighbours), "cuda",
+    "cpp", "triton" (the Triton twins) or "torch" (PyTorch's own op inside the kprof layer, to compare a model
     with itself); it reaches classes' ``from_module``, while a plain callable decides for itself. Each kernel
     layer's operators are built before this returns, so a compiler problem shows up here rather than
     mid-training; with ``fallback=True`` such layers keep their torch module (with a warning) instead of

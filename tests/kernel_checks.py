@@ -85,6 +85,19 @@ def assert_compiles_without_graph_breaks(step, device: str = "cpu") -> None:
             torch.testing.assert_close(gx, wx)
 
 
+def graph_targets(fn, *args) -> list[str]:
+    """The call_function targets of the one graph torch.compile makes of ``fn``."""
+    targets: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return targets
+
+
 _CHILD = """
 import importlib, sys, torch
 for module in sys.argv[2].split(","):

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from kprof_callbacks import kernels
 from kprof_callbacks.kernels import _build
 
-from kernel_checks import DEVICES, HAS_CUDA, assert_compiles_without_graph_breaks, operator_samples, poisoned_outputs
+from kernel_checks import (DEVICES, HAS_CUDA, assert_compiles_without_graph_breaks, graph_targets, operator_samples,
+                           poisoned_outputs)
 
 LIBRARIES = ("add", "gelu", "square", "swiglu", "layernorm", "rmsnorm")
 
@@ -150,18 +151,79 @@ def test_autocast_dtypes_follow_the_replaced_op(device: str, autocast_dtype: tor
 # -- torch.compile and the build cache ------------------------------------------------------------------------------
 def test_functional_forms_compile_without_graph_breaks() -> None:
     def step(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        h = kernels.layer_norm(x, x.shape[-1], w, b)
-        h = kernels.add(kernels.bias_gelu(h, b, "tanh"), kernels.square(h))
-        return kernels.rms_norm(kernels.swiglu(h, kernels.gelu(h)), (x.shape[-1],), w)
+        h = kernels.layer_norm(x, x.shape[-1], w, b, impl="cpp")
+        h = kernels.add(kernels.bias_gelu(h, b, "tanh", impl="cpp"), kernels.square(h, impl="cpp"), impl="cpp")
+        return kernels.rms_norm(kernels.swiglu(h, kernels.gelu(h, impl="cpp"), impl="cpp"), (x.shape[-1],), w,
+                                impl="cpp")
 
     assert_compiles_without_graph_breaks(step)
+
+
+def test_under_compile_automatic_layers_trace_torch_math_and_an_explicit_impl_keeps_the_kernel() -> None:
+    """impl=None lets inductor fuse the layer's math with its neighbours; "cpp" (or "cuda", "triton") keeps the
+    kernel as an operator in the graph."""
+    x, w, b = torch.randn(4, 16), torch.randn(16), torch.randn(16)
+    auto = graph_targets(lambda t: kernels.gelu(kernels.layer_norm(t, 16, w, b)), x)
+    explicit = graph_targets(lambda t: kernels.gelu(kernels.layer_norm(t, 16, w, b, impl="cpp"), impl="cpp"), x)
+    assert not [t for t in auto if "kprof" in t] and any("layer_norm" in t for t in auto), auto
+    assert {"kprof.layer_norm.default", "kprof.gelu.default"} <= set(explicit), explicit
+
+
+# -- the eager entry: the operator without torch.ops' argument parsing -----------------------------------------------
+def test_eager_calls_take_the_extension_entry_and_dynamo_traces_it_as_the_operator() -> None:
+    from kprof_callbacks.kernels import layernorm
+
+    entry = layernorm.LIBRARY.layer_norm
+    assert not isinstance(entry, torch._ops.OpOverload), "the eager entry is the extension's, not the OpOverload"
+    x, w, b = torch.randn(5, 7, requires_grad=True), torch.randn(7, requires_grad=True), torch.randn(7)
+    got, want = entry(x, (7,), w, b, 1e-5), torch.ops.kprof.layer_norm.default(x, (7,), w, b, 1e-5)
+    assert torch.equal(got, want) and got.grad_fn is not None
+    (gx, gw), (wx, ww) = torch.autograd.grad(got.sum(), (x, w)), torch.autograd.grad(want.sum(), (x, w))
+    assert torch.equal(gx, wx) and torch.equal(gw, ww)
+    assert "kprof.layer_norm.default" in graph_targets(lambda t: entry(t, (7,), w, b, 1e-5), x.detach())
+
+
+class Logged(torch.Tensor):
+    """A Tensor subclass that records every function called on it through __torch_function__."""
+
+    calls: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.calls.append(func)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_the_eager_entry_hands_what_it_does_not_take_to_the_operator() -> None:
+    """Tensor subclasses, __torch_function__ modes, keywords and a wrong number of arguments go to the OpOverload:
+    the same results, overrides and errors as torch.ops."""
+    gelu, layernorm = (importlib.import_module(f"kprof_callbacks.kernels.{m}") for m in ("gelu", "layernorm"))
+    x, w = torch.randn(3, 4), torch.randn(4)
+    Logged.calls.clear()
+    kernels.gelu(x.as_subclass(Logged))
+    assert torch.ops.kprof.gelu.default in Logged.calls
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Logged.calls.append(func)
+            return func(*args, **(kwargs or {}))
+
+    Logged.calls.clear()
+    with Mode():
+        kernels.layer_norm(x, 4, w)
+    assert torch.ops.kprof.layer_norm.default in Logged.calls
+    torch.testing.assert_close(layernorm.LIBRARY.layer_norm(x, (4,), w, None, eps=1e-3), F.layer_norm(x, (4,), w,
+                                                                                                      eps=1e-3))
+    torch.testing.assert_close(gelu.LIBRARY.gelu(x), F.gelu(x))  # the OpOverload applies the schema's default
+    with pytest.raises(ValueError, match="kprof layer_norm"):
+        layernorm.LIBRARY.layer_norm(x, (5,), w, None, 1e-5)
 
 
 FRESH_COMPILE = """
 import torch
 from kprof_callbacks import kernels
 assert not hasattr(torch.ops.kprof, "gelu")  # nothing loaded yet: the first call is inside the compiled function
-f = torch.compile(lambda x: kernels.gelu(x) * 2, backend="aot_eager", fullgraph=True)
+f = torch.compile(lambda x: kernels.gelu(x, impl="cpp") * 2, backend="aot_eager", fullgraph=True)
 x = torch.randn(5)
 torch.testing.assert_close(f(x), torch.nn.functional.gelu(x) * 2)
 print("ok")

@@ -22,7 +22,7 @@ import kprof_callbacks as kprof
 from kprof_callbacks import kernels, models
 from kprof_callbacks.swap import swap
 
-from kernel_checks import DEVICES, HAS_CUDA, TRITON_DEVICE
+from kernel_checks import DEVICES, HAS_CUDA, TRITON_DEVICE, graph_targets
 
 
 def small_model() -> nn.Module:
@@ -186,9 +186,10 @@ def gpt_pair(device: str = "cpu", impl: str | None = None) -> tuple[nn.Module, n
     return model, swap(model, impl=impl)
 
 
-# The GPT tests run each kernel impl: the default (C++ on the CPU), and the Triton twins where they run.
-GPT_IMPLS = pytest.mark.parametrize(("impl", "device"), [(None, "cpu"), ("triton", TRITON_DEVICE)],
-                                    ids=["auto", "triton"])
+# The compiled GPT tests run each kernel impl named (under torch.compile an automatic impl traces torch's math):
+# the C++ kernels on the CPU, and the Triton twins where they run.
+GPT_IMPLS = pytest.mark.parametrize(("impl", "device"), [("cpp", "cpu"), ("triton", TRITON_DEVICE)],
+                                    ids=["cpp", "triton"])
 
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -229,6 +230,16 @@ def test_inductor_compiles_the_swapped_gpt(impl: str | None, device: str) -> Non
     torch._dynamo.reset()
     loss = torch.compile(fast, fullgraph=True)(idx, targets)
     torch.testing.assert_close(loss, fast(idx, targets), rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_swapped_gpt_with_automatic_layers_is_the_torch_models_graph() -> None:
+    """kprof.swap(model) compiled gives inductor the graph of the torch model compiled (the layers trace their
+    reference math, which inductor fuses with its neighbours), so compiling a swapped model never costs speed."""
+    model, fast = gpt_pair()
+    idx, targets = models.random_batches(models.tiny(), 1, 2)[0]
+
+    torch_graph, swapped_graph = graph_targets(model, idx, targets), graph_targets(fast, idx, targets)
+    assert swapped_graph == torch_graph and not [t for t in swapped_graph if "kprof" in t]
 
 
 @pytest.mark.parametrize(("impl", "device"), [(None, "cpu"), pytest.param(None, "cuda", marks=DEVICES[1].marks),
