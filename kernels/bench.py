@@ -10,7 +10,8 @@ the same reference and, where it has the op and is installed (``pip install 'kpr
 Liger-Kernel; and each kprof kernel's speedup over the best of those three. Prints a markdown table; ``--out``
 writes JSON with the device, versions and date.
 
-    kprof bench [--quick] [--check] [--no-compile] [--no-triton] [--largest] [--ops gelu,bias_gelu] [--out r.json]
+    kprof bench [--quick] [--check] [--no-compile] [--no-triton] [--largest] [--shapes full|gpt]
+                [--ops gelu,bias_gelu] [--out r.json]
     python benchmarks/kernels.py ...      (the same)
 
 ``--quick`` runs small sizes on the CPU in seconds (CI smoke), without Triton columns: on the CPU the Triton kernels
@@ -131,6 +132,17 @@ FULL_SIZES = {
     "norm": [(torch.float32, (16384, 1024)), (torch.float32, (16384, 4096)), (torch.bfloat16, (16384, 1024)),
              (torch.bfloat16, (16384, 4096))],
 }
+# The layers' shapes inside GPT-2 small (hidden 768) and medium (1024) at 4096 and 16384 tokens a step: rows of
+# hidden (norms), rows of 4 x hidden (GELU after c_fc), and c_fc itself for Linear + GELU; fp32 norms are the residual
+# stream under bf16 autocast (torch's autocast runs layer_norm in float32).
+GPT_SIZES = {
+    "elementwise": [(torch.bfloat16, (rows, 4 * h)) for h in (768, 1024) for rows in (4096, 16384)],
+    "bias": [(torch.bfloat16, (rows, 4 * h)) for h in (768, 1024) for rows in (4096, 16384)],
+    "linear": [(torch.bfloat16, (rows, h, 4 * h)) for h in (768, 1024) for rows in (4096, 16384)],
+    "norm": [(dtype, (rows, h)) for dtype in (torch.float32, torch.bfloat16) for h in (768, 1024)
+             for rows in (4096, 16384)],
+}
+SHAPES = {"full": FULL_SIZES, "gpt": GPT_SIZES}
 QUICK_SIZES = {
     "elementwise": [(torch.float32, (256, 1000))],
     "bias": [(torch.float32, (256, 1000))],
@@ -303,8 +315,9 @@ def _check_one(op: Op, kernel: Callable[..., torch.Tensor], shape: tuple[int, ..
 
 
 def run(*, quick: bool = False, check_only: bool = False, compile_ref: bool = True, triton: bool = True,
-        largest_only: bool = False, ops: str = "", out: Path | None = None) -> int:
-    """Check or time the ops named in ``ops`` (comma-separated; all when empty), with their Triton twins when
+        largest_only: bool = False, ops: str = "", shapes: str = "full", out: Path | None = None) -> int:
+    """Check or time the ops named in ``ops`` (comma-separated; all when empty) at ``shapes`` ("full": large
+    shapes of every family; "gpt": the layers' shapes in GPT-2 small and medium), with their Triton twins when
     ``triton`` and they can run here; the exit status of ``kprof bench``."""
     names = [n for n in ops.split(",") if n]
     unknown = sorted(set(names) - {op.name for op in OPS})
@@ -331,7 +344,9 @@ def run(*, quick: bool = False, check_only: bool = False, compile_ref: bool = Tr
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({**env, "rows": rows}, indent=1))
 
-    sizes = QUICK_SIZES if quick else largest(FULL_SIZES) if largest_only else FULL_SIZES
+    if shapes not in SHAPES:
+        raise ValueError(f"--shapes must be one of {tuple(SHAPES)}, got {shapes!r}")
+    sizes = QUICK_SIZES if quick else largest(SHAPES[shapes]) if largest_only else SHAPES[shapes]
     rows = run_benchmarks(chosen, sizes, device, compile_ref=compile_ref and not quick, triton=triton,
                           warmup=2 if quick else 10, iters=5 if quick else 50, on_row=save)
     liger_note = f", Liger-Kernel {env['liger_kernel']}" if env["liger_kernel"] else ""

@@ -116,12 +116,14 @@ def _bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--largest", action="store_true", help="only each op's largest shape per dtype")
     p.add_argument("--ops", default="", help="comma-separated op names (default: all): "
                    + ",".join(op.name for op in bench.OPS))
+    p.add_argument("--shapes", choices=tuple(bench.SHAPES), default="full",
+                   help="full: large shapes of every op family (default); gpt: the shapes of GPT-2 small/medium")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
 
     def run(a: argparse.Namespace) -> int:
         try:
             return bench.run(quick=a.quick, check_only=a.check, compile_ref=not a.no_compile, triton=not a.no_triton,
-                             largest_only=a.largest, ops=a.ops, out=a.out)
+                             largest_only=a.largest, ops=a.ops, shapes=a.shapes, out=a.out)
         except ValueError as exc:
             p.error(str(exc))
 
