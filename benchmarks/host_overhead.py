@@ -3,7 +3,7 @@
 A training step of a mid-size model in bf16 is host-bound (the GPU waits for launches), so a layer that costs more
 host time per call than torch's makes the step slower however fast its kernel is. On a tiny tensor the kernel time is
 negligible and what is left is the call: Python, argument checks, autograd bookkeeping, dispatch, launch. Target:
-kprof <= 1.2x torch per call.
+kprof <= 1.1x torch per call.
 
 Each round times a block of calls of the torch version and of the kprof version in a random order, and the ratio is
 taken per round (paired, so drift on a shared machine hits both); the table shows medians over rounds and the
@@ -37,7 +37,7 @@ from torch import nn
 
 from kprof_callbacks import kernels
 
-TARGET = 1.2
+TARGET = 1.1
 ROWS, WIDTH = 8, 64  # the tiny activation: [8, 64]
 
 
@@ -111,7 +111,7 @@ def measure(pair: Pair, rounds: int, calls: int, device: str, rng: random.Random
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| layer | autograd | torch us/call | kprof us/call | kprof / torch (range over rounds) | <= 1.2x |",
+    lines = [f"| layer | autograd | torch us/call | kprof us/call | kprof / torch (range over rounds) | <= {TARGET}x |",
              "|---|---|---:|---:|---:|---|"]
     for r in rows:
         met = "met" if r["ratio"] <= TARGET else "missed"
