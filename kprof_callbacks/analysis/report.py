@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from statistics import mean
 from typing import TYPE_CHECKING
 
-from . import breakdown, fmt
+from . import breakdown, comm, fmt
 from .fmt import clip
 from .tables import OpStats, StepStats
 
@@ -95,6 +95,20 @@ def skew_table(s: Summary, top: int) -> Table:
                    fmt.duration(k.lag_us)] for k in worst])
 
 
+def comm_table(s: Summary) -> Table:
+    """Each collective (and FSDP phase): means per step and rank, and the rank that waited for it longest."""
+    step = mean(r.wall_us for r in s.steps)
+    phases = any(r.phase for r in s.comm)
+    return Table("comm", "Communication by collective (means per step and rank; exposed: no computation ran)",
+                 ["collective"] + (["phase"] if phases else []) + ["calls", "time", "overlapped", "exposed",
+                                                                    "of step", "most exposed"],
+                 [[t.collective] + ([t.phase or "-"] if phases else [])
+                  + [f"{t.calls:.1f}", fmt.duration(t.total_us), fmt.duration(t.overlap_us), fmt.duration(t.exposed_us),
+                     fmt.share(t.exposed_us / step if step else 0),
+                     f"{fmt.duration(t.worst_exposed_us)} (rank {t.worst_rank})" if t.ranks > 1 else "-"]
+                  for t in comm.totals(s.comm, s.steps)])
+
+
 def op_sort(s: Summary, sort: str) -> tuple[Callable[[OpStats], float], str]:
     """Sort key and its description for the operator tables (falls back to self CPU time)."""
     if sort == "cuda" and s.has_gpu:
@@ -159,6 +173,8 @@ def tables(s: Summary, top: int, sort: str, width: int = NAME_WIDTH) -> list[Tab
         out.append(ranks_table(s))
         if s.step_skew:
             out.append(skew_table(s, top))
+    if s.comm:
+        out.append(comm_table(s))
     if s.steps:
         out.append(steps_table(s, top))
     if s.ops:
