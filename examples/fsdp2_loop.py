@@ -11,16 +11,17 @@ root), so FSDP all-gathers a block's parameters before its forward and backward 
 its backward. Each rank writes ``rank<R>_<host>_<pid>.<ns>.pt.trace.json`` into ``log/<run>`` (memory recorded, for
 the unsharded-parameter finding); rank 0 prints the summary.
 
-The flags make each FSDP finding fire or stay quiet (docs/multi-gpu.md says which fires where):
-``--wrap root``, ``--no-reshard-after-forward``, ``--prefetch N`` (explicit prefetching, N groups ahead; 0: FSDP's
-implicit prefetching), ``--separate-reduce-scatter`` (reduce-scatter on its own process group), ``--straggler R``
-(rank R does extra matrix products in its forward: the straggler), ``--steps``, ``--batch``, and the model's size.
+The flags make each finding fire or stay quiet (docs/multi-gpu.md says which fires where): ``--wrap root``,
+``--no-reshard-after-forward``, ``--prefetch N`` (explicit prefetching, N groups ahead; 0: FSDP's implicit one),
+``--separate-reduce-scatter`` (reduce-scatter on its own process group), ``--straggler R:MS`` (rank R computes MS
+milliseconds longer each step), ``--slow-data R:MS`` (rank R sleeps MS milliseconds loading each batch), and sizes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,14 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import kprof_callbacks as kprof
 from kprof_callbacks import models
+
+
+def _rank_ms(text: str) -> tuple[int, float]:
+    rank, _, ms = text.partition(":")
+    try:
+        return int(rank), float(ms or 20)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected RANK:MILLISECONDS, got {text!r}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,7 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="groups each block prefetches explicitly in forward and backward (0: FSDP's implicit)")
     parser.add_argument("--separate-reduce-scatter", action="store_true",
                         help="run gradient reduce-scatter on its own process group")
-    parser.add_argument("--straggler", type=int, default=None, help="this rank does extra matrix products each step")
+    parser.add_argument("--straggler", type=_rank_ms, default=(None, 0.0), metavar="R:MS",
+                        help="rank R does MS milliseconds of extra matrix products each step")
+    parser.add_argument("--slow-data", type=_rank_ms, default=(None, 0.0), metavar="R:MS",
+                        help="rank R sleeps MS milliseconds loading each batch")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--batch", type=int, default=None, help="sequences per rank (default: 4 on GPU, 8 on CPU)")
     parser.add_argument("--layers", type=int, default=None, help="blocks (default: 12 on GPU, 6 on CPU)")
@@ -75,13 +87,16 @@ def shard(model: models.GPT, args: argparse.Namespace, gpu: bool) -> None:
         model.set_separate_reduce_scatter_group()
 
 
-def extra_work(device: torch.device) -> torch.Tensor:
-    """The straggler's extra computation: a chain of matrix products, a few milliseconds on either device."""
-    n, times = (4096, 16) if device.type == "cuda" else (192, 16)
-    x = torch.ones(n, n, device=device) / n
-    for _ in range(times):
+def extra_work(device: torch.device, ms: float) -> None:
+    """The straggler's extra computation: matrix products for about `ms` milliseconds."""
+    x = torch.ones(4096 if device.type == "cuda" else 128, device=device).diag()
+    if device.type == "cuda":  # an fp32 4096^3 product takes ~3 ms on an H100; the host must not time it
+        for _ in range(max(round(ms / 3), 1)):
+            x = x @ x
+        return
+    deadline = time.perf_counter() + ms / 1000.0
+    while time.perf_counter() < deadline:
         x = x @ x
-    return x
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,10 +119,13 @@ def main(argv: list[str] | None = None) -> None:
     batches = models.random_batches(cfg, n=args.steps, batch=args.batch or (4 if gpu else 8), device=device, seed=rank)
     with kprof.session(args.logdir, run=args.name, wait=3, warmup=1, active=4, profile_memory=True) as s:
         for idx, targets in batches:
+            if rank == args.slow_data[0]:
+                with s.region("data_loading"):
+                    time.sleep(args.slow_data[1] / 1000.0)
             with s.region("forward"):
                 loss = model(idx, targets)
-                if rank == args.straggler:
-                    extra_work(device)
+                if rank == args.straggler[0]:
+                    extra_work(device, args.straggler[1])
             with s.region("backward"):
                 loss.backward()
             opt.step()

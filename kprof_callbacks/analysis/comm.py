@@ -5,7 +5,7 @@ One accounting for every data-parallel flavour (DDP's gradient all-reduce, FSDP'
 whatever else a trace holds), over the events `steps.comm_events` counts as communication:
 - NCCL kernels, named by the c10d collective kineto copies onto them ("Collective name"), else by their own name;
 - gloo's host ranges (`gloo:all_gather`, ...) on gloo's worker threads; gloo runs a reduce-scatter as an all-reduce,
-  so a range takes the collective of the c10d op that issued it (the last one that started before it);
+  so an all-reduce range takes the collective of the last reduction c10d issued before it started;
 - on a CPU-only run, also c10d's host ops that issue them.
 A collective belongs to the step and FSDP phase in which the host issued it. Each file is analysed on its own (a few
 rows per step, plus each transfer's step, collective, order and times for matching ranks), so the files of a run can be
@@ -81,21 +81,21 @@ def _kinds_of(tl: Timeline, ids: np.ndarray) -> np.ndarray:
 
 
 def _issued_kinds(tl: Timeline, rows: np.ndarray, kind: np.ndarray) -> np.ndarray:
-    """For gloo's ranges among host `rows`: the collective of the c10d op issued last before each started."""
+    """gloo runs a reduce-scatter as an all-reduce: a `gloo:all_reduce` range among host `rows` is a reduce-scatter
+    when the last reduction c10d issued before it started was one."""
     host = tl.host
+    reduce = (KINDS.index("all_reduce"), KINDS.index("reduce_scatter"))
     issuers = np.flatnonzero(np.array([n.startswith("c10d::") for n in tl.names], bool)[host.name])
-    gloo = np.array([n.startswith("gloo:") for n in tl.names], bool)[host.name[rows]]
+    issuer_kind = _kinds_of(tl, host.name[issuers])
+    issuers, issuer_kind = issuers[np.isin(issuer_kind, reduce)], issuer_kind[np.isin(issuer_kind, reduce)]
+    gloo = np.array([n.startswith("gloo:") for n in tl.names], bool)[host.name[rows]] & (kind == reduce[0])
     if not issuers.size or not gloo.any():
         return kind
-    issuer_kind = _kinds_of(tl, host.name[issuers])
-    keep = issuer_kind != _OTHER
-    issuers, issuer_kind = issuers[keep], issuer_kind[keep]
     order = np.argsort(host.start[issuers], kind="stable")
-    starts, issuer_kind = host.start[issuers][order], issuer_kind[order]
-    last = np.searchsorted(starts, host.start[rows], side="right") - 1
+    last = np.searchsorted(host.start[issuers][order], host.start[rows], side="right") - 1
     take = gloo & (last >= 0)
     out = kind.copy()
-    out[take] = issuer_kind[last[take]]
+    out[take] = issuer_kind[order][last[take]]
     return out
 
 

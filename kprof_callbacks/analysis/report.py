@@ -80,10 +80,17 @@ def steps_table(s: Summary, top: int) -> Table:
 
 
 def ranks_table(s: Summary) -> Table:
+    """Per rank: means per step of compute and communication; where ranks share collectives, how long each waited
+    for the last to arrive and the others for it (and its host clock's offset, when ranks span hosts)."""
+    arrivals = any(r.collectives for r in s.ranks)
+    hosts = any(r.clock_offset_us for r in s.ranks)
     return Table("ranks", "Ranks (means per step)",
-                 ["rank", "steps", "step", "compute", "comm", "comm %", "overlapped", "exposed comm"],
+                 ["rank", "steps", "step", "compute", "comm", "comm %", "overlapped", "exposed comm"]
+                 + (["waits for others", "others wait for it"] if arrivals else []) + (["clock offset"] if hosts else []),
                  [[str(r.rank) if r.rank is not None else r.worker, str(r.steps), fmt.duration(r.step_us), fmt.duration(r.compute_us),
                    fmt.duration(r.comm_us), fmt.share(r.comm_share), fmt.share(r.overlap_share), fmt.duration(r.exposed_comm_us)]
+                  + ([fmt.duration(r.waited_us), fmt.duration(r.late_us)] if arrivals else [])
+                  + ([fmt.duration(r.clock_offset_us)] if hosts else [])
                   for r in s.ranks])
 
 

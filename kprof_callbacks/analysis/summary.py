@@ -222,7 +222,9 @@ def summarize_contents(name: str, found: layout.RunContents, progress: bool = Fa
     workers: dict[tuple, ranks.Worker] = {}
     for r in results:
         key = ("rank", r.rank) if r.rank is not None else ("worker", r.worker)
-        workers.setdefault(key, ranks.Worker(r.rank, r.worker, [])).times.append(r.times)
+        worker = workers.setdefault(key, ranks.Worker(r.rank, r.worker, []))
+        worker.times.append(r.times)
+        worker.transfers.append(r.comm.transfers)
     ordered = sorted(workers.values(), key=lambda w: (w.rank is None, w.rank or 0, w.worker))
     step_rows = [row for w in ordered for t in w.times for row in t.rows]
     evidence = diagnostics.Evidence()
@@ -234,7 +236,7 @@ def summarize_contents(name: str, found: layout.RunContents, progress: bool = Fa
     series = read_series(files[0].parent)
     found_all = diagnostics.diagnose(step_rows, rank_rows, skew, evidence, per_step)
     comm_rows, fsdp_rows = [c for r in results for c in r.comm.rows], [f for r in results for f in r.comm.fsdp]
-    found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu)
+    found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu) + ranks.findings(rank_rows)
     found_all += trends.findings(series, found.snapshots, evidence.matmul_flops, sum(s.wall_us for s in step_rows),
                                  len(step_rows))
     return Summary(

@@ -79,6 +79,10 @@ class RankStats:
     comm_us: float
     overlap_us: float  # communication that runs while compute runs
     exposed_comm_us: float  # communication nothing overlaps: the step waits for it
+    collectives: int = 0  # collectives matched with other ranks (the n-th of its kind in a step, on every rank)
+    waited_us: float = 0.0  # in them, waiting for the last rank to arrive (clocks aligned; mean per step)
+    late_us: float = 0.0  # the others' wait for it where it arrived last (its lead on their median; mean per step)
+    clock_offset_us: float = 0.0  # its host's clock minus rank 0's host's, from the ends of shared collectives
 
     @property
     def comm_share(self) -> float:
