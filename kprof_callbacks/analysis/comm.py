@@ -33,7 +33,7 @@ _WORDS = (("reducescatter", "reduce_scatter"), ("allgather", "all_gather"), ("al
           ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("barrier", "barrier"), ("sendrecv", "send_recv"),
           ("send", "send_recv"), ("recv", "send_recv"), ("reduce", "reduce"), ("gather", "gather"),
           ("scatter", "scatter"))
-_OTHER = KINDS.index("other")
+QUEUED_NS = 10_000  # an all-gather starting this soon after a reduce-scatter ended was waiting for it
 
 
 def collective_kind(name: str) -> str:
@@ -159,6 +159,21 @@ def _edge(c: Calls, owner: np.ndarray, n: int, kind: str, last: bool) -> iv.Inte
     return lo, hi
 
 
+def _queued(c: Calls, owner: np.ndarray, n: int) -> np.ndarray:
+    """Per step window (ns): how long all-gathers waited for a reduce-scatter to end, as one communicator makes them:
+    each one that started as a reduce-scatter ended (within QUEUED_NS), though issued before that."""
+    gather = np.flatnonzero(c.carrier & (owner >= 0) & (c.kind == KINDS.index("all_gather")))
+    scatter = np.flatnonzero(c.carrier & (c.kind == KINDS.index("reduce_scatter")))
+    if not gather.size or not scatter.size:
+        return np.zeros(n)
+    scatter = scatter[np.argsort(c.end[scatter], kind="stable")]
+    before = np.searchsorted(c.end[scatter], c.start[gather], side="right") - 1
+    r = scatter[np.maximum(before, 0)]
+    behind = (before >= 0) & (c.start[gather] - c.end[r] <= QUEUED_NS) & (c.launch[gather] < c.end[r])
+    wait = np.where(behind, c.end[r] - np.maximum(c.launch[gather], c.start[r]), 0)
+    return np.bincount(owner[gather], weights=wait, minlength=n)
+
+
 def analyze(tl: Timeline, times: StepTimes) -> FileComm:
     """Communication of one trace, by step, collective and FSDP phase."""
     c = calls(tl)
@@ -173,7 +188,8 @@ def analyze(tl: Timeline, times: StepTimes) -> FileComm:
 
     n = win.lo.size
     edges = _edge(c, owner, n, "all_gather", last=False), _edge(c, owner, n, "reduce_scatter", last=True)
-    stats = fsdp.step_stats(tl, win, times.compute, spans("all_gather"), spans("reduce_scatter"), edges, phases)
+    stats = fsdp.step_stats(tl, win, times.compute, spans("all_gather"), spans("reduce_scatter"), edges,
+                            _queued(c, owner, n), phases)
     return FileComm(_rows(tl, win, times.compute, c, owner, phase), stats, _transfers(win, c, owner))
 
 

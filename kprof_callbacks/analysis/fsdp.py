@@ -37,7 +37,7 @@ _COPY_OUT = "FSDP::all_gather_copy_out"
 _NEVER, _ALWAYS = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
 EXPOSED_SHARE = 0.05  # exposed all-gather (forward) or reduce-scatter, of the step: worth a finding from here...
-EXPOSED_PART = 0.50  # ... when at least this part of that collective's time is exposed
+EXPOSED_PART = 0.30  # ... when at least this part of that collective's time is exposed
 CONCURRENT_PART = 0.01  # all-gather and reduce-scatter "never concurrent" below this part of the shorter one
 UNSHARDED_PART = 0.50  # unsharded parameters alive at the memory peak, of the whole model's
 RESIDENT_GROUPS = 3  # groups FSDP keeps unsharded at once when it reshards: the root, the current, the prefetched
@@ -139,9 +139,10 @@ def _unsharded(tl: Timeline, win: Windows) -> _Unsharded:
 
 
 def step_stats(tl: Timeline, win: Windows, compute: iv.Intervals, gather: iv.Intervals, scatter: iv.Intervals,
-               edges: tuple[iv.Intervals, iv.Intervals], ph: Phases) -> list[FsdpStep]:
+               edges: tuple[iv.Intervals, iv.Intervals], queued: np.ndarray, ph: Phases) -> list[FsdpStep]:
     """One row per step of a trace with FSDP labels (none without). `edges`: per step, the first all-gather and the
-    last reduce-scatter, which nothing in the step can hide unless computation runs beside them."""
+    last reduce-scatter, which nothing in the step can hide unless computation runs beside them; `queued`: per step,
+    how long all-gathers waited for reduce-scatters to end (ns)."""
     if not ph.present:
         return []
     (first_lo, first_hi), (last_lo, last_hi) = edges
@@ -151,7 +152,8 @@ def step_stats(tl: Timeline, win: Windows, compute: iv.Intervals, gather: iv.Int
     mem = _unsharded(tl, win)
     src = tl.source
     return [FsdpStep(src.rank, src.worker, src.world_size, int(win.number[i]), int(mem.groups[i]),
-                     float(head[i]) / 1000.0, float(tail[i]) / 1000.0, float(both[i]) / 1000.0, int(mem.total[i]),
+                     float(head[i]) / 1000.0, float(tail[i]) / 1000.0, float(both[i]) / 1000.0,
+                     float(queued[i]) / 1000.0, int(mem.total[i]),
                      int(mem.at_peak[i]), int(mem.groups_at_peak[i]), int(mem.largest[i]), int(mem.peak[i]))
             for i in range(win.lo.size)]
 
@@ -174,7 +176,7 @@ def findings(totals: list[CollectiveTotals], rows: list[FsdpStep], steps: list[S
         found.append(_scatter_finding(exposed, total, rows, step))
     back = by.get(("all_gather", "backward"))
     if nccl and back and total:
-        found += _serialized_finding(back, exposed, total, rows, step)
+        found += _serialized_finding(back, total, rows, step)
     return found + _memory_finding(rows)
 
 
@@ -211,18 +213,20 @@ def _scatter_finding(exposed: float, total: float, rows: list[FsdpStep], step: f
         "(MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) or grow the per-rank batch."))
 
 
-def _serialized_finding(back: CollectiveTotals, scatter_exposed: float, scatter_total: float,
-                        rows: list[FsdpStep], step: float) -> list[Diagnostic]:
-    both = _mean(rows, "gather_scatter_concurrent_us")
-    waited = back.exposed_us + scatter_exposed
-    if both >= CONCURRENT_PART * min(back.total_us, scatter_total) or waited < EXPOSED_SHARE * step:
+def _serialized_finding(back: CollectiveTotals, scatter_total: float, rows: list[FsdpStep],
+                        step: float) -> list[Diagnostic]:
+    both, queued = _mean(rows, "gather_scatter_concurrent_us"), _mean(rows, "gather_queued_us")
+    if both >= CONCURRENT_PART * min(back.total_us, scatter_total) or queued < EXPOSED_SHARE * step \
+            or back.exposed_us < EXPOSED_SHARE * step:
         return []
     return [Diagnostic("fsdp_one_communicator", "warning", (
         f"All-gather and reduce-scatter never run at the same time in backward ({fmt.duration(back.total_us)} of "
-        f"all-gather and {fmt.duration(scatter_total)} of reduce-scatter per step, {fmt.duration(both)} together) "
-        f"while {fmt.duration(waited)} per step of them is exposed ({fmt.share(waited / step)} of the step): on one "
-        "NCCL communicator the next block's all-gather queues behind the last reduce-scatter. Give reduce-scatter "
-        "its own process group (FSDPModule.set_separate_reduce_scatter_group()) so the two can run at once."))]
+        f"all-gather and {fmt.duration(scatter_total)} of reduce-scatter per step, {fmt.duration(both)} together): "
+        f"all-gathers wait {fmt.duration(queued)} per step for a reduce-scatter to end, and "
+        f"{fmt.duration(back.exposed_us)} of backward all-gather is exposed ({fmt.share(back.exposed_us / step)} of "
+        "the step). On one NCCL communicator the next block's all-gather queues behind the last reduce-scatter; give "
+        "reduce-scatter its own process group (FSDPModule.set_separate_reduce_scatter_group()) so the two can run at "
+        "once."))]
 
 
 def _memory_finding(rows: list[FsdpStep]) -> list[Diagnostic]:

@@ -134,10 +134,9 @@ def arrivals(workers: list[Worker]) -> dict[int, dict[str, float]]:
     waited = np.fmin(np.nanmax(start, axis=0) - start, took)  # no longer than its transfer lasted
     last = np.argmax(np.where(present, start, -np.inf), axis=0)
     columns = np.arange(last.size)
-    rest = start.copy()
-    rest[last, columns] = np.nan
-    lead = np.fmin(start[last, columns] - np.nanmedian(rest, axis=0), np.nanmedian(np.where(present, took, np.nan)
-                                                                                   , axis=0))
+    rest, rest_took = start.copy(), took.copy()
+    rest[last, columns] = rest_took[last, columns] = np.nan
+    lead = np.fmin(start[last, columns] - np.nanmedian(rest, axis=0), np.nanmedian(rest_took, axis=0))
     out = {}
     for i, rank in enumerate(m.ranks):
         steps = max(np.unique(m.step[present[i]]).size, 1)

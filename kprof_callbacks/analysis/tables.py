@@ -120,6 +120,7 @@ class FsdpStep:
     first_gather_exposed_us: float  # exposed part of the step's first all-gather (start of forward)
     last_scatter_exposed_us: float  # exposed part of the step's last reduce-scatter (end of backward)
     gather_scatter_concurrent_us: float  # all-gather and reduce-scatter running at the same time
+    gather_queued_us: float  # all-gathers waiting for a reduce-scatter to end before they start (one communicator)
     unsharded_total: int  # bytes of every group's unsharded parameters (as all-gathered); 0 without profile_memory
     unsharded_at_peak: int  # of which alive at the step's memory peak
     groups_at_peak: int  # groups whose unsharded parameters were alive then
