@@ -69,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def shard(model: models.GPT, args: argparse.Namespace, gpu: bool) -> None:
     """fully_shard the blocks (unless --wrap root) and the root, and set prefetching and the reduce-scatter group."""
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if gpu else MixedPrecisionPolicy()
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    policy = bf16 if gpu else MixedPrecisionPolicy()
     blocks = list(model.blocks) if args.wrap == "blocks" else []
     for block in blocks:
         fully_shard(block, mp_policy=policy, reshard_after_forward=args.reshard)

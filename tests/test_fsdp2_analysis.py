@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -91,7 +92,8 @@ class _Trace:
         lay = self.l
         groups = [""] if lay.root_only else [f" (blocks.{i})" for i in range(BLOCKS)]
         size, scale = BLOCK_BYTES * BLOCKS // len(groups), BLOCKS / len(groups)
-        gather, scatter, fwd, bwd = lay.gather * scale, lay.scatter * scale, lay.compute * scale, 2 * lay.compute * scale
+        gather, scatter = lay.gather * scale, lay.scatter * scale
+        fwd, bwd = lay.compute * scale, 2 * lay.compute * scale
         self.host(f"ProfilerStep#{number}", h, 4000)
         g = h + 5000  # when the compute stream is free
         self.lanes = {lane: max(free, g - lay.waits) for lane, free in self.lanes.items()}
@@ -243,3 +245,29 @@ def test_collective_names_in_their_spellings():
                "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)": "send_recv", "gloo:barrier": "barrier",
                "record_param_comms": "other", NCCL: "other"}
     assert {name: comm.collective_kind(name) for name in spelled} == spelled
+
+
+def _num(value: float) -> str:
+    """charts.js num(): how the tab writes a number."""
+    return "0" if value == 0 else f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}" if abs(value) >= 10 \
+        else f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
+
+
+def test_tab_ranks_view_shows_each_rank_computing_and_communicating(tmp_path, chromium, group_leftovers):
+    from kprof_callbacks.tensorboard.launch import TensorBoardServer
+
+    _Trace(Layout(rank=0, waits=2000.0)).write(tmp_path / "log" / "fsdp")
+    _Trace(Layout(rank=1)).write(tmp_path / "log" / "fsdp")
+    s = summarize(tmp_path / "log" / "fsdp")
+    with TensorBoardServer(tmp_path / "log") as server:
+        dom = chromium(f"{server.url}data/plugin_entry.html?name=kprof#run=fsdp", "--dump-dom")
+    assert not group_leftovers(server.pid)
+    view = dom[dom.index("Ranks (means per step)"):]
+    for r in s.ranks:  # one bar per rank: computing, both, communicating, neither
+        parts = {"computing": r.compute_us - r.overlap_us, "both": r.overlap_us, "communicating": r.exposed_comm_us}
+        for name, us in parts.items():
+            assert f"<title>rank {r.rank}: {name} {_num(us / 1000)} ms</title>" in view
+    assert "waits for others" in view and "others wait for it" in view
+    table = view[view.index("Communication by collective"):]
+    rows = re.findall(r'<tr><td class="name">(\d)</td><td class="name">(\w+)</td><td class="name">(\w+)</td>', table)
+    assert sorted(rows) == sorted({(str(c.rank), c.collective, c.phase) for c in s.comm})

@@ -86,7 +86,8 @@ def ranks_table(s: Summary) -> Table:
     hosts = any(r.clock_offset_us for r in s.ranks)
     return Table("ranks", "Ranks (means per step)",
                  ["rank", "steps", "step", "compute", "comm", "comm %", "overlapped", "exposed comm"]
-                 + (["waits for others", "others wait for it"] if arrivals else []) + (["clock offset"] if hosts else []),
+                 + (["waits for others", "others wait for it"] if arrivals else [])
+                 + (["clock offset"] if hosts else []),
                  [[str(r.rank) if r.rank is not None else r.worker, str(r.steps), fmt.duration(r.step_us), fmt.duration(r.compute_us),
                    fmt.duration(r.comm_us), fmt.share(r.comm_share), fmt.share(r.overlap_share), fmt.duration(r.exposed_comm_us)]
                   + ([fmt.duration(r.waited_us), fmt.duration(r.late_us)] if arrivals else [])

@@ -119,7 +119,8 @@ def _self_spans(tree: Tree, start: np.ndarray, end: np.ndarray, pick: np.ndarray
     first[1:] = last[:-1]
     first_child[parent[first]] = start[child[first]]
     mine = pick[parent]
-    return iv.union(np.concatenate([start[pick], end[child[mine]]]), np.concatenate([first_child[pick], next_start[mine]]))
+    return iv.union(np.concatenate([start[pick], end[child[mine]]]),
+                    np.concatenate([first_child[pick], next_start[mine]]))
 
 
 def step_times(tl: Timeline, rank: int | None, tree: Tree) -> StepTimes:
