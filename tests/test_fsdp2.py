@@ -1,5 +1,6 @@
 """examples/fsdp2_loop.py on the CPU: FSDP2 over gloo in 2 processes (and 16, simulating a multi-host job), launched by
-torchrun as users launch it, then summarized: communication by collective, FSDP's phases and findings, clocks."""
+torchrun as users launch it, then summarized: communication by collective, FSDP's phases and findings, clocks; and
+examples/fsdp2_fit.py, its Lightning counterpart."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import kprof_callbacks as kprof
 
 pytestmark = pytest.mark.slow
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "fsdp2_loop.py"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLE = EXAMPLES / "fsdp2_loop.py"
 LAYERS = 3
 SMALL = ["--layers", str(LAYERS), "--steps", "8"]
 
@@ -135,3 +137,19 @@ def test_sixteen_ranks_on_two_hosts(tmp_path):
     assert "2 host clocks" in next(d.message for d in two_hosts.diagnostics if d.kind == "late_rank")
     late = {r.rank: r.late_us for r in one_host.ranks}, {r.rank: r.late_us for r in two_hosts.ranks}
     assert max(late[0], key=late[0].get) == max(late[1], key=late[1].get) == 11
+
+
+def test_lightning_model_parallel_strategy_profiles_every_rank(tmp_path):
+    done = subprocess.run([sys.executable, str(EXAMPLES / "fsdp2_fit.py"), "--root", str(tmp_path), "--steps", "8"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "lightning_logs" / "version_0" / "kprof" / "train"
+    s = kprof.summarize(run)
+    assert sorted(p.name.split("_")[0] for p in s.files) == ["rank0", "rank1"]
+    assert done.stdout.count("Communication by collective") == 1  # rank 0 alone prints
+    groups = 4 + 1  # the example's CPU model: 4 blocks, and the root
+    fsdp = {key: calls for key, calls in _calls(s).items() if key[0] in ("all_gather", "reduce_scatter")}
+    assert fsdp == {("all_gather", "forward"): {groups}, ("all_gather", "backward"): {groups - 1},
+                    ("reduce_scatter", "backward"): {groups}}  # Lightning adds a broadcast or two of its own
+    assert all(f.groups == groups and f.unsharded_total > 0 for f in s.fsdp)
