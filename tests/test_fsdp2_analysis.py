@@ -271,3 +271,26 @@ def test_tab_ranks_view_shows_each_rank_computing_and_communicating(tmp_path, ch
     table = view[view.index("Communication by collective"):]
     rows = re.findall(r'<tr><td class="name">(\d)</td><td class="name">(\w+)</td><td class="name">(\w+)</td>', table)
     assert sorted(rows) == sorted({(str(c.rank), c.collective, c.phase) for c in s.comm})
+
+
+def test_a_thread_waiting_inside_an_operator_is_not_computing(tmp_path):
+    """CPU-only FSDP: a backward node (an operator) runs FSDP's pre-backward hook, which waits for a gloo all-gather
+    on gloo's thread. Only the operators' own time computes, so the all-gather is exposed, not hidden."""
+    def event(name: str, cat: str, ts: float, dur: float, tid: int = 1) -> dict:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+
+    events = [event("ProfilerStep#1", "user_annotation", 0, 1000),
+              event("autograd::engine::evaluate_function: AddBackward0", "cpu_op", 100, 800),
+              event("FSDP::pre_backward (blocks.0)", "user_annotation", 150, 700),
+              event("FSDP::all_gather (blocks.0)", "user_annotation", 200, 600),
+              event("c10d::_allgather_base_", "cpu_op", 210, 10),
+              event("gloo:all_gather", "user_annotation", 230, 560, tid=2),
+              event("aten::mm", "cpu_op", 860, 30)]
+    path = tmp_path / "rank0_host_1.1.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    s = summarize(path)
+    (row,) = s.comm
+    assert (row.collective, row.phase, row.calls) == ("all_gather", "backward", 1)
+    assert row.total_us == pytest.approx(570.0) and row.exposed_us == pytest.approx(570.0)
+    (rank,) = s.ranks
+    assert rank.compute_us == pytest.approx(50.0 + 50.0)  # the node's own 100 us, of which aten::mm 30
