@@ -42,6 +42,15 @@ KIND_COLORS = {
 }
 """Timeline colours by event kind (`slices.KINDS`): host operators in the host-only orange, kernels in GPU blue."""
 
+RANK_PARTS = (
+    Part("compute_only_us", "computing", PARTS[0].color, "computation while no communication runs"),
+    Part("overlap_us", "both", "#a0cbe8", "communication hidden behind computation"),
+    Part("exposed_comm_us", "communicating", KIND_COLORS["communication"],
+         "communication while nothing computes: the step waits for it"),
+    Part("rest_us", "neither", PARTS[2].color, "the rest of the step"),
+)
+"""A rank's mean step as the ranks view stacks it: the four add up to the step."""
+
 CHANGE_COLORS = {"increased": "#e15759", "decreased": "#59a14f"}
 """A diff's rows that grew (red) and shrank (green): the HTML report's bars and the tab's."""
 
@@ -59,4 +68,4 @@ def value(part: Part, step: StepStats) -> float:
 def legend() -> dict[str, Any]:
     """Everything above as JSON, for the kprof tab."""
     return {"parts": [dataclasses.asdict(p) for p in PARTS], "columns": COLUMNS, "kinds": KIND_COLORS,
-            "changes": CHANGE_COLORS}
+            "changes": CHANGE_COLORS, "rank_parts": [dataclasses.asdict(p) for p in RANK_PARTS]}

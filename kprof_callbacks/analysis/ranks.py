@@ -3,17 +3,29 @@
 In data-parallel training every rank waits for the slowest one inside the collective, so
 step wall times look alike across ranks; the straggler shows in *compute* time (and in
 the others' longer communication). Ranks are matched step by step on ProfilerStep#N.
+
+Who arrives last at each collective needs the ranks' clocks on one time line. Ranks of one host share a clock;
+hosts do not. A collective ends at about the same moment on every rank (each waits for the last to arrive, then all
+finish together), so the offset of a host's clock is the median, over the collectives it shares with the reference
+host (rank 0's), of the difference between their ends. Collectives are matched as the n-th transfer of a collective
+in step N (every rank issues the same sequence).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import defaultdict
 
 import numpy as np
 
+from .comm import Transfers
 from .steps import WHOLE_TRACE, StepTimes
-from .tables import RankStats, StepSkew
+from . import fmt
+from .tables import Diagnostic, RankStats, StepSkew
+
+LATE_SHARE = 0.5  # a rank the others spend half their waiting on (and 1.3x its fair share: 65% with 2 ranks) ...
+LATE_WAIT = 0.10  # ... and this part of a step
 
 
 @dataclasses.dataclass
@@ -23,10 +35,12 @@ class Worker:
     rank: int | None
     worker: str
     times: list[StepTimes]
+    transfers: list[Transfers] = dataclasses.field(default_factory=list)
 
 
 def rank_stats(workers: list[Worker]) -> list[RankStats]:
-    """Means per step for each worker."""
+    """Means per step for each worker, with its arrivals at the collectives it shares with other ranks."""
+    arrived = arrivals(workers)
     out = []
     for w in workers:
         wall = np.concatenate([[r.wall_us for r in t.rows] for t in w.times])
@@ -34,7 +48,7 @@ def rank_stats(workers: list[Worker]) -> list[RankStats]:
         out.append(RankStats(
             rank=w.rank, worker=w.worker, steps=int(wall.size), step_us=float(wall.mean()),
             compute_us=float(compute.mean()), comm_us=float(comm.mean()), overlap_us=float(overlap.mean()),
-            exposed_comm_us=float((comm - overlap).mean()),
+            exposed_comm_us=float((comm - overlap).mean()), **arrived.get(w.rank, {}),
         ))
     return sorted(out, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.worker))
 
@@ -58,3 +72,97 @@ def step_skew(workers: list[Worker]) -> list[StepSkew]:
         others = float(np.median([c for r, c in by_rank.items() if r != slowest]))
         out.append(StepSkew(step, slowest, by_rank[slowest], others, by_rank[slowest] - others))
     return out
+
+
+def host_of(worker: str) -> str:
+    """The host in a worker name (`rank3_node7_4211` -> `node7`; torch's own `node7_4211` -> `node7`)."""
+    return re.sub(r"_\d+$", "", re.sub(r"^rank\d+_", "", worker))
+
+
+@dataclasses.dataclass
+class _Matched:
+    """The transfers matched across ranks: one column per collective seen on two or more ranks (ns)."""
+
+    ranks: list[int]
+    hosts: list[str]
+    start: np.ndarray  # (ranks, collectives), NaN where a rank lacks it
+    end: np.ndarray
+    step: np.ndarray  # step number of each column
+
+
+def _match(workers: list[Worker]) -> _Matched | None:
+    ranked = [w for w in workers if w.rank is not None and w.transfers]
+    if len(ranked) < 2:
+        return None
+    codes = [np.concatenate([(t.step << 32) | (t.kind.astype(np.int64) << 24) | t.order for t in w.transfers])
+             for w in ranked]
+    columns, counts = np.unique(np.concatenate(codes), return_counts=True)
+    columns = columns[counts >= 2]
+    start, end = np.full((2, len(ranked), columns.size), np.nan)
+    for i, (w, code) in enumerate(zip(ranked, codes)):
+        at = np.searchsorted(columns, code)
+        ok = (at < columns.size) & (columns[np.minimum(at, columns.size - 1)] == code)
+        start[i, at[ok]] = np.concatenate([t.start for t in w.transfers])[ok]
+        end[i, at[ok]] = np.concatenate([t.end for t in w.transfers])[ok]
+    return _Matched([w.rank for w in ranked], [host_of(w.worker) for w in ranked], start, end, columns >> 32)
+
+
+def clock_offsets(m: _Matched) -> np.ndarray:
+    """Per rank of `m`: its host clock minus the reference host's (ns; 0 on the reference host, and where the host
+    shares no collective with it)."""
+    ref = int(np.argmin(m.ranks))
+    offsets = np.zeros(len(m.ranks))
+    for host in set(m.hosts) - {m.hosts[ref]}:
+        mine = [i for i, h in enumerate(m.hosts) if h == host]
+        diffs = (m.end[mine] - m.end[ref]).ravel()
+        diffs = diffs[~np.isnan(diffs)]
+        if diffs.size:
+            offsets[mine] = np.median(diffs)
+    return offsets
+
+
+def arrivals(workers: list[Worker]) -> dict[int, dict[str, float]]:
+    """Per rank, its RankStats arrival fields: at each collective shared by two or more ranks, on aligned clocks,
+    how long it waited for the last rank, and how long the others waited for it where it was the last."""
+    m = _match(workers)
+    if m is None or not m.step.size:
+        return {}
+    offsets = clock_offsets(m)
+    start = m.start - offsets[:, None]
+    present = ~np.isnan(start)
+    took = m.end - m.start
+    waited = np.fmin(np.nanmax(start, axis=0) - start, took)  # no longer than its transfer lasted
+    last = np.argmax(np.where(present, start, -np.inf), axis=0)
+    columns = np.arange(last.size)
+    rest, rest_took = start.copy(), took.copy()
+    rest[last, columns] = rest_took[last, columns] = np.nan
+    lead = np.fmin(start[last, columns] - np.nanmedian(rest, axis=0), np.nanmedian(rest_took, axis=0))
+    out = {}
+    for i, rank in enumerate(m.ranks):
+        steps = max(np.unique(m.step[present[i]]).size, 1)
+        out[rank] = {"collectives": int(present[i].sum()), "waited_us": float(np.nansum(waited[i]) / steps / 1000.0),
+                     "late_us": float(np.nansum(lead[last == i]) / steps / 1000.0),
+                     "clock_offset_us": float(offsets[i] / 1000.0)}
+    return out
+
+
+def findings(ranks: list[RankStats]) -> list[Diagnostic]:
+    """A rank the others wait for although it computes no longer than they do: most of their waiting is for it (more
+    than by chance), long enough to matter, and not explained by its computation: its time goes elsewhere."""
+    shared = [r for r in ranks if r.collectives]
+    blame = sum(r.late_us for r in shared)
+    if len(shared) < 2 or not blame:
+        return []
+    late = max(shared, key=lambda r: r.late_us)
+    step = float(np.mean([r.step_us for r in shared]))
+    compute_lag = late.compute_us - float(np.median([r.compute_us for r in shared if r is not late]))
+    if (late.late_us < max(LATE_SHARE, 1.3 / len(shared)) * blame or late.late_us < LATE_WAIT * step
+            or compute_lag >= late.late_us / 2):
+        return []
+    hosts = len({r.clock_offset_us for r in shared})
+    return [Diagnostic("late_rank", "warning", (
+        f"Rank {late.rank} is the one the others wait for: {fmt.duration(late.late_us)} per step "
+        f"({fmt.share(late.late_us / step)} of the step, {fmt.share(late.late_us / blame)} of all waiting for a last "
+        f"rank; clocks aligned across {hosts} host clock{'s' * (hosts != 1)}), but it computes only "
+        f"{fmt.duration(max(compute_lag, 0.0))} longer than they do: its time goes outside computation. Look at its "
+        "data loading, host-side work between steps and its CPU (other processes, fewer cores)."))]

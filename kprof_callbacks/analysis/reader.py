@@ -41,6 +41,8 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     total_allocated: Int64 = msgspec.field(default=0, name="Total Allocated")
     copy_bytes: Int64 = msgspec.field(default=0, name="bytes")
     label: msgspec.Raw = msgspec.field(default=_NO_RAW, name="name")  # `M` events: thread and process names
+    collective: str = msgspec.field(default="", name="Collective name")  # NCCL kernels: the c10d collective they run
+    addr: Int64 = msgspec.field(default=0, name="Addr")  # `[memory]` events: the block allocated or freed
 
 
 _NO_ARGS = Args()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from statistics import mean
 from typing import TYPE_CHECKING
 
-from . import breakdown, fmt
+from . import breakdown, comm, fmt
 from .fmt import clip
 from .tables import OpStats, StepStats
 
@@ -80,10 +80,18 @@ def steps_table(s: Summary, top: int) -> Table:
 
 
 def ranks_table(s: Summary) -> Table:
+    """Per rank: means per step of compute and communication; where ranks share collectives, how long each waited
+    for the last to arrive and the others for it (and its host clock's offset, when ranks span hosts)."""
+    arrivals = any(r.collectives for r in s.ranks)
+    hosts = any(r.clock_offset_us for r in s.ranks)
     return Table("ranks", "Ranks (means per step)",
-                 ["rank", "steps", "step", "compute", "comm", "comm %", "overlapped", "exposed comm"],
+                 ["rank", "steps", "step", "compute", "comm", "comm %", "overlapped", "exposed comm"]
+                 + (["waits for others", "others wait for it"] if arrivals else [])
+                 + (["clock offset"] if hosts else []),
                  [[str(r.rank) if r.rank is not None else r.worker, str(r.steps), fmt.duration(r.step_us), fmt.duration(r.compute_us),
                    fmt.duration(r.comm_us), fmt.share(r.comm_share), fmt.share(r.overlap_share), fmt.duration(r.exposed_comm_us)]
+                  + ([fmt.duration(r.waited_us), fmt.duration(r.late_us)] if arrivals else [])
+                  + ([fmt.duration(r.clock_offset_us)] if hosts else [])
                   for r in s.ranks])
 
 
@@ -93,6 +101,20 @@ def skew_table(s: Summary, top: int) -> Table:
     return Table("step_skew", "Slowest rank per step (by compute)", ["step", "slowest rank", "compute", "other ranks", "lag"],
                  [[str(k.step), str(k.slowest_rank), fmt.duration(k.slowest_compute_us), fmt.duration(k.median_compute_us),
                    fmt.duration(k.lag_us)] for k in worst])
+
+
+def comm_table(s: Summary) -> Table:
+    """Each collective (and FSDP phase): means per step and rank, and the rank that waited for it longest."""
+    step = mean(r.wall_us for r in s.steps)
+    phases = any(r.phase for r in s.comm)
+    return Table("comm", "Communication by collective (means per step and rank; exposed: no computation ran)",
+                 ["collective"] + (["phase"] if phases else []) + ["calls", "time", "overlapped", "exposed",
+                                                                    "of step", "most exposed"],
+                 [[t.collective] + ([t.phase or "-"] if phases else [])
+                  + [f"{t.calls:.1f}", fmt.duration(t.total_us), fmt.duration(t.overlap_us), fmt.duration(t.exposed_us),
+                     fmt.share(t.exposed_us / step if step else 0),
+                     f"{fmt.duration(t.worst_exposed_us)} (rank {t.worst_rank})" if t.ranks > 1 else "-"]
+                  for t in comm.totals(s.comm, s.steps)])
 
 
 def op_sort(s: Summary, sort: str) -> tuple[Callable[[OpStats], float], str]:
@@ -159,6 +181,8 @@ def tables(s: Summary, top: int, sort: str, width: int = NAME_WIDTH) -> list[Tab
         out.append(ranks_table(s))
         if s.step_skew:
             out.append(skew_table(s, top))
+    if s.comm:
+        out.append(comm_table(s))
     if s.steps:
         out.append(steps_table(s, top))
     if s.ops:

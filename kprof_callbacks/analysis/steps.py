@@ -15,6 +15,7 @@ import numpy as np
 
 from . import intervals as iv
 from .tables import StepStats
+from .tree import Tree
 from .timeline import (ANNOTATION, COMM, CPU_MEMORY, CUDA_MEMORY, KERNEL, MEMCPY, MEMSET, OP, RUNTIME, Timeline,
                        is_collective_name, match)
 
@@ -51,6 +52,7 @@ class StepTimes:
     compute_us: np.ndarray
     comm_us: np.ndarray
     overlap_us: np.ndarray
+    compute: iv.Intervals = dataclasses.field(repr=False, default=iv.EMPTY)  # when anything computed, all steps
 
 
 def launch_times(tl: Timeline) -> np.ndarray:
@@ -89,22 +91,52 @@ def _spans(start: np.ndarray, end: np.ndarray, pick: np.ndarray) -> iv.Intervals
     return iv.union(start[pick], end[pick])
 
 
-def step_times(tl: Timeline, rank: int | None) -> StepTimes:
-    """Breakdown of every step of one trace."""
+def comm_events(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
+    """Which host and which device events are communication. With GPU activity: NCCL kernels, and gloo's host
+    ranges (c10d's host ops only bracket launches); without: every collective host range (c10d ops, gloo ranges)."""
+    collective = _named(tl, is_collective_name)
+    host = _named(tl, lambda n: n.startswith("gloo:")) if tl.device.start.size else collective
+    return host, tl.device.kind == COMM
+
+
+def _host_work(tl: Timeline) -> np.ndarray:
+    """Per host event: whether it is host-side work (an operator or runtime call, collectives excepted)."""
+    return ((tl.host.kind == OP) | (tl.host.kind == RUNTIME)) & ~_named(tl, is_collective_name)
+
+
+def _self_spans(tree: Tree, start: np.ndarray, end: np.ndarray, pick: np.ndarray) -> iv.Intervals:
+    """When the events `pick` run their own code: each one's range less its children's (of any kind), so a thread
+    that waits inside an operator (a hook's all-gather inside a backward node) is not computing."""
+    child = np.flatnonzero(tree.parent >= 0)
+    child = child[np.lexsort((start[child], tree.parent[child]))]
+    parent = tree.parent[child]
+    last = np.ones(child.size, bool)
+    last[:-1] = parent[1:] != parent[:-1]
+    next_start = end[parent].copy()
+    next_start[~last] = start[child][1:][~last[:-1]]
+    first_child = end.copy()
+    first = np.ones(child.size, bool)
+    first[1:] = last[:-1]
+    first_child[parent[first]] = start[child[first]]
+    mine = pick[parent]
+    return iv.union(np.concatenate([start[pick], end[child[mine]]]),
+                    np.concatenate([first_child[pick], next_start[mine]]))
+
+
+def step_times(tl: Timeline, rank: int | None, tree: Tree) -> StepTimes:
+    """Breakdown of every step of one trace (`tree`: its host call tree)."""
     host, dev = tl.host, tl.device
     win = windows(tl)
-    # Collectives are never compute. With GPU activity their time is the NCCL kernels (host ranges only
-    # bracket launches) plus gloo's host ranges; without, it is their host ranges.
-    collective = _named(tl, is_collective_name)
-    host_comm = _named(tl, lambda n: n.startswith("gloo:")) if dev.start.size else collective
     loader = _named(tl, is_dataloader_name) & ((host.kind == OP) | (host.kind == ANNOTATION))
+    host_comm, dev_comm = comm_events(tl)
 
     gpu = _spans(dev.start, dev.end, np.ones(dev.start.size, bool))
-    kernel, memcpy, memset, nccl = (_spans(dev.start, dev.end, dev.kind == k) for k in (KERNEL, MEMCPY, MEMSET, COMM))
-    comm = iv.merge(nccl, _spans(host.start, host.end, host_comm))
-    cpu = _spans(host.start, host.end, ((host.kind == OP) | (host.kind == RUNTIME)) & ~collective)
+    kernel, memcpy, memset = (_spans(dev.start, dev.end, dev.kind == k) for k in (KERNEL, MEMCPY, MEMSET))
+    comm = iv.merge(_spans(dev.start, dev.end, dev_comm), _spans(host.start, host.end, host_comm))
+    cpu = _spans(host.start, host.end, _host_work(tl))
     loader = _spans(host.start, host.end, loader)
-    compute = iv.merge(kernel, memcpy, memset) if dev.start.size else cpu
+    compute = iv.merge(kernel, memcpy, memset) if dev.start.size else _self_spans(tree, host.start, host.end,
+                                                                                    _host_work(tl))
 
     def inside(spans: iv.Intervals) -> np.ndarray:
         return iv.length_in(spans, win.lo, win.hi) / 1000.0
@@ -128,14 +160,19 @@ def step_times(tl: Timeline, rank: int | None) -> StepTimes:
         StepStats(step=int(n), rank=rank, worker=worker, peak_memory=int(p), **{k: float(v[i]) for k, v in columns.items()})
         for i, (n, p) in enumerate(zip(win.number.tolist(), peak.tolist()))
     ]
-    return StepTimes(win, rows, inside(compute), columns["comm_us"], inside(iv.intersect(compute, comm)))
+    return StepTimes(win, rows, inside(compute), columns["comm_us"], inside(iv.intersect(compute, comm)), compute)
+
+
+def memory_rows(tl: Timeline) -> np.ndarray:
+    """The memory records the peaks are read from: CUDA memory when recorded, else host memory."""
+    cuda = np.isin(tl.memory.device, CUDA_MEMORY)
+    return cuda if cuda.any() else np.isin(tl.memory.device, CPU_MEMORY)
 
 
 def _peak_memory(tl: Timeline, win: Windows) -> np.ndarray:
-    """Highest total allocation per step: CUDA memory when recorded, else host memory."""
+    """Highest total allocation per step (of `memory_rows`)."""
     mem = tl.memory
-    cuda = np.isin(mem.device, CUDA_MEMORY)
-    pick = cuda if cuda.any() else np.isin(mem.device, CPU_MEMORY)
+    pick = memory_rows(tl)
     times, allocated = mem.time[pick], mem.allocated[pick]
     peak = np.zeros(win.lo.size, np.int64)
     owner = win.index_of(times)

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from .. import layout
-from . import diagnostics, html, ops, perstep, ranks, report, stacks, steps, trends
+from . import comm, diagnostics, html, ops, perstep, ranks, report, stacks, steps, trends
 from .reader import TraceError, TraceFile, read_trace
 from .series import Series, read_series
-from .tables import Diagnostic, KernelStats, LabelStats, OpStats, Problem, RankStats, StepSkew, StepStats
+from .tables import (CommStats, Diagnostic, FsdpStep, KernelStats, LabelStats, OpStats, Problem, RankStats, StepSkew,
+                     StepStats)
 from .timeline import PYTHON, build
 from .tree import nest
 
@@ -51,6 +52,8 @@ class Summary:
     memory_snapshots: list[Path]
     per_step: perstep.PerStep = dataclasses.field(repr=False)  # rows by steps, for kprof.diff
     series: dict[str, dict[str, Series]] = dataclasses.field(repr=False, default_factory=dict)  # scalars, all steps
+    comm: list[CommStats] = dataclasses.field(default_factory=list)  # by rank, step, collective and FSDP phase
+    fsdp: list[FsdpStep] = dataclasses.field(default_factory=list)  # FSDP's step edges and memory, by rank and step
     _stacks: list[stacks.StackSource] = dataclasses.field(repr=False, default_factory=list)
 
     @classmethod
@@ -93,17 +96,21 @@ class Summary:
             "labels": rows(self.labels),
             "ranks": [dict(dataclasses.asdict(r), comm_share=r.comm_share, overlap_share=r.overlap_share) for r in self.ranks],
             "step_skew": rows(self.step_skew),
+            "comm": rows(self.comm),
+            "fsdp": rows(self.fsdp),
             "diagnostics": rows(self.diagnostics),
             "problems": [{"path": str(p.path), "reason": p.reason} for p in self.problems],
             "memory_snapshots": [str(p) for p in self.memory_snapshots],
         }
 
     def to_pandas(self) -> dict[str, pandas.DataFrame]:
-        """One DataFrame per table (steps, ops, ops_by_shape, kernels, labels, ranks, step_skew, diagnostics)."""
+        """One DataFrame per table (steps, ops, ops_by_shape, kernels, labels, ranks, step_skew, comm, fsdp,
+        diagnostics)."""
         import pandas as pd
 
         tables = {"steps": StepStats, "ops": OpStats, "ops_by_shape": OpStats, "kernels": KernelStats,
-                  "labels": LabelStats, "ranks": RankStats, "step_skew": StepSkew, "diagnostics": Diagnostic}
+                  "labels": LabelStats, "ranks": RankStats, "step_skew": StepSkew, "comm": CommStats, "fsdp": FsdpStep,
+                  "diagnostics": Diagnostic}
         data = self.to_dict()
         return {key: pd.DataFrame(data[key], columns=[f.name for f in dataclasses.fields(row)] if not data[key] else None)
                 for key, row in tables.items()}
@@ -146,6 +153,7 @@ class _FileResult:
     evidence: diagnostics.Evidence
     stack: stacks.StackSource
     per_step: perstep.PerStep
+    comm: comm.FileComm
 
 
 def _analyze(trace: TraceFile) -> _FileResult:
@@ -153,7 +161,7 @@ def _analyze(trace: TraceFile) -> _FileResult:
     host = tl.host
     tree = nest(host.thread, host.start, host.end, host.name)
     costs = ops.host_costs(tl, tree)
-    times = steps.step_times(tl, trace.rank)
+    times = steps.step_times(tl, trace.rank, tree)
     launcher = tree.kept(ops.launcher_of_device_events(tl))
     return _FileResult(
         rank=trace.rank,
@@ -171,6 +179,7 @@ def _analyze(trace: TraceFile) -> _FileResult:
             kernel_us=(tl.device.end - tl.device.start) / 1000.0, has_python=bool((host.kind == PYTHON).any()),
         ),
         per_step=perstep.from_timeline(tl, tree, costs, times),
+        comm=comm.analyze(tl, times),
     )
 
 
@@ -213,7 +222,9 @@ def summarize_contents(name: str, found: layout.RunContents, progress: bool = Fa
     workers: dict[tuple, ranks.Worker] = {}
     for r in results:
         key = ("rank", r.rank) if r.rank is not None else ("worker", r.worker)
-        workers.setdefault(key, ranks.Worker(r.rank, r.worker, [])).times.append(r.times)
+        worker = workers.setdefault(key, ranks.Worker(r.rank, r.worker, []))
+        worker.times.append(r.times)
+        worker.transfers.append(r.comm.transfers)
     ordered = sorted(workers.values(), key=lambda w: (w.rank is None, w.rank or 0, w.worker))
     step_rows = [row for w in ordered for t in w.times for row in t.rows]
     evidence = diagnostics.Evidence()
@@ -224,6 +235,8 @@ def summarize_contents(name: str, found: layout.RunContents, progress: bool = Fa
     per_step = perstep.merge([r.per_step for r in results])
     series = read_series(files[0].parent)
     found_all = diagnostics.diagnose(step_rows, rank_rows, skew, evidence, per_step)
+    comm_rows, fsdp_rows = [c for r in results for c in r.comm.rows], [f for r in results for f in r.comm.fsdp]
+    found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu) + ranks.findings(rank_rows)
     found_all += trends.findings(series, found.snapshots, evidence.matmul_flops, sum(s.wall_us for s in step_rows),
                                  len(step_rows))
     return Summary(
@@ -242,6 +255,8 @@ def summarize_contents(name: str, found: layout.RunContents, progress: bool = Fa
         memory_snapshots=found.snapshots,
         per_step=per_step,
         series=series,
+        comm=comm_rows,
+        fsdp=fsdp_rows,
         _stacks=[r.stack for r in results],
     )
 

@@ -79,6 +79,10 @@ class RankStats:
     comm_us: float
     overlap_us: float  # communication that runs while compute runs
     exposed_comm_us: float  # communication nothing overlaps: the step waits for it
+    collectives: int = 0  # collectives matched with other ranks (the n-th of its kind in a step, on every rank)
+    waited_us: float = 0.0  # in them, waiting for the last rank to arrive (clocks aligned; mean per step)
+    late_us: float = 0.0  # the others' wait for it where it arrived last (its lead on their median; mean per step)
+    clock_offset_us: float = 0.0  # its host's clock minus rank 0's host's, from the ends of shared collectives
 
     @property
     def comm_share(self) -> float:
@@ -87,6 +91,41 @@ class RankStats:
     @property
     def overlap_share(self) -> float:
         return self.overlap_us / self.comm_us if self.comm_us else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CommStats:
+    """One collective (all-gather, reduce-scatter, all-reduce, ...) on one rank in one step, split by FSDP phase."""
+
+    rank: int | None
+    worker: str
+    step: int
+    collective: str
+    phase: str  # "forward" or "backward" (FSDP's labels say which), "" where a trace does not say
+    calls: int
+    total_us: float  # time it ran (a union: two at once count once)
+    overlap_us: float  # of which computation ran at the same time, on any stream or thread
+    exposed_us: float  # of which nothing computed: the step waited for it
+
+
+@dataclasses.dataclass(frozen=True)
+class FsdpStep:
+    """FSDP's parameter memory and the edges of one step on one rank (traces with FSDP's labels)."""
+
+    rank: int | None
+    worker: str
+    world_size: int | None  # ranks in the job, as the trace says
+    step: int
+    groups: int  # FSDP parameter groups that all-gathered (one per fully_shard call that ran)
+    first_gather_exposed_us: float  # exposed part of the step's first all-gather (start of forward)
+    last_scatter_exposed_us: float  # exposed part of the step's last reduce-scatter (end of backward)
+    gather_scatter_concurrent_us: float  # all-gather and reduce-scatter running at the same time
+    gather_queued_us: float  # all-gathers waiting for a reduce-scatter to end before they start (one communicator)
+    unsharded_total: int  # bytes of every group's unsharded parameters (as all-gathered); 0 without profile_memory
+    unsharded_at_peak: int  # of which alive at the step's memory peak
+    groups_at_peak: int  # groups whose unsharded parameters were alive then
+    largest_group: int  # bytes of the largest group's unsharded parameters
+    peak_memory: int  # bytes allocated at that peak
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,7 +39,9 @@ CUDA_MEMORY = (1, 6)  # CUDA, HIP: key_averages' "CUDA Mem"
 _PH, _NAME, _CAT, _PID, _TID, _TS, _DUR = (attrgetter(f) for f in ("ph", "name", "cat", "pid", "tid", "ts", "dur"))
 _EXT, _EXT_OLD, _CORR = (attrgetter(f"args.{f}") for f in ("external_id", "external_id_old", "correlation"))
 _DIMS, _DIMS_OLD, _COPY_BYTES = (attrgetter(f"args.{f}") for f in ("input_dims", "input_dims_old", "copy_bytes"))
-_MEM_BYTES, _MEM_DEVICE, _MEM_TOTAL = (attrgetter(f"args.{f}") for f in ("mem_bytes", "mem_device_type", "total_allocated"))
+_MEM_BYTES, _MEM_DEVICE, _MEM_TOTAL, _MEM_ADDR = (attrgetter(f"args.{f}") for f in ("mem_bytes", "mem_device_type",
+                                                                                    "total_allocated", "addr"))
+_COLLECTIVE = attrgetter("args.collective")
 
 
 def is_collective_name(name: str) -> bool:
@@ -136,6 +138,7 @@ class Device:
     ext: np.ndarray
     corr: np.ndarray
     nbytes: np.ndarray  # copy/set size, 0 if unknown
+    collective: np.ndarray  # int32 id into Timeline.names of the c10d collective an NCCL kernel runs, -1 if not said
 
 
 @dataclasses.dataclass
@@ -146,6 +149,7 @@ class Memory:
     nbytes: np.ndarray  # allocation (+) or free (-)
     device: np.ndarray  # c10::DeviceType of the memory
     allocated: np.ndarray  # total allocated on that device after the event
+    addr: np.ndarray  # address of the block, which pairs an allocation with its free
 
 
 @dataclasses.dataclass
@@ -204,10 +208,11 @@ def build(trace: TraceFile) -> Timeline:
     (threads, thread_keys), (streams, stream_keys) = _lanes(host), _lanes(device)
     host_columns = Host(name[host_rows], code[host_rows], threads, host_start, host_end, host_ext, host_corr,
                         _shapes(host, shapes))
+    collective = np.fromiter((names[c] if c else -1 for c in map(_COLLECTIVE, device)), np.int32, len(device))
     device_columns = Device(name[device_rows], code[device_rows] - _DEVICE_CODE, streams, device_start, device_end,
-                            device_ext, device_corr, _column(device, _COPY_BYTES, np.int64))
+                            device_ext, device_corr, _column(device, _COPY_BYTES, np.int64), collective)
     memory_columns = Memory(_times(memory)[0], _column(memory, _MEM_BYTES, np.int64), _column(memory, _MEM_DEVICE, np.int64),
-                            _column(memory, _MEM_TOTAL, np.int64))
+                            _column(memory, _MEM_TOTAL, np.int64), _column(memory, _MEM_ADDR, np.int64))
     table = list(names)
     step_number = {k: int(m[1]) for k, n in enumerate(table) if (m := _STEP.match(n))}
     if any(number >= 2**62 for number in step_number.values()):
