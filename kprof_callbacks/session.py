@@ -304,6 +304,7 @@ class Session:
             max_bytes=None if self.config.max_trace_mb is None else int(self.config.max_trace_mb * 2**20),
             max_pending_bytes=int(self.config.max_pending_mb * 2**20),
             on_trace=self.on_trace,
+            room_timeout=self.config.write_timeout,
         )
         if ProfilerActivity.CUDA in self._activities:
             # Without it kineto leaves CUPTI attached after a window and every later kernel launch pays for it

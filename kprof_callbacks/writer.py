@@ -8,6 +8,9 @@ they never reach the training loop.
 A capture is never dropped because the writer is behind. Finished captures wait in memory, up to a budget
 (``max_pending_bytes``, each held capture counted as the largest trace written so far, at least 1 MB); past it, the training thread
 waits at the end of its window until the writer has made room, and that wait is reported (``Capture.waited_s``).
+A writer that makes no room within ``room_timeout`` is stuck (an ``on_trace`` callback or a write that never
+returns): that capture, and every later one until the writer moves again, is dropped with one warning, without
+waiting, so training goes on.
 """
 
 from __future__ import annotations
@@ -191,6 +194,7 @@ class TraceWriter:
         on_trace: Callable[[Path], None] | None = None,
         fork: bool = True,
         child_timeout: float = 300.0,
+        room_timeout: float = 60.0,
     ) -> None:
         self.run_dir = run_dir
         self.worker = worker
@@ -200,6 +204,7 @@ class TraceWriter:
         self.on_trace = on_trace
         self.fork = fork
         self.child_timeout = child_timeout
+        self.room_timeout = room_timeout
         self.written_bytes = 0
         self.waited_s = 0.0  # the training thread's total wait for room (see the module docstring)
         self.files: list[Path] = []
@@ -212,6 +217,7 @@ class TraceWriter:
         self._held = 0  # captures held in memory, waiting to be written
         self._held_bytes = 0  # their estimated size
         self._largest = 0  # the largest capture written so far (bytes of JSON): the estimate of the next one
+        self._stuck = False  # no room came within room_timeout, and no capture has been written since
         self._thread = threading.Thread(target=self._loop, name="kprof-trace-writer", daemon=True)
         self._thread.start()
 
@@ -224,7 +230,14 @@ class TraceWriter:
         """Queue a finished capture (on the training thread: waits only while held captures fill the budget)."""
         capture.path = layout.new_trace_path(self.run_dir, self.worker, self.compress)
         estimate = max(self._largest, _MIN_ESTIMATE)
-        capture.waited_s = self._make_room(estimate)
+        waited = self._make_room(estimate)
+        if waited is None:
+            self._fail(capture, "stuck", f"the trace writer made no room within {self.room_timeout:.0f} s (an "
+                       "on_trace callback or a write does not return): the capture of steps "
+                       f"{capture.first_step}-{capture.last_step} was dropped, and so is every later one until the "
+                       "writer moves again")
+            return
+        capture.waited_s = waited
         if capture.waited_s > 0:
             self.waited_s += capture.waited_s
             self._warn_once("wait", f"the trace writer was behind: training waited {capture.waited_s:.2f} s at the "
@@ -233,14 +246,19 @@ class TraceWriter:
         # the window's results: the next window gets new ones, so these are ours now
         self._jobs.put((torch_compat.window_results(prof), capture, estimate))
 
-    def _make_room(self, estimate: int) -> float:
-        """Hold one more capture of ``estimate`` bytes, waiting while the held ones fill the budget; seconds waited."""
+    def _make_room(self, estimate: int) -> float | None:
+        """Hold one more capture of ``estimate`` bytes, waiting while the held ones fill the budget; seconds waited,
+        or None when no room came within ``room_timeout`` (at once while the writer is known to be stuck)."""
         start = time.perf_counter()
         waited = False
         with self._room:
             while self._held and self._held_bytes + estimate > self.max_pending_bytes and self._thread.is_alive():
+                left = start + self.room_timeout - time.perf_counter()
+                if self._stuck or left <= 0:
+                    self._stuck = True
+                    return None
                 waited = True
-                self._room.wait(0.05)
+                self._room.wait(min(left, 0.05))
             self._held += 1
             self._held_bytes += estimate
         return time.perf_counter() - start if waited else 0.0
@@ -250,6 +268,7 @@ class TraceWriter:
             self._held -= 1
             self._held_bytes -= estimate
             self._largest = max(self._largest, written)
+            self._stuck = False
             self._room.notify_all()
 
     def submit_call(self, fn: Callable[[], None]) -> None:
