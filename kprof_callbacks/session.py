@@ -125,6 +125,7 @@ class Session:
         self._writer: TraceWriter | None = None
         self._scalars: scalars.EventFile | None = None
         self._state = "new"
+        self._interrupt: KeyboardInterrupt | None = None  # Ctrl-C caught inside torch's step, raised once it is done
         self._activities: list[ProfilerActivity] = []
         self.run_dir: Path | None = None
         self._nvtx = config.nvtx and torch.cuda.is_available()
@@ -195,6 +196,7 @@ class Session:
             self._run_trigger()
         self._mark_steps_only_in_windows(self._prof.step_num + 1)
         self._prof.step()
+        self._raise_interrupt()
         if self.config.scalars and self.steps % _SCALAR_EVERY == 0:
             self._send_scalars()
 
@@ -381,11 +383,13 @@ class Session:
                 self._writer.submit_call(self._scalars.close)
             interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
             timeout = self.config.write_timeout
-            if interrupted:
+            if interrupted or self._interrupt is not None:
                 timeout = min(timeout, _INTERRUPTED_WRITE_TIMEOUT)
             self._writer.close(timeout)
             if signal.getsignal(signal.SIGTERM) == self._on_sigterm:  # kept until here: SIGTERM drains this close too
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if not interrupted:
+            self._raise_interrupt()
 
     # -- internals ---------------------------------------------------------------------------------------------
     def _on_sigterm(self, signum: int, frame) -> None:
@@ -432,7 +436,18 @@ class Session:
             first = max(start + self.config.warmup, first)  # a window cut short recorded from its warm-up's end
         capture = Capture(first_step=first, last_step=last, reason=self._plan.reason)
         self.captures.append(capture)
-        self._writer.submit(prof, capture)
+        try:
+            self._writer.submit(prof, capture)
+        except KeyboardInterrupt as exc:  # Ctrl-C while waiting for the writer (which kept the capture)
+            # torch is between stopping this window and starting the next: raised here, it left the profiler half
+            # switched (at exit torch stopped it twice and the next export crashed), so it waits for step()'s end
+            self._interrupt = exc
+
+    def _raise_interrupt(self) -> None:
+        """Raise the Ctrl-C caught while torch's profiler changed windows, now that it has."""
+        if self._interrupt is not None:
+            exc, self._interrupt = self._interrupt, None
+            raise exc
 
     def _metrics(self, start: int, times: list[float]) -> list[tuple[int, dict[str, float]]]:
         """``(step, scalars)`` for the steps ``start, start + 1, ...`` that took ``times``."""

@@ -227,10 +227,18 @@ class TraceWriter:
         return self.max_bytes is not None and self.written_bytes + self._held_bytes >= self.max_bytes
 
     def submit(self, prof, capture: Capture) -> None:
-        """Queue a finished capture (on the training thread: waits only while held captures fill the budget)."""
+        """Queue a finished capture (on the training thread: waits only while held captures fill the budget).
+
+        Ctrl-C during that wait still queues the capture, past the budget (the window is finished and the program is
+        stopping), then goes on as a KeyboardInterrupt."""
         capture.path = layout.new_trace_path(self.run_dir, self.worker, self.compress)
-        estimate = max(self._largest, _MIN_ESTIMATE)
-        waited = self._make_room(estimate)
+        # the window's results: the next window gets new ones, so these are ours now
+        job = (torch_compat.window_results(prof), capture, max(self._largest, _MIN_ESTIMATE))
+        try:
+            waited = self._wait_for_room(job[2])
+        except KeyboardInterrupt:
+            self._queue(job)
+            raise
         if waited is None:
             self._fail(capture, "stuck", f"the trace writer made no room within {self.room_timeout:.0f} s (an "
                        "on_trace callback or a write does not return): the capture of steps "
@@ -243,12 +251,11 @@ class TraceWriter:
             self._warn_once("wait", f"the trace writer was behind: training waited {capture.waited_s:.2f} s at the "
                             f"end of the window of steps {capture.first_step}-{capture.last_step} for earlier captures "
                             "to be written (Session.writer_wait_s has the total)")
-        # the window's results: the next window gets new ones, so these are ours now
-        self._jobs.put((torch_compat.window_results(prof), capture, estimate))
+        self._queue(job)
 
-    def _make_room(self, estimate: int) -> float | None:
-        """Hold one more capture of ``estimate`` bytes, waiting while the held ones fill the budget; seconds waited,
-        or None when no room came within ``room_timeout`` (at once while the writer is known to be stuck)."""
+    def _wait_for_room(self, estimate: int) -> float | None:
+        """Wait while the held captures and one more of ``estimate`` bytes overfill the budget; seconds waited, or
+        None when no room came within ``room_timeout`` (at once while the writer is known to be stuck)."""
         start = time.perf_counter()
         waited = False
         with self._room:
@@ -259,9 +266,15 @@ class TraceWriter:
                     return None
                 waited = True
                 self._room.wait(min(left, 0.05))
-            self._held += 1
-            self._held_bytes += estimate
         return time.perf_counter() - start if waited else 0.0
+
+    def _queue(self, job: tuple) -> None:
+        """Hold the capture of ``job`` against the budget and hand it to the writer thread (only the training thread
+        adds, so the room found by ``_wait_for_room`` is still there)."""
+        with self._room:
+            self._held += 1
+            self._held_bytes += job[2]
+        self._jobs.put(job)
 
     def _release(self, estimate: int, written: int) -> None:
         with self._room:
