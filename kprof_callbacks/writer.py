@@ -212,6 +212,7 @@ class TraceWriter:
         self._warned: set[str] = set()
         self._exports: set[int] = set()  # pids of export processes running now
         self._abandoned = False
+        self._queued: list[Capture] = []  # captures handed to the writer thread and not yet done with (under _room)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._room = threading.Condition()  # guards the three below
         self._held = 0  # captures held in memory, waiting to be written
@@ -231,7 +232,6 @@ class TraceWriter:
 
         Ctrl-C during that wait still queues the capture, past the budget (the window is finished and the program is
         stopping), then goes on as a KeyboardInterrupt."""
-        capture.path = layout.new_trace_path(self.run_dir, self.worker, self.compress)
         # the window's results: the next window gets new ones, so these are ours now
         job = (torch_compat.window_results(prof), capture, max(self._largest, _MIN_ESTIMATE))
         try:
@@ -274,10 +274,12 @@ class TraceWriter:
         with self._room:
             self._held += 1
             self._held_bytes += job[2]
+            self._queued.append(job[1])
         self._jobs.put(job)
 
-    def _release(self, estimate: int, written: int) -> None:
+    def _release(self, capture: Capture, estimate: int, written: int) -> None:
         with self._room:
+            self._queued.remove(capture)
             self._held -= 1
             self._held_bytes -= estimate
             self._largest = max(self._largest, written)
@@ -302,21 +304,26 @@ class TraceWriter:
     def close(self, timeout: float) -> bool:
         """Finish queued writes within ``timeout`` seconds; returns False (and warns) if some were left.
 
-        What is left is dropped and a hung export process is killed: an orphan would keep writing after the
-        program ends, holding its stdout/stderr pipes open.
+        What is left is dropped (each such capture's ``error`` says so) and a hung export process is killed: an
+        orphan would keep writing after the program ends, holding its stdout/stderr pipes open.
         """
         self._jobs.put(None)
         self._thread.join(timeout)
         if not self._thread.is_alive():
             return True
-        self._abandoned = True
-        self._warned.add("write")  # the killed export's failure is this warning, not a second one
+        self._abandoned = True  # the killed export's failure is the warning below, not one of its own
+        with self._room:
+            unfinished = list(self._queued)
         for pid in list(self._exports):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self._thread.join(1.0)  # time to remove the killed export's temp files
+        lost = [c for c in unfinished if c.path is None]  # the one whose on_trace callback hangs was written
+        for capture in lost:
+            capture.error = f"not written: trace writing did not finish within {timeout:.0f} s at the session's end"
+        count = "1 capture not yet written was" if len(lost) == 1 else f"{len(lost)} captures not yet written were"
         warnings.warn(
-            f"kprof: trace writing did not finish within {timeout:.0f} s; unwritten captures were dropped "
+            f"kprof: trace writing did not finish within {timeout:.0f} s; {count} dropped "
             f"(a '*{layout.PARTIAL}' file left in {self.run_dir} is ignored by readers)",
             RuntimeWarning,
             stacklevel=3,
@@ -336,11 +343,12 @@ class TraceWriter:
             try:
                 written = self._write(work, capture)
             finally:
-                self._release(estimate, written)
+                self._release(capture, estimate, written)
 
     def _write(self, results, capture: Capture) -> int:
-        """Export one capture; returns the size of its JSON (0 when the write failed)."""
-        final = capture.path
+        """Export one capture; returns the size of its JSON (0 when the write failed). ``capture.path`` is set once
+        the file is in place."""
+        final = layout.new_trace_path(self.run_dir, self.worker, self.compress)
         try:
             if self.fork and hasattr(os, "fork"):
                 size = _export_in_child(results, final, self.compress, self.child_timeout, self._exports)
@@ -352,8 +360,10 @@ class TraceWriter:
             for leftover in layout.temp_paths(final):
                 with contextlib.suppress(OSError):  # a read-only file system refuses even to unlink a missing file
                     leftover.unlink(missing_ok=True)
-            self._fail(capture, "write", f"writing {final.name} failed: {exc}")
+            if not self._abandoned:  # else close() has said why
+                self._fail(capture, "write", f"writing {final.name} failed: {exc}")
             return 0
+        capture.path = final
         self.written_bytes += capture.bytes
         self.files.append(final)
         if self.on_trace is not None:
@@ -369,7 +379,6 @@ class TraceWriter:
 
     def _fail(self, capture: Capture, kind: str, message: str) -> None:
         capture.error = message
-        capture.path = None
         self.errors.append(message)
         self._warn_once(kind, message)
 
