@@ -100,15 +100,22 @@ def _window_action(offset: int, warmup: int, active: int) -> ProfilerAction:
 
 
 class Session:
-    """A profiled training loop: call ``step()`` once per step inside ``with kprof.session(...) as s``."""
+    """A profiled training loop: call ``step()`` once per step inside ``with kprof.session(...) as s``.
+
+    Each session writes to a run folder of its own (``layout.make_run_dir``); ``continues=`` an earlier session
+    writes into that one's folder instead (the validation loops of one ``Trainer.fit`` are one run).
+    """
 
     _active: Session | None = None  # torch.profiler allows one profiler per process
 
-    def __init__(self, config: ProfileConfig, *, on_trace: Callable[[Path], None] | None = None) -> None:
+    def __init__(self, config: ProfileConfig, *, on_trace: Callable[[Path], None] | None = None,
+                 continues: Session | None = None) -> None:
         if not isinstance(config, ProfileConfig):
             raise TypeError(f"config must be a ProfileConfig (or use kprof.session(...)), got {type(config).__name__}")
         if on_trace is not None and not callable(on_trace):
             raise TypeError(f"on_trace must be a callable taking the trace path, got {type(on_trace).__name__}")
+        if continues is not None and not isinstance(continues, Session):
+            raise TypeError(f"continues must be an earlier Session or None, got {type(continues).__name__}")
         self.config = config
         self.on_trace = on_trace
         self.steps = 0
@@ -133,7 +140,8 @@ class Session:
             warnings.warn("kprof: nvtx=True needs a CUDA device; no NVTX ranges will be emitted", RuntimeWarning,
                           stacklevel=3)
         if config.enabled:
-            self.run_dir = layout.make_run_dir(config.logdir, config.run)
+            earlier = None if continues is None else continues.run_dir
+            self.run_dir = earlier or layout.make_run_dir(config.logdir, config.run)
             self._activities = _usable_activities(config.resolved_activities())
         self._plan = _Plan(config, self._may_capture)
         self._trigger = make_trigger(config, self.arm, self._timer.reader(), self.run_dir) if config.enabled else None

@@ -213,8 +213,15 @@ def test_bad_env_override_names_the_variable(tmp_path, monkeypatch):
 def test_unwritable_logdir_fails_at_start(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    with pytest.raises(PermissionError, match="cannot write traces"):
+    with pytest.raises(PermissionError, match=f"cannot write traces.*: {blocker} is a file, not a folder"):
         kprof.session(blocker / "log")
+
+
+def test_a_run_path_that_is_a_file_is_named(tmp_path):
+    """run= naming a regular file: the error says so (it said "File exists")."""
+    (tmp_path / "r").write_text("notes")
+    with pytest.raises(PermissionError, match=f"{tmp_path / 'r'} is a file, not a folder; pass another logdir or run="):
+        kprof.session(tmp_path, run="r")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write to read-only folders")

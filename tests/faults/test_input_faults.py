@@ -84,10 +84,12 @@ def test_bad_callback_option_fails_at_construction(tmp_path, name, value):
     [
         ((5,), {}, "config"),
         ((ProfileConfig(enabled=False),), {"on_trace": "print"}, "on_trace"),
+        ((ProfileConfig(enabled=False),), {"continues": "log/r"}, "continues"),
     ],
 )
 def test_bad_session_object_arguments(args, kwargs, name):
-    """Session(config, on_trace=...) with a wrong config or a non-callable on_trace fails at construction."""
+    """Session(config, on_trace=..., continues=...) with a wrong config, a non-callable on_trace or a continues= that
+    is not a Session fails at construction."""
     with pytest.raises(TypeError, match=name):
         Session(*args, **kwargs)
 
