@@ -281,6 +281,53 @@ def test_with_a_logdir_each_variant_says_what_changed_in_its_traces(tmp_path):
     assert json.loads((tmp_path / "compare.json").read_text())["variants"][1]["trace_diff"] == result["tanh"].trace_diff
 
 
+def _identical_pair(logdir: Path):
+    base = mlp()
+    return compare({"a": base, "b": copy.deepcopy(base)}, loss_fn, BATCHES, steps=4, warmup=0, logdir=logdir)
+
+
+def _traces(result, name: str) -> list[Path]:
+    return sorted(Path(result[name].trace_dir).glob("*.pt.trace.json"))
+
+
+def test_a_second_comparison_into_one_logdir_keeps_the_first_and_reads_only_its_own_traces(tmp_path, capsys):
+    """Two compare(logdir=) calls in one process: the second overwrote the first's compare.json (its variants went to
+    <variant>-2), and its trace diff read both calls' traces (identical variants: 0.350x)."""
+    first = _identical_pair(tmp_path / "cmp")
+    saved = (tmp_path / "cmp" / "compare.json").read_bytes()
+    second = _identical_pair(tmp_path / "cmp")
+    assert (tmp_path / "cmp" / "compare.json").read_bytes() == saved
+    assert f"this one writes to {tmp_path / 'cmp-2'}" in capsys.readouterr().out
+    assert second.settings["logdir"] == str(tmp_path / "cmp-2")
+    assert json.loads((tmp_path / "cmp-2" / "compare.json").read_text()) == json.loads(json.dumps(second.to_dict()))
+    for name in ("a", "b"):
+        assert first[name].trace_dir == str(tmp_path / "cmp" / name)
+        assert second[name].trace_dir == str(tmp_path / "cmp-2" / name)
+        assert len(_traces(first, name)) == len(_traces(second, name)) == 1
+    assert sorted(p.name for p in (tmp_path / "cmp").iterdir() if not p.name.startswith(".")) == ["a", "b",
+                                                                                                    "compare.json"]
+
+
+def test_kprof_0_times_the_variants_and_keeps_the_result(tmp_path, monkeypatch):
+    """KPROF=0 and a logdir not yet made: the timing ran, then FileNotFoundError on compare.json.partial lost it."""
+    monkeypatch.setenv("KPROF", "0")
+    result = _identical_pair(tmp_path / "new")
+    assert json.loads((tmp_path / "new" / "compare.json").read_text()) == json.loads(json.dumps(result.to_dict()))
+    assert [result[name].trace_dir for name in ("a", "b")] == [None, None] and result["b"].trace_diff is None
+    assert not list(tmp_path.rglob("*.pt.trace.json"))
+
+
+@pytest.mark.parametrize("env", [{"KPROF_TRIGGER": "on_demand"}, {"KPROF_REPEAT": "0"}])
+def test_schedule_variables_of_the_environment_do_not_reach_comparisons(tmp_path, monkeypatch, env):
+    """KPROF_TRIGGER / KPROF_REPEAT ... set for a training script: compare's own schedule still profiles each variant
+    (they gave 0 traces and "no trace diff", with no warning)."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = _identical_pair(tmp_path)
+    assert len(_traces(result, "a")) == len(_traces(result, "b")) == 1
+    assert result["b"].trace_diff and not result["b"].trace_diff.startswith("no trace diff")
+
+
 # -- result object ---------------------------------------------------------------------------------------------------
 def test_comparison_table_pandas_and_dict():
     pytest.importorskip("pandas")
