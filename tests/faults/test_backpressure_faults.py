@@ -60,7 +60,8 @@ def test_captures_dropped_at_exit_have_no_path_an_error_and_a_count(tmp_path, tr
     assert just_finished == [None] * 20  # a window that has just ended is not written yet
     written = [c for c in s.captures if c.path is not None]
     dropped = [c for c in s.captures if c.path is None]
-    assert [c.path for c in written] == s.trace_files == check_traces(tmp_path) and all(c.error is None for c in written)
+    assert [c.path for c in written] == s.trace_files == check_traces(tmp_path)
+    assert all(c.error is None for c in written)
     assert len(s.captures) == 20 and len(dropped) >= 10
     assert all("not written" in c.error and "within 1 s" in c.error for c in dropped), [c.error for c in dropped]
     assert len(messages) == 1 and f"{len(dropped)} captures not yet written were dropped" in messages[0], messages
