@@ -196,7 +196,7 @@ class ProfilerCallback(Callback):
         """Enter a session for ``stage`` if it is profiled in this call and no other session is running."""
         if self._session is not None or stage not in self._call_stages:
             return False
-        session = self._ready.pop(stage, None) or Session(self._stage_config(stage))
+        session = self._ready.pop(stage, None) or Session(self._stage_config(stage), continues=self._used.get(stage))
         session.start()
         self._session, self._stage = session, stage
         self._used[stage] = session

@@ -36,7 +36,7 @@ def _demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--logdir", default="log", help="where traces go (default: log)")
     p.add_argument("--steps", type=int, default=60, help="training steps (default: 60)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.set_defaults(func=lambda a: demo.run_demo(a.logdir, a.steps, a.device) and 0)
+    p.set_defaults(func=lambda a: demo.run_cli(a.logdir, a.steps, a.device))
 
 
 def _summary(sub: argparse._SubParsersAction) -> None:

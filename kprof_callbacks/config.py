@@ -20,7 +20,8 @@ from . import layout, peaks, torch_compat
 
 SCHEDULE_FIELDS = ("skip_first", "wait", "warmup", "active", "repeat")
 TRIGGERS = ("schedule", "on_demand", "slow_step")
-# Environment overrides, e.g. ``KPROF_ACTIVE=5`` or ``KPROF_TRIGGER=on_demand``; ``KPROF=0`` disables profiling.
+# Environment overrides, e.g. ``KPROF_ACTIVE=5`` or ``KPROF_TRIGGER=on_demand``; ``KPROF=0`` disables profiling. A
+# variable set to nothing (``KPROF=``) counts as unset.
 _ENV_INTS = {name: f"KPROF_{name.upper()}" for name in SCHEDULE_FIELDS}
 _TRACE_ONLY = torch_compat.trace_only_config()
 
@@ -112,19 +113,31 @@ class ProfileConfig:
     @classmethod
     def from_kwargs(cls, **kwargs) -> ProfileConfig:
         """Build from user keywords, letting ``KPROF``/``KPROF_<NAME>`` environment variables win."""
-        unknown = set(kwargs) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise TypeError(f"unknown profiling option(s): {', '.join(sorted(unknown))}")
+        cls._check_names(kwargs)
         for name, var in _ENV_INTS.items():
-            if var in os.environ:
+            if _env(var) is not None:
                 kwargs[name] = _env_int(var, low=1 if name == "active" else 0)
-        if "KPROF_TRIGGER" in os.environ:
-            kwargs["trigger"] = os.environ["KPROF_TRIGGER"]
-            if kwargs["trigger"] not in TRIGGERS:
-                raise ValueError(f"environment variable KPROF_TRIGGER must be one of {TRIGGERS}, got {kwargs['trigger']!r}")
+        trigger = _env("KPROF_TRIGGER")
+        if trigger is not None:
+            if trigger not in TRIGGERS:
+                raise ValueError(f"environment variable KPROF_TRIGGER must be one of {TRIGGERS}, got {trigger!r}")
+            kwargs["trigger"] = trigger
+        return cls.own_schedule(**kwargs)
+
+    @classmethod
+    def own_schedule(cls, **kwargs) -> ProfileConfig:
+        """Build from the keywords given, the schedule included; of the environment only ``KPROF=0`` counts (it still
+        turns profiling off). For a caller whose schedule is its own: ``compare`` profiles a few steps per variant."""
+        cls._check_names(kwargs)
         if not _env_switch("KPROF"):
             kwargs["enabled"] = False
         return cls(**kwargs)
+
+    @classmethod
+    def _check_names(cls, kwargs: dict) -> None:
+        unknown = set(kwargs) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown profiling option(s): {', '.join(sorted(unknown))}")
 
     def resolved_activities(self) -> list[ProfilerActivity]:
         """Activities to record: the user's, else CPU plus CUDA when a CUDA device is usable."""
@@ -151,6 +164,12 @@ class ProfileConfig:
         return kwargs
 
 
+def _env(var: str) -> str | None:
+    """``$var``, None when unset or set to nothing but spaces."""
+    raw = os.environ.get(var, "")
+    return raw if raw.strip() else None
+
+
 def _env_int(var: str, low: int) -> int:
     raw = os.environ[var]
     try:
@@ -166,8 +185,8 @@ _SWITCH = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false"
 
 
 def _env_switch(var: str) -> bool:
-    """``$var`` read as on/off (unset: on); anything else is a ValueError naming the variable."""
-    raw = os.environ.get(var, "1")
+    """``$var`` read as on/off (unset or empty: on); anything else is a ValueError naming the variable."""
+    raw = _env(var) or "1"
     try:
         return _SWITCH[raw.strip().lower()]
     except KeyError:

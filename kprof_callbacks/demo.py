@@ -6,6 +6,7 @@ classification task, so it trains for real in seconds on a CPU and has layers ``
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,18 +54,41 @@ def synthetic_batches(
         yield x.to(device), (x @ teacher).argmax(dim=1).to(device)
 
 
+SCHEDULE = dict(wait=5, warmup=2, active=5, repeat=2)  # KPROF_<NAME> variables override it, as in any session
+
+
+def run_cli(logdir: str, steps: int, device: str | None) -> int:
+    """``kprof demo``: ``run_demo``, with bad input said in one line on stderr (exit status 2)."""
+    try:
+        run_demo(logdir, steps, device)
+    except ValueError as exc:
+        print(f"kprof demo: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def run_demo(logdir: str = "log", steps: int = 60, device: str | None = None) -> Path:
-    """Train ``ToyModel`` for ``steps`` steps under a profiling session; print the summary; return the run dir."""
+    """Train ``ToyModel`` for ``steps`` steps under a profiling session; print the summary; return the run dir.
+
+    Too few steps for a profiling window, or profiling switched off (``KPROF=0``), is a ValueError before training.
+    """
     import kprof_callbacks as kprof
     from kprof_callbacks.tensorboard.launch import open_hint
 
+    run = "demo-" + time.strftime("%Y%m%d-%H%M%S")
+    config = kprof.ProfileConfig.from_kwargs(logdir=logdir, run=run, record_shapes=True, **SCHEDULE)
+    if not config.enabled:
+        raise ValueError("profiling is switched off (KPROF=0), and the demo shows what profiling finds: unset KPROF")
+    first_window_ends = config.skip_first + config.wait + config.warmup + config.active
+    if steps < first_window_ends:
+        raise ValueError(f"--steps must be at least {first_window_ends}, where the first profiling window ends "
+                         f"(got {steps})")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     model = ToyModel().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
-    run = "demo-" + time.strftime("%Y%m%d-%H%M%S")
-    with kprof.session(logdir, run=run, wait=5, warmup=2, active=5, repeat=2, record_shapes=True) as s:
+    with kprof.Session(config) as s:
         for x, y in synthetic_batches(steps, device=device):
             with s.region("forward"):
                 loss = nn.functional.cross_entropy(model(x), y)

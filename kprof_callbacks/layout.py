@@ -6,6 +6,7 @@
         events.out.tfevents.<time_ns>.<worker>        step-time scalars (tags below)
         <worker>.memory_snapshot.pickle               CUDA allocator history (memory_snapshot=True)
         PROFILE                                       a request for an on-demand capture
+        .kprof-claim                                  which launch and session own the folder
     <logdir>/compare.json                             a ``kprof.compare`` result
 
 A worker is ``<host>_<pid>``, ``rank<R>_<host>_<pid>`` in distributed jobs (torch's tensorboard_trace_handler
@@ -18,6 +19,7 @@ import dataclasses
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +32,7 @@ JSON_SUFFIXES = (".json", ".json.gz")  # traces saved by hand with export_chrome
 PARTIAL = ".partial"
 COMPARE_FILE = "compare.json"
 PROFILE_FILE = "PROFILE"
+CLAIM_FILE = ".kprof-claim"
 SNAPSHOT_SUFFIX = ".pickle"  # readers take any pickle in a run folder as a memory snapshot, as the tab shows them
 STEP_TIME_TAG = "kprof/step_time_ms"
 THROUGHPUT_TAG = "kprof/throughput_samples_per_s"
@@ -120,45 +123,105 @@ def check_name(what: str, name: str) -> str:
 
 
 # -- run folders -------------------------------------------------------------------------------------------------
-def make_run_dir(logdir: Path, run: str | None) -> Path:
-    """Create the run folder and check it is writable now; returns it as an absolute path, so that a later
-    ``os.chdir`` changes nothing.
+_SESSIONS: dict[Path, int] = {}  # run folder name -> how many sessions of this process asked for it
+_SESSIONS_LOCK = threading.Lock()
+_CLAIM_WAIT_S = 5.0  # how long a claim found empty (another rank of the launch is writing it) is re-read
 
-    ``run=None`` takes a fresh timestamped name, the same on every rank. A named run is claimed per rank by one
-    process (a ``.kprof-claim-<rank>`` file, created exclusively, holding the worker name): when another process
-    (an earlier launch) already claimed this rank of ``logdir/run``, this one writes to the next free ``<run>-2``,
-    ``<run>-3``, ... and says so on stdout, so that two launches never look like ranks of one job. Every rank decides
-    alike, without communicating; later sessions of the same process reuse its folder.
+
+def make_run_dir(logdir: Path, run: str | None) -> Path:
+    """Create the run folder of one session and check it is writable now; returns it as an absolute path, so that a
+    later ``os.chdir`` changes nothing.
+
+    ``run=None`` takes a fresh timestamped name, the same on every rank. A run folder belongs to one session of one
+    launch: its ``.kprof-claim`` file, created exclusively, holds ``launch_id()`` (the same on every rank of a launch)
+    and which of this process's sessions of that name it is. Where an earlier launch, or an earlier session of this
+    process (a notebook cell run twice), claimed ``logdir/run``, this session writes to the next free ``<run>-2``,
+    ``<run>-3``, ... and says so on stdout, so that two runs never look like one, nor two launches like ranks of one
+    job. Every rank decides alike, without communicating.
     """
     logdir = Path(logdir).expanduser().absolute()
-    rank_now = rank()
-    worker = worker_name(rank_now).encode()
-    name, n = (shared_run_name(logdir), 1) if run is None else (run, 1)
+    name = shared_run_name(logdir) if run is None else run
+    with _SESSIONS_LOCK:
+        session = _SESSIONS[logdir / name] = _SESSIONS.get(logdir / name, 0) + 1
+    token = f"{launch_id()}, session {session}"
+    n = 1
     while True:
         run_dir = logdir / (name if n == 1 else f"{name}-{n}")
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            if _claim(run_dir / f".kprof-claim-{'single' if rank_now is None else rank_now}", worker):
+            if _claim(run_dir, token):
                 break
+        except (FileExistsError, NotADirectoryError):
+            raise PermissionError(f"kprof cannot write traces to {run_dir}: {_file_in_the_way(run_dir)} is a file, "
+                                  "not a folder; pass another logdir or run=") from None
         except OSError as exc:
             raise PermissionError(f"kprof cannot write traces to {run_dir}: {exc.strerror or exc}") from exc
         n += 1
-    if n > 1 and rank_now in (None, 0):
+    if n > 1 and rank() in (None, 0):
         print(f"kprof: {logdir / name} holds an earlier run; this one writes to {run_dir}", flush=True)
     return run_dir
 
 
-def _claim(path: Path, worker: bytes) -> bool:
-    """Create ``path`` holding ``worker`` unless it exists; True when it is (now) ``worker``'s."""
+def _file_in_the_way(path: Path) -> Path:
+    """The first of ``path`` and its parents that exists and is not a folder."""
+    return next((p for p in reversed([path, *path.parents]) if p.exists() and not p.is_dir()), path)
+
+
+def _claim(run_dir: Path, token: str) -> bool:
+    """Make ``run_dir`` the session ``token``'s unless another one has it; True when it is (now) ``token``'s."""
+    if any(run_dir.glob(CLAIM_FILE + "-*")):  # claimed rank by rank by an older kprof: an earlier launch's
+        return False
+    path = run_dir / CLAIM_FILE
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
-        return path.read_bytes() == worker
+        return _read_claim(path) == token
     try:
-        os.write(fd, worker)
+        os.write(fd, token.encode())
     finally:
         os.close(fd)
     return True
+
+
+def _read_claim(path: Path) -> str:
+    """The token in a claim file, waiting a moment while the rank that created it has not written it yet."""
+    deadline = time.monotonic() + _CLAIM_WAIT_S
+    while not (text := path.read_text(errors="replace")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return text
+
+
+def launch_id() -> str:
+    """The launch this process belongs to, alike on every rank of it and different for the next launch.
+
+    torchrun's run id where it has one (``--standalone``, ``--rdzv-id``, or a single-node launch; with its restart
+    count); else, once torch.distributed is initialized, the first rank to ask, through the process group's store
+    (no collective: ranks that start no session are not waited for); else, for a rank started before that (``RANK``
+    set), the launcher process that started the ranks of this host; else this process. A process is named by host,
+    boot, pid and start time, so that a container restarted with the same host name and pid 1 is a new launch.
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id != "none":
+        return f"torchelastic run {run_id}, restart {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    from . import torch_compat  # imports torch, which readers of a logdir never need
+
+    own = _process(os.getpid())
+    first = torch_compat.first_to_store("kprof/launch", own)
+    if first is not None:
+        return "ranks of the process group of " + first
+    if "RANK" in os.environ:
+        return "ranks started by " + _process(os.getppid())
+    return own
+
+
+def _process(pid: int) -> str:
+    """Host, boot id, pid and start time (clock ticks after boot) of process ``pid``, as far as the OS tells."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        started = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):  # no /proc (macOS): host and pid alone
+        boot = started = "?"
+    return f"process {pid} on {socket.gethostname()} (boot {boot}), started at tick {started}"
 
 
 def shared_run_name(logdir: Path) -> str:

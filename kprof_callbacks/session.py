@@ -100,15 +100,22 @@ def _window_action(offset: int, warmup: int, active: int) -> ProfilerAction:
 
 
 class Session:
-    """A profiled training loop: call ``step()`` once per step inside ``with kprof.session(...) as s``."""
+    """A profiled training loop: call ``step()`` once per step inside ``with kprof.session(...) as s``.
+
+    Each session writes to a run folder of its own (``layout.make_run_dir``); ``continues=`` an earlier session
+    writes into that one's folder instead (the validation loops of one ``Trainer.fit`` are one run).
+    """
 
     _active: Session | None = None  # torch.profiler allows one profiler per process
 
-    def __init__(self, config: ProfileConfig, *, on_trace: Callable[[Path], None] | None = None) -> None:
+    def __init__(self, config: ProfileConfig, *, on_trace: Callable[[Path], None] | None = None,
+                 continues: Session | None = None) -> None:
         if not isinstance(config, ProfileConfig):
             raise TypeError(f"config must be a ProfileConfig (or use kprof.session(...)), got {type(config).__name__}")
         if on_trace is not None and not callable(on_trace):
             raise TypeError(f"on_trace must be a callable taking the trace path, got {type(on_trace).__name__}")
+        if continues is not None and not isinstance(continues, Session):
+            raise TypeError(f"continues must be an earlier Session or None, got {type(continues).__name__}")
         self.config = config
         self.on_trace = on_trace
         self.steps = 0
@@ -125,6 +132,7 @@ class Session:
         self._writer: TraceWriter | None = None
         self._scalars: scalars.EventFile | None = None
         self._state = "new"
+        self._interrupt: KeyboardInterrupt | None = None  # Ctrl-C caught inside torch's step, raised once it is done
         self._activities: list[ProfilerActivity] = []
         self.run_dir: Path | None = None
         self._nvtx = config.nvtx and torch.cuda.is_available()
@@ -132,7 +140,8 @@ class Session:
             warnings.warn("kprof: nvtx=True needs a CUDA device; no NVTX ranges will be emitted", RuntimeWarning,
                           stacklevel=3)
         if config.enabled:
-            self.run_dir = layout.make_run_dir(config.logdir, config.run)
+            earlier = None if continues is None else continues.run_dir
+            self.run_dir = earlier or layout.make_run_dir(config.logdir, config.run)
             self._activities = _usable_activities(config.resolved_activities())
         self._plan = _Plan(config, self._may_capture)
         self._trigger = make_trigger(config, self.arm, self._timer.reader(), self.run_dir) if config.enabled else None
@@ -195,6 +204,7 @@ class Session:
             self._run_trigger()
         self._mark_steps_only_in_windows(self._prof.step_num + 1)
         self._prof.step()
+        self._raise_interrupt()
         if self.config.scalars and self.steps % _SCALAR_EVERY == 0:
             self._send_scalars()
 
@@ -304,6 +314,7 @@ class Session:
             max_bytes=None if self.config.max_trace_mb is None else int(self.config.max_trace_mb * 2**20),
             max_pending_bytes=int(self.config.max_pending_mb * 2**20),
             on_trace=self.on_trace,
+            room_timeout=self.config.write_timeout,
         )
         if ProfilerActivity.CUDA in self._activities:
             # Without it kineto leaves CUPTI attached after a window and every later kernel launch pays for it
@@ -380,11 +391,13 @@ class Session:
                 self._writer.submit_call(self._scalars.close)
             interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
             timeout = self.config.write_timeout
-            if interrupted:
+            if interrupted or self._interrupt is not None:
                 timeout = min(timeout, _INTERRUPTED_WRITE_TIMEOUT)
             self._writer.close(timeout)
             if signal.getsignal(signal.SIGTERM) == self._on_sigterm:  # kept until here: SIGTERM drains this close too
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if not interrupted:
+            self._raise_interrupt()
 
     # -- internals ---------------------------------------------------------------------------------------------
     def _on_sigterm(self, signum: int, frame) -> None:
@@ -431,7 +444,18 @@ class Session:
             first = max(start + self.config.warmup, first)  # a window cut short recorded from its warm-up's end
         capture = Capture(first_step=first, last_step=last, reason=self._plan.reason)
         self.captures.append(capture)
-        self._writer.submit(prof, capture)
+        try:
+            self._writer.submit(prof, capture)
+        except KeyboardInterrupt as exc:  # Ctrl-C while waiting for the writer (which kept the capture)
+            # torch is between stopping this window and starting the next: raised here, it left the profiler half
+            # switched (at exit torch stopped it twice and the next export crashed), so it waits for step()'s end
+            self._interrupt = exc
+
+    def _raise_interrupt(self) -> None:
+        """Raise the Ctrl-C caught while torch's profiler changed windows, now that it has."""
+        if self._interrupt is not None:
+            exc, self._interrupt = self._interrupt, None
+            raise exc
 
     def _metrics(self, start: int, times: list[float]) -> list[tuple[int, dict[str, float]]]:
         """``(step, scalars)`` for the steps ``start, start + 1, ...`` that took ``times``."""

@@ -46,6 +46,16 @@ def window_results(prof: torch.profiler.profile):
     return prof.profiler
 
 
+def first_to_store(key: str, value: str) -> str | None:
+    """In the store of torch.distributed's default process group (shared by its ranks, alive as long as the group):
+    ``value`` if this rank is the first to store one under ``key``, else the first rank's; None without a group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.distributed_c10d._get_default_store().compare_set(key, "", value).decode()
+
+
 def record_memory_history(enabled: bool) -> None:
     """Start (100k entries) or stop recording the CUDA caching allocator's history."""
     if enabled:

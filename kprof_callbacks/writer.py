@@ -8,6 +8,9 @@ they never reach the training loop.
 A capture is never dropped because the writer is behind. Finished captures wait in memory, up to a budget
 (``max_pending_bytes``, each held capture counted as the largest trace written so far, at least 1 MB); past it, the training thread
 waits at the end of its window until the writer has made room, and that wait is reported (``Capture.waited_s``).
+A writer that makes no room within ``room_timeout`` is stuck (an ``on_trace`` callback or a write that never
+returns): that capture, and every later one until the writer moves again, is dropped with one warning, without
+waiting, so training goes on.
 """
 
 from __future__ import annotations
@@ -191,6 +194,7 @@ class TraceWriter:
         on_trace: Callable[[Path], None] | None = None,
         fork: bool = True,
         child_timeout: float = 300.0,
+        room_timeout: float = 60.0,
     ) -> None:
         self.run_dir = run_dir
         self.worker = worker
@@ -200,6 +204,7 @@ class TraceWriter:
         self.on_trace = on_trace
         self.fork = fork
         self.child_timeout = child_timeout
+        self.room_timeout = room_timeout
         self.written_bytes = 0
         self.waited_s = 0.0  # the training thread's total wait for room (see the module docstring)
         self.files: list[Path] = []
@@ -207,11 +212,13 @@ class TraceWriter:
         self._warned: set[str] = set()
         self._exports: set[int] = set()  # pids of export processes running now
         self._abandoned = False
+        self._queued: list[Capture] = []  # captures handed to the writer thread and not yet done with (under _room)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._room = threading.Condition()  # guards the three below
         self._held = 0  # captures held in memory, waiting to be written
         self._held_bytes = 0  # their estimated size
         self._largest = 0  # the largest capture written so far (bytes of JSON): the estimate of the next one
+        self._stuck = False  # no room came within room_timeout, and no capture has been written since
         self._thread = threading.Thread(target=self._loop, name="kprof-trace-writer", daemon=True)
         self._thread.start()
 
@@ -221,35 +228,62 @@ class TraceWriter:
         return self.max_bytes is not None and self.written_bytes + self._held_bytes >= self.max_bytes
 
     def submit(self, prof, capture: Capture) -> None:
-        """Queue a finished capture (on the training thread: waits only while held captures fill the budget)."""
-        capture.path = layout.new_trace_path(self.run_dir, self.worker, self.compress)
-        estimate = max(self._largest, _MIN_ESTIMATE)
-        capture.waited_s = self._make_room(estimate)
+        """Queue a finished capture (on the training thread: waits only while held captures fill the budget).
+
+        Ctrl-C during that wait still queues the capture, past the budget (the window is finished and the program is
+        stopping), then goes on as a KeyboardInterrupt."""
+        # the window's results: the next window gets new ones, so these are ours now
+        job = (torch_compat.window_results(prof), capture, max(self._largest, _MIN_ESTIMATE))
+        try:
+            waited = self._wait_for_room(job[2])
+        except KeyboardInterrupt:
+            self._queue(job)
+            raise
+        if waited is None:
+            self._fail(capture, "stuck", f"the trace writer made no room within {self.room_timeout:.0f} s (an "
+                       "on_trace callback or a write does not return): the capture of steps "
+                       f"{capture.first_step}-{capture.last_step} was dropped, and so is every later one until the "
+                       "writer moves again")
+            return
+        capture.waited_s = waited
         if capture.waited_s > 0:
             self.waited_s += capture.waited_s
             self._warn_once("wait", f"the trace writer was behind: training waited {capture.waited_s:.2f} s at the "
                             f"end of the window of steps {capture.first_step}-{capture.last_step} for earlier captures "
                             "to be written (Session.writer_wait_s has the total)")
-        # the window's results: the next window gets new ones, so these are ours now
-        self._jobs.put((torch_compat.window_results(prof), capture, estimate))
+        self._queue(job)
 
-    def _make_room(self, estimate: int) -> float:
-        """Hold one more capture of ``estimate`` bytes, waiting while the held ones fill the budget; seconds waited."""
+    def _wait_for_room(self, estimate: int) -> float | None:
+        """Wait while the held captures and one more of ``estimate`` bytes overfill the budget; seconds waited, or
+        None when no room came within ``room_timeout`` (at once while the writer is known to be stuck)."""
         start = time.perf_counter()
         waited = False
         with self._room:
             while self._held and self._held_bytes + estimate > self.max_pending_bytes and self._thread.is_alive():
+                left = start + self.room_timeout - time.perf_counter()
+                if self._stuck or left <= 0:
+                    self._stuck = True
+                    return None
                 waited = True
-                self._room.wait(0.05)
-            self._held += 1
-            self._held_bytes += estimate
+                self._room.wait(min(left, 0.05))
         return time.perf_counter() - start if waited else 0.0
 
-    def _release(self, estimate: int, written: int) -> None:
+    def _queue(self, job: tuple) -> None:
+        """Hold the capture of ``job`` against the budget and hand it to the writer thread (only the training thread
+        adds, so the room found by ``_wait_for_room`` is still there)."""
         with self._room:
+            self._held += 1
+            self._held_bytes += job[2]
+            self._queued.append(job[1])
+        self._jobs.put(job)
+
+    def _release(self, capture: Capture, estimate: int, written: int) -> None:
+        with self._room:
+            self._queued.remove(capture)
             self._held -= 1
             self._held_bytes -= estimate
             self._largest = max(self._largest, written)
+            self._stuck = False
             self._room.notify_all()
 
     def submit_call(self, fn: Callable[[], None]) -> None:
@@ -270,21 +304,26 @@ class TraceWriter:
     def close(self, timeout: float) -> bool:
         """Finish queued writes within ``timeout`` seconds; returns False (and warns) if some were left.
 
-        What is left is dropped and a hung export process is killed: an orphan would keep writing after the
-        program ends, holding its stdout/stderr pipes open.
+        What is left is dropped (each such capture's ``error`` says so) and a hung export process is killed: an
+        orphan would keep writing after the program ends, holding its stdout/stderr pipes open.
         """
         self._jobs.put(None)
         self._thread.join(timeout)
         if not self._thread.is_alive():
             return True
-        self._abandoned = True
-        self._warned.add("write")  # the killed export's failure is this warning, not a second one
+        self._abandoned = True  # the killed export's failure is the warning below, not one of its own
+        with self._room:
+            unfinished = list(self._queued)
         for pid in list(self._exports):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self._thread.join(1.0)  # time to remove the killed export's temp files
+        lost = [c for c in unfinished if c.path is None]  # the one whose on_trace callback hangs was written
+        for capture in lost:
+            capture.error = f"not written: trace writing did not finish within {timeout:.0f} s at the session's end"
+        count = "1 capture not yet written was" if len(lost) == 1 else f"{len(lost)} captures not yet written were"
         warnings.warn(
-            f"kprof: trace writing did not finish within {timeout:.0f} s; unwritten captures were dropped "
+            f"kprof: trace writing did not finish within {timeout:.0f} s; {count} dropped "
             f"(a '*{layout.PARTIAL}' file left in {self.run_dir} is ignored by readers)",
             RuntimeWarning,
             stacklevel=3,
@@ -304,11 +343,12 @@ class TraceWriter:
             try:
                 written = self._write(work, capture)
             finally:
-                self._release(estimate, written)
+                self._release(capture, estimate, written)
 
     def _write(self, results, capture: Capture) -> int:
-        """Export one capture; returns the size of its JSON (0 when the write failed)."""
-        final = capture.path
+        """Export one capture; returns the size of its JSON (0 when the write failed). ``capture.path`` is set once
+        the file is in place."""
+        final = layout.new_trace_path(self.run_dir, self.worker, self.compress)
         try:
             if self.fork and hasattr(os, "fork"):
                 size = _export_in_child(results, final, self.compress, self.child_timeout, self._exports)
@@ -320,8 +360,10 @@ class TraceWriter:
             for leftover in layout.temp_paths(final):
                 with contextlib.suppress(OSError):  # a read-only file system refuses even to unlink a missing file
                     leftover.unlink(missing_ok=True)
-            self._fail(capture, "write", f"writing {final.name} failed: {exc}")
+            if not self._abandoned:  # else close() has said why
+                self._fail(capture, "write", f"writing {final.name} failed: {exc}")
             return 0
+        capture.path = final
         self.written_bytes += capture.bytes
         self.files.append(final)
         if self.on_trace is not None:
@@ -337,7 +379,6 @@ class TraceWriter:
 
     def _fail(self, capture: Capture, kind: str, message: str) -> None:
         capture.error = message
-        capture.path = None
         self.errors.append(message)
         self._warn_once(kind, message)
 

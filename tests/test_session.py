@@ -210,11 +210,26 @@ def test_bad_env_override_names_the_variable(tmp_path, monkeypatch):
         kprof.session(tmp_path)
 
 
+def test_a_variable_set_to_nothing_counts_as_unset(tmp_path, monkeypatch):
+    """``KPROF= python train.py`` (or an empty KPROF_ACTIVE) profiles with the defaults; it was a ValueError."""
+    for name in ("KPROF", "KPROF_ACTIVE", "KPROF_TRIGGER"):
+        monkeypatch.setenv(name, "")
+    s = kprof.session(tmp_path, run="r")
+    assert s.config.enabled and s.config.active == 3 and s.config.trigger == "schedule"
+
+
 def test_unwritable_logdir_fails_at_start(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    with pytest.raises(PermissionError, match="cannot write traces"):
+    with pytest.raises(PermissionError, match=f"cannot write traces.*: {blocker} is a file, not a folder"):
         kprof.session(blocker / "log")
+
+
+def test_a_run_path_that_is_a_file_is_named(tmp_path):
+    """run= naming a regular file: the error says so (it said "File exists")."""
+    (tmp_path / "r").write_text("notes")
+    with pytest.raises(PermissionError, match=f"{tmp_path / 'r'} is a file, not a folder; pass another logdir or run="):
+        kprof.session(tmp_path, run="r")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write to read-only folders")

@@ -76,6 +76,43 @@ def test_checkpoints_load_with_and_without_the_callback_and_resume(tmp_path):
     torch.testing.assert_close(resumed.norm.weight, swapped.norm.weight)  # steps 4-6 again, from the same state
 
 
+class BuiltInConfigureModel(Net):
+    """Net whose layers are made in configure_model (as for FSDP / meta-device init): none exist at setup."""
+
+    def __init__(self) -> None:
+        L.LightningModule.__init__(self)
+        self.optimized: list[int] = []
+        self.norm = None
+
+    def configure_model(self) -> None:
+        if self.norm is None:  # Lightning asks for it to be idempotent: it runs for every trainer call
+            torch.manual_seed(0)
+            self.norm, self.up, self.act, self.down = nn.LayerNorm(16), nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 1)
+
+
+def test_layers_built_in_configure_model_are_swapped_before_the_optimizer_is_made(tmp_path):
+    """It said "kprof.swap: 0 swapped, 0 skipped" and the torch layers trained, with no warning."""
+    model, callback = BuiltInConfigureModel(), kprof.SwapCallback()
+    trainer(tmp_path, [callback]).fit(model, data())
+    assert isinstance(model.norm, kernels.LayerNorm) and isinstance(model.act, kernels.GELU)
+    assert model.optimized == [id(p) for p in model.parameters()]
+    assert str(callback.report).startswith("kprof.swap: 2 swapped")
+    assert "configure_model" not in vars(model)  # the hook is the class's own again
+    swapped = model.norm
+    trainer(tmp_path, [callback]).fit(model, data())  # a later trainer call swaps nothing twice
+    assert model.norm is swapped and model.optimized == [id(p) for p in model.parameters()]
+
+
+def test_a_model_with_nothing_to_swap_gets_a_warning(tmp_path):
+    class Plain(Net):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm, self.act = nn.Identity(), nn.ReLU()
+
+    with pytest.warns(UserWarning, match="found no layer to swap in Plain"):
+        trainer(tmp_path, [kprof.SwapCallback()]).fit(Plain(), data())
+
+
 def test_bad_arguments_fail_when_the_callback_is_built():
     with pytest.raises(TypeError, match="fallback"):
         kprof.SwapCallback(fallback="yes")

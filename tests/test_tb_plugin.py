@@ -32,11 +32,13 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
 
 
-def _profile(logdir: Path, run: str, steps: int = 5) -> kprof.Session:
-    """A real profiled loop: one capture of 2 steps (wait=1, warmup=1, active=2), step-time scalars for all."""
+def _profile(logdir: Path, run: str, steps: int = 5, continues: kprof.Session | None = None) -> kprof.Session:
+    """A real profiled loop: one capture of 2 steps (wait=1, warmup=1, active=2), step-time scalars for all; into the
+    folder of the session it ``continues``, if any."""
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with kprof.session(logdir, run=run, wait=1, warmup=1, active=2, repeat=1) as s:
+    config = kprof.ProfileConfig.from_kwargs(logdir=logdir, run=run, wait=1, warmup=1, active=2, repeat=1)
+    with kprof.Session(config, continues=continues) as s:
         for _ in range(steps):
             with s.region("forward"):
                 loss = model(torch.randn(8, 16)).pow(2).mean()
@@ -307,10 +309,10 @@ def test_screenshot_of_the_tab_inside_tensorboard(tb, chromium, tmp_path):
     assert _png_size(shot) == (1280, 1600)
 
 
-def test_new_capture_appears_on_reload(tb, logdir):
+def test_new_capture_appears_on_reload(tb, logdir, sessions):
     first = _get(tb, "summary", run="live")
     assert _get(tb, "summary", run="live")["summarized_at"] == first["summarized_at"]  # served from the cache
-    _profile(logdir, "live")
+    _profile(logdir, "live", continues=sessions["live"])
     runs = {r["run"]: r for r in _get(tb, "runs")["runs"]}
     assert len(runs["live"]["traces"]) == 2
     fresh = _get(tb, "summary", run="live")

@@ -44,7 +44,7 @@ def run_cli(
         return 1
     print(result)
     if logdir:
-        print(open_hint(logdir))
+        print(open_hint(result.settings["logdir"]))
         print("  the kprof tab shows this comparison, and each variant's profiled run")
     return 0 if all(v.status == "ok" for v in result.variants.values()) else 1
 

@@ -6,7 +6,8 @@ Timing then runs the variants in interleaved blocks, in a seeded random order pe
 background-load drift hits all of them alike; each step is timed with ``StepTimer`` (CUDA events on a GPU).
 With ``logdir``, each variant is also profiled through ``kprof.session`` into ``logdir/<name>/``, so
 TensorBoard's Profiler tab shows each run and its Diff view compares two, and ``logdir/compare.json`` holds the
-numbers for the kprof tab.
+numbers for the kprof tab. ``logdir`` is claimed as a session's run folder is (``layout.make_run_dir``): a later
+comparison given the same one writes to ``<logdir>-2`` and says so, so no result is ever overwritten.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import copy
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -78,7 +78,9 @@ def compare(
     as they are); each variant's first step, which compiles, is never timed and is reported. A verdict whose step
     times vary a lot (p90/median > 1.5) or whose interval is wide is "noisy measurement", with why and what to do.
     ``logdir`` also profiles each variant into ``logdir/<name>/`` with a short ``kprof.session`` schedule
-    (``profile`` overrides its options) and writes ``logdir/compare.json``.
+    (``profile`` overrides its options; the ``KPROF_<NAME>`` schedule variables do not apply, ``KPROF=0`` turns the
+    profiling off) and writes ``logdir/compare.json``. A logdir an earlier comparison (or session) holds is left
+    alone: this one goes to ``<logdir>-2`` (``settings["logdir"]`` names the folder used).
     """
     check_options(step_fn, steps, warmup, block, seed, check, tol, confidence, noise_threshold, optimizer)
     if check_bool("compile", compile) and warmup < 1:
@@ -96,7 +98,7 @@ def compare(
             run.model = torch.compile(run.model)
         run.optimizer = make_optimizer(optimizer, run)
         run.data = copy.deepcopy(data)
-    sessions = make_sessions(runs, logdir, profile)
+    logdir, sessions = make_sessions(runs, logdir, profile)
 
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
         if check:
@@ -117,7 +119,7 @@ def compare(
     if logdir is not None:
         _diff_traces(result)
         data = json.dumps(result.to_dict(), indent=2, allow_nan=False).encode()
-        layout.atomic_write(Path(logdir) / layout.COMPARE_FILE, data)
+        layout.atomic_write(logdir / layout.COMPARE_FILE, data)
     return result
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import torch
 
+from .. import layout
 from ..timing import StepTimer
 from .variants import StepFn, Variant, VariantFailed, cycle
 
@@ -125,13 +128,17 @@ def profile(run: Variant, sess, step_fn: StepFn) -> None:
     run.result.trace_dir = None if sess.run_dir is None else str(sess.run_dir)
 
 
-def make_sessions(runs: list[Variant], logdir, profile: Mapping | None) -> list:
-    """One ``kprof.session`` per variant (run folder created now, so an unwritable logdir fails before any step)."""
+def make_sessions(runs: list[Variant], logdir, profile: Mapping | None) -> tuple[Path | None, list]:
+    """The comparison's folder, claimed as a run folder is (a later comparison given the same logdir goes to
+    ``<logdir>-2``), and one ``kprof.Session`` per variant in it (folders created now, so an unwritable logdir fails
+    before any step), None for each where profiling is off (``KPROF=0``). The schedule is compare's own
+    (``PROFILE_DEFAULTS``, then ``profile``): the ``KPROF_<NAME>`` variables meant for training scripts do not apply."""
     if logdir is None:
         if profile is not None:
             raise ValueError("profile options need a logdir to write the traces to")
-        return [None] * len(runs)
-    from ..session import session
+        return None, [None] * len(runs)
+    from ..config import ProfileConfig
+    from ..session import Session
 
     options = {**PROFILE_DEFAULTS, **(profile or {})}
     taken = {"logdir", "run"} & set(options)
@@ -139,4 +146,8 @@ def make_sessions(runs: list[Variant], logdir, profile: Mapping | None) -> list:
         raise ValueError(f"profile must not set {sorted(taken)}: compare writes each variant to logdir/<name>")
     if options.get("trigger", "schedule") != "schedule" or options["repeat"] < 1:
         raise ValueError("profile must use a finite schedule (trigger='schedule', repeat >= 1)")
-    return [session(logdir, run=run.name, **options) if run.ok else None for run in runs]
+    configs = [ProfileConfig.own_schedule(logdir=logdir, run=run.name, **options) if run.ok else None for run in runs]
+    logdir = Path(logdir).expanduser().absolute()
+    folder = layout.make_run_dir(logdir.parent, logdir.name)
+    return folder, [Session(dataclasses.replace(config, logdir=folder)) if config is not None and config.enabled
+                    else None for config in configs]

@@ -42,6 +42,31 @@ def test_past_the_budget_training_waits_for_the_writer_and_says_how_long(tmp_pat
     assert len(messages) == 1 and "training waited" in messages[0], messages
 
 
+def test_captures_dropped_at_exit_have_no_path_an_error_and_a_count(tmp_path, train, check_traces, told, monkeypatch):
+    """A backlog longer than write_timeout at exit (20 windows, 0.3 s per trace, write_timeout=1): each capture has
+    a path only once its file exists; the dropped ones have none and say why; the warning counts them."""
+    export = writer._export
+
+    def slow_export(results, final, compress):
+        time.sleep(0.3)
+        return export(results, final, compress)
+
+    monkeypatch.setattr(writer, "_export", slow_export)
+    just_finished = []
+    with told() as messages:
+        with kprof.session(tmp_path, run="r", wait=0, warmup=0, active=1, repeat=20, scalars=False,
+                           write_timeout=1.0) as s:
+            train(s, 20, after_step=lambda s: just_finished.append(s.captures[-1].path))
+    assert just_finished == [None] * 20  # a window that has just ended is not written yet
+    written = [c for c in s.captures if c.path is not None]
+    dropped = [c for c in s.captures if c.path is None]
+    assert [c.path for c in written] == s.trace_files == check_traces(tmp_path)
+    assert all(c.error is None for c in written)
+    assert len(s.captures) == 20 and len(dropped) >= 10
+    assert all("not written" in c.error and "within 1 s" in c.error for c in dropped), [c.error for c in dropped]
+    assert len(messages) == 1 and f"{len(dropped)} captures not yet written were dropped" in messages[0], messages
+
+
 def test_lightning_fit_writes_every_cycle(fit, check_traces, tmp_path):
     """ProfilerCallback(wait=2, warmup=1, active=3, repeat=5) on a 32-batch fit: 5 traces (4 before the fix)."""
     callback = kprof.ProfilerCallback(logdir=tmp_path / "log", run="r", wait=2, warmup=1, active=3, repeat=5,

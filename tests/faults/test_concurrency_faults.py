@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import shlex
+import socket
+import subprocess
+import sys
 import threading
 
 import psutil
+import pytest
 import torch
+from faultkit import HELPERS
 
 import kprof_callbacks as kprof
 from kprof_callbacks.session import Session
@@ -31,17 +37,64 @@ def test_two_processes_given_one_run_name_write_two_runs(tmp_path, spawn, check_
     assert [child.lines[-1] for child in children] == ["done 4", "done 4"]
 
 
-def test_a_rerun_with_the_same_run_name_gets_a_fresh_folder_and_a_process_reuses_its_own(tmp_path, train, capsys):
-    """The same script run twice (two processes) never merges into one folder; sessions of one process share it."""
+def test_a_rerun_with_the_same_run_name_gets_a_fresh_folder_even_in_one_process(tmp_path, train, capsys):
+    """The same session run twice in one process (a notebook cell run again) gets a folder of its own, and its
+    summary reads only its own traces (it read both runs', steps 1-3 twice under one worker); a folder claimed rank
+    by rank by an older kprof is an earlier launch's."""
+    runs = []
     for _ in range(2):
-        with kprof.session(tmp_path, run="baseline", wait=0, warmup=1, active=1) as s:
-            train(s, 3)
-    assert s.run_dir == tmp_path / "baseline" and capsys.readouterr().out == ""
-    (tmp_path / "baseline" / ".kprof-claim-single").write_bytes(b"otherhost_1")  # as an earlier launch leaves it
-    with kprof.session(tmp_path, run="baseline", wait=0, warmup=1, active=1) as s:
-        train(s, 3)
-    assert s.run_dir == tmp_path / "baseline-2" and len(s.trace_files) == 1
+        with kprof.session(tmp_path, run="baseline", wait=0, warmup=1, active=3) as s:
+            train(s, 4)
+        runs.append(s)
+    first, second = runs
+    assert (first.run_dir, second.run_dir) == (tmp_path / "baseline", tmp_path / "baseline-2")
     assert f"this one writes to {tmp_path / 'baseline-2'}" in capsys.readouterr().out
+    summary = second.summary()
+    assert summary.files == second.trace_files and [step.step for step in summary.steps] == [1, 2, 3]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / ".kprof-claim-single").write_bytes(b"otherhost_1")  # as an older kprof's launch left it
+    with kprof.session(tmp_path, run="old", wait=0, warmup=1, active=1) as s:
+        train(s, 3)
+    assert s.run_dir == tmp_path / "old-2" and len(s.trace_files) == 1
+
+
+def _launch(*commands: list[str]) -> None:
+    """Run ``commands`` at once as the children of one shell (a launcher starting the ranks of one job)."""
+    script = " ".join(f"{shlex.join(command)} &" for command in commands) + " wait"
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+
+
+def _workers(run_dir) -> set[str]:
+    return {p.name.split(".")[0] for p in run_dir.glob("*.pt.trace.json")}
+
+
+def test_a_two_rank_launch_then_a_four_rank_launch_with_one_run_name_write_two_runs(tmp_path, check_traces):
+    """Ranks 0-1 of the second launch went to <run>-2 and ranks 2-3 into the first launch's folder."""
+    loop = [sys.executable, str(HELPERS / "loop.py"), str(tmp_path / "log"), "--steps", "3",
+            *("--option", "warmup=0", "--option", "active=1", "--option", "scalars=False")]
+    for world in (2, 4):
+        _launch(*(["env", f"RANK={rank}", f"WORLD_SIZE={world}", *loop] for rank in range(world)))
+    check_traces(tmp_path / "log")
+    assert sorted(p.name for p in (tmp_path / "log").iterdir()) == ["r", "r-2"]
+    assert {w.split("_")[0] for w in _workers(tmp_path / "log" / "r")} == {"rank0", "rank1"}
+    assert {w.split("_")[0] for w in _workers(tmp_path / "log" / "r-2")} == {"rank0", "rank1", "rank2", "rank3"}
+
+
+def test_two_launches_in_fresh_pid_namespaces_with_one_host_name_write_two_runs(tmp_path, check_traces):
+    """A container restarted with the same host name runs its trainer as pid 1 again: before, the second launch
+    took the first one's claim for its own and the two merged."""
+    loop = [sys.executable, str(HELPERS / "loop.py"), str(tmp_path / "log"), "--steps", "3",
+            *("--option", "warmup=0", "--option", "active=1", "--option", "scalars=False")]
+    for _ in range(2):
+        done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", *loop], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode != 0 and "unshare" in done.stderr:
+            pytest.skip(f"cannot make a PID namespace here (needs root): {done.stderr.strip()}")
+        assert done.returncode == 0, done.stderr
+    check_traces(tmp_path / "log")
+    assert sorted(p.name for p in (tmp_path / "log").iterdir()) == ["r", "r-2"]
+    assert _workers(tmp_path / "log" / "r") == _workers(tmp_path / "log" / "r-2") == {f"{socket.gethostname()}_1"}
 
 
 def _resources() -> dict:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import kprof_callbacks as kprof
+from kprof_callbacks import cli
 from kprof_callbacks.config import ProfileConfig
 from kprof_callbacks.session import Session
 
@@ -84,10 +85,12 @@ def test_bad_callback_option_fails_at_construction(tmp_path, name, value):
     [
         ((5,), {}, "config"),
         ((ProfileConfig(enabled=False),), {"on_trace": "print"}, "on_trace"),
+        ((ProfileConfig(enabled=False),), {"continues": "log/r"}, "continues"),
     ],
 )
 def test_bad_session_object_arguments(args, kwargs, name):
-    """Session(config, on_trace=...) with a wrong config or a non-callable on_trace fails at construction."""
+    """Session(config, on_trace=..., continues=...) with a wrong config, a non-callable on_trace or a continues= that
+    is not a Session fails at construction."""
     with pytest.raises(TypeError, match=name):
         Session(*args, **kwargs)
 
@@ -250,3 +253,22 @@ def test_a_region_label_utf8_cannot_encode_fails_at_the_call_in_and_outside_wind
                 pass
             s.step()
     assert len(s.trace_files) == 1
+
+
+@pytest.mark.parametrize(
+    "steps, env, message",
+    [
+        (12, {"KPROF": "0"}, "profiling is switched off (KPROF=0), and the demo shows what profiling finds: unset "
+                             "KPROF"),  # TypeError: s.run_dir was None
+        (5, {}, "--steps must be at least 12, where the first profiling window ends (got 5)"),  # "no trace files"
+        (0, {}, "--steps must be at least 12, where the first profiling window ends (got 0)"),  # IndexError
+    ],
+)
+def test_bad_demo_input_is_one_line_before_training(tmp_path, monkeypatch, capsys, steps, env, message):
+    """``kprof demo`` with too few steps for a window, or with profiling off: one line, exit 2, nothing written."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["demo", "--logdir", str(tmp_path / "log"), "--steps", str(steps)]) == 2
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"kprof demo: {message}"] and out == ""
+    assert not (tmp_path / "log").exists()

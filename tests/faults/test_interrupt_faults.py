@@ -58,6 +58,26 @@ def test_ctrl_c_mid_window_saves_the_cut_short_window_and_exits_as_python_does(t
     assert leftovers(tmp_path) == []
 
 
+def test_ctrl_c_while_training_waits_for_the_writer_keeps_the_finished_window(tmp_path, spawn, check_traces):
+    """Ctrl-C while the training thread waits for room (a slow on_trace holds the writer, a window every step and a
+    budget of one capture): the window that was waiting is written, and torch's profiler stops cleanly."""
+    expected = _interrupted_control(tmp_path, spawn)
+    child = spawn(tmp_path / "log", "--steps", "50", "--slow-first-trace", "4",
+                  *("--option", "wait=0", "--option", "warmup=0", "--option", "active=1", "--option", "repeat=0"),
+                  *("--option", "max_pending_mb=0.001", "--option", "scalars=False"))
+    child.wait_for(lambda line: line.startswith("on_trace"))
+    time.sleep(1.0)  # the next window has ended long since: training waits for room while on_trace sleeps
+    os.kill(child.pid, signal.SIGINT)
+    assert child.finish() == expected
+    stderr = child.stderr()
+    assert stderr.count("Traceback (most recent call last)") == 1 and stderr.rstrip().endswith("KeyboardInterrupt")
+    assert "disableProfiler" not in stderr and "failed" not in stderr, stderr
+    steps = [line for line in child.lines if line.startswith("step ")]
+    assert steps and steps[-1].startswith("step 1 "), child.lines  # step 2 ended in the wait
+    assert len(check_traces(tmp_path / "log")) >= 2, (child.lines, stderr)
+    assert leftovers(tmp_path / "log") == []
+
+
 def _freeze_an_export(child) -> psutil.Process:
     """SIGSTOP the forked process exporting a trace, once one is caught mid-write (the test's "hung disk")."""
     deadline = time.monotonic() + 60

@@ -58,6 +58,28 @@ def test_hanging_on_trace_delays_exit_by_at_most_write_timeout(tmp_path, train, 
     assert len(check_traces(tmp_path)) >= 1
 
 
+def test_hanging_on_trace_with_the_pending_budget_full_never_stops_training(tmp_path, train, told, check_traces):
+    """An on_trace that never returns and no room left for the next capture: training waits at most write_timeout
+    once, later captures are dropped with their error set, the session exits within its bounds; one warning each."""
+    release = threading.Event()
+    threading.Timer(30.0, release.set).start()  # before the fix the loop waited here for as long as the callback
+    started = time.monotonic()
+    with told() as messages:
+        config = _config(tmp_path, repeat=0, write_timeout=1.0, max_pending_mb=0.001, scalars=False)
+        with Session(config, on_trace=lambda path: release.wait()) as s:
+            train(s, 8)
+            trained = time.monotonic() - started
+    elapsed = time.monotonic() - started
+    release.set()
+    assert trained < 1.0 + 5.0 and elapsed < 2 * 1.0 + 8.0, (trained, elapsed)
+    written, dropped = s.captures[:1], s.captures[1:]
+    assert [c.path for c in written] == s.trace_files and check_traces(tmp_path) == s.trace_files
+    assert len(dropped) >= 7 and all(c.path is None and "dropped" in c.error for c in dropped), dropped
+    stuck = [m for m in messages if "made no room" in m]
+    assert len(stuck) == 1 and "within 1 s" in stuck[0] and "training continues" in stuck[0], messages
+    assert len(messages) == 2 and "did not finish within 1 s" in messages[1], messages
+
+
 def test_summary_of_a_run_with_a_corrupted_trace_reports_it_and_summarizes_the_rest(tmp_path, train):
     """A trace truncated on disk after the run: Session.summary() names it and still summarizes the intact one."""
     with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=2, repeat=2) as s:

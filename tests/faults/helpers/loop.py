@@ -2,7 +2,9 @@
 
 As a script it prints ``step <n> recording=<0|1> captures=<c> traces=<k>`` after every step (``c`` windows
 finished, ``k`` of them written), so a test can pick the moment to signal or kill it, and ``done <k>`` when
-the session has closed. Session options come as ``--option name=<python literal>`` (``--option active=3``).
+the session has closed. Session options come as ``--option name=<python literal>`` (``--option active=3``);
+``--slow-first-trace S`` gives the session an ``on_trace`` callback that prints ``on_trace <file>`` and, for the
+first trace only, then sleeps ``S`` seconds (a slow consumer, holding the writer).
 """
 
 from __future__ import annotations
@@ -55,6 +57,19 @@ def option_arg(text: str) -> tuple[str, object]:
     return name, ast.literal_eval(value)
 
 
+def slow_first_trace(seconds: float) -> Callable[[object], None]:
+    """An ``on_trace`` callback that announces each trace and sleeps ``seconds`` after the first one."""
+    seen = []
+
+    def on_trace(path) -> None:
+        print(f"on_trace {path.name}", flush=True)
+        seen.append(path)
+        if len(seen) == 1:
+            time.sleep(seconds)
+
+    return on_trace
+
+
 def _progress(s: kprof.Session) -> None:
     counts = f"recording={int(s.recording)} captures={len(s.captures)} traces={len(s.trace_files)}"
     print(f"step {s.steps} {counts}", flush=True)
@@ -68,9 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--option", type=option_arg, action="append", default=[])
+    parser.add_argument("--slow-first-trace", type=float, default=None, metavar="SECONDS")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # a tiny model: extra threads only contend for the CI machine's cores
-    with kprof.session(args.logdir, run=args.run, **dict(args.option)) as s:
+    config = kprof.ProfileConfig.from_kwargs(logdir=args.logdir, run=args.run, **dict(args.option))
+    on_trace = None if args.slow_first_trace is None else slow_first_trace(args.slow_first_trace)
+    with kprof.Session(config, on_trace=on_trace) as s:
         train(s, args.steps, model=make_model(args.layers), step_sleep=args.step_sleep, after_step=_progress)
     print(f"done {len(s.trace_files)}", flush=True)
     return 0
