@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import platform
 import random
@@ -123,7 +124,8 @@ def table(rows: list[dict]) -> str:
 def environment(device: str) -> dict:
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
     return {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def main(argv: list[str] | None = None) -> int:
