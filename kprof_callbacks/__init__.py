@@ -9,6 +9,7 @@ stays cheap inside a training script.
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import version
 
 from .compare import Comparison, ComparisonError, compare
 from .config import ProfileConfig
@@ -16,7 +17,7 @@ from .session import Session, session
 from .swap import swap
 from .timing import time_cuda
 
-__version__ = "0.1.0"
+__version__ = version("kprof-callbacks")
 
 # Names whose module is heavy (Lightning) or builds on demand; none shares its name with a submodule, since
 # ``import kprof_callbacks.<name>`` would then replace the function with the module.
