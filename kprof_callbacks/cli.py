@@ -6,6 +6,9 @@ Each subcommand's work is a plain function beside the feature it drives; this mo
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,6 +18,28 @@ from .analysis.summary import SORT_KEYS
 from .compare import cli as compare_cli
 from .kernels import bench
 from .tensorboard import launch
+
+
+def typed_command() -> str:
+    """The kprof command as the user's shell runs it, for the commands kprof prints: ``kprof`` where PATH finds this
+    installation's, else the script beside this Python (e.g. ``.venv/bin/kprof`` when the venv is not activated),
+    else ``python -m kprof_callbacks`` through this Python."""
+    script = Path(sys.executable).parent / "kprof"
+    found = shutil.which("kprof")
+    if found and script.is_file() and Path(found).resolve() == script.resolve():
+        return "kprof"
+    if script.is_file():
+        return shlex.quote(_as_typed(script))
+    return f"{shlex.quote(_as_typed(Path(sys.executable)))} -m kprof_callbacks"
+
+
+def _as_typed(path: Path) -> str:
+    """``path`` relative to the working folder when it lies inside it (``.venv/bin/kprof``), else absolute; never a
+    bare name, which the shell would look up on PATH."""
+    relative = os.path.relpath(path.absolute())
+    if relative.startswith(".."):
+        return str(path.absolute())
+    return relative if os.sep in relative else f".{os.sep}{relative}"
 
 
 def _positive(text: str) -> int:

@@ -6,6 +6,7 @@ classification task, so it trains for real in seconds on a CPU and has layers ``
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,7 @@ def synthetic_batches(
 def run_demo(logdir: str = "log", steps: int = 60, device: str | None = None) -> Path:
     """Train ``ToyModel`` for ``steps`` steps under a profiling session; print the summary; return the run dir."""
     import kprof_callbacks as kprof
+    from kprof_callbacks.cli import typed_command
     from kprof_callbacks.tensorboard.launch import open_hint
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -86,5 +88,6 @@ def run_demo(logdir: str = "log", steps: int = 60, device: str | None = None) ->
     print(s.summary())
     print()
     print(open_hint(logdir))
-    print(f"summary again:    kprof summary {s.run_dir}   (--html report.html: the same, with timelines)")
+    print(f"summary again:    {typed_command()} summary {shlex.quote(str(s.run_dir))}   (--html report.html: the same, "
+          "with timelines)")
     return s.run_dir
