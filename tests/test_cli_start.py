@@ -1,10 +1,11 @@
 """The kprof command as a new user meets it: the commands the demo prints run as typed, also when the venv holding
-kprof is not activated."""
+kprof is not activated, and reading traces (the CLI, summarize, diff, the TensorBoard tab) starts without torch."""
 
 from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 VENV_BIN = str(Path(sys.executable).parent)
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _env_without_venv_on_path() -> dict[str, str]:
@@ -71,3 +73,48 @@ def test_demo_hints_run_as_typed_without_the_venv_on_path(tmp_path: Path, group_
         server.wait(timeout=60)
     assert "kprof tab:" in out and "http://127.0.0.1:" in out, out[-3000:]
     assert not group_leftovers(server.pid), "kprof tensorboard left processes behind"
+
+
+# What reading traces runs, in a fresh interpreter: the CLI (help, summary as text, JSON and HTML, diff), the API's
+# summarize and diff, and the TensorBoard tab's handlers; then the heavy packages it imported, which must be none.
+READ_WITHOUT_TORCH = """
+import contextlib, io, sys
+from pathlib import Path
+run, out = Path(sys.argv[1]), Path(sys.argv[2])
+from kprof_callbacks.cli import main
+with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+    main(["--help"])
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    assert main(["summary", str(run)]) == 0
+    assert main(["summary", str(run.parent), "--json", "--html", str(out / "s.html")]) == 0
+    assert main(["diff", str(run), f"{run}@steps=2-3", "--html", str(out / "d.html")]) == 0
+
+import kprof_callbacks as kprof
+assert kprof.diff(kprof.summarize(run), run).to_dict()
+
+from tensorboard.plugins import base_plugin
+from werkzeug.test import Client
+from werkzeug.wrappers import Response
+from kprof_callbacks.tensorboard.plugin import KprofPlugin
+plugin = KprofPlugin(base_plugin.TBContext(logdir=str(run.parent), data_provider=None))
+routes = plugin.get_plugin_apps()
+trace = next(run.iterdir()).name
+for route, query in [("/runs", ""), ("/summary", "run=gpu"), ("/timeline", f"run=gpu&file={trace}"),
+                     ("/diff", "run=gpu&a=gpu&b=gpu&b_steps=2")]:
+    response = Client(routes[route], Response).get(route, query_string=query)
+    assert response.status_code == 200, (route, response.status_code, response.get_data()[:300])
+heavy = {"torch", "lightning", "pytorch_lightning", "triton", "sympy", "kprof_callbacks.kernels"}
+print(sorted({top for name in sys.modules for top in (name.split(".")[0], ".".join(name.split(".")[:2]))} & heavy))
+"""
+
+
+def test_reading_traces_never_imports_torch(tmp_path: Path) -> None:
+    """The CLI and the analysis path start in a fraction of a second: none of them imports torch, Lightning or the
+    kernels (benchmarks/cold_start.py times them)."""
+    run = tmp_path / "log" / "gpu"
+    run.mkdir(parents=True)
+    shutil.copy(FIXTURES / "gpu_small.pt.trace.json.gz", run / "gpuhost_1.1795000000000000000.pt.trace.json.gz")
+    result = subprocess.run([sys.executable, "-c", READ_WITHOUT_TORCH, str(run), str(tmp_path)], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", f"imported while reading traces: {result.stdout}"

@@ -1,14 +1,17 @@
-"""`kprof summary LOGDIR` and `kprof diff A B`: the analysis in the terminal, as JSON or HTML (arguments: ../cli.py)."""
+"""`kprof summary LOGDIR` and `kprof diff A B`: the analysis in the terminal, as JSON or HTML (arguments: ../cli.py).
+
+The analysis is imported when a command runs, not with this module, so ``kprof --help`` stays quick.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .html import write_html
-from .summary import Summary, summarize
-from .tracediff import diff
+if TYPE_CHECKING:
+    from .summary import Summary
 
 SUMMARY_HELP = """\
 Summarize torch.profiler traces: where the time went, per step, operator, kernel and label, with findings.
@@ -37,6 +40,9 @@ def run_summary(
     stacks: Path | None = None,
 ) -> int:
     """Run `kprof summary`; returns the exit status."""
+    from .html import write_html
+    from .summary import summarize
+
     try:
         result = summarize(path, progress=sys.stderr.isatty())
     except (FileNotFoundError, ValueError) as exc:
@@ -63,6 +69,8 @@ def run_diff(
     seed: int = 0,
 ) -> int:
     """Run `kprof diff`; returns the exit status."""
+    from .tracediff import diff
+
     try:
         result = diff(a, b, confidence=confidence, seed=seed)
     except (FileNotFoundError, ValueError) as exc:

@@ -21,7 +21,8 @@ from .. import layout
 from . import diagnostics, html, ops, perstep, ranks, report, stacks, steps, trends
 from .reader import TraceError, TraceFile, read_trace
 from .series import Series, read_series
-from .tables import Diagnostic, KernelStats, LabelStats, OpStats, Problem, RankStats, StepSkew, StepStats
+from .tables import (SORT_KEYS, Diagnostic, KernelStats, LabelStats, OpStats, Problem, RankStats, StepSkew,
+                     StepStats)
 from .timeline import PYTHON, build
 from .tree import nest
 
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
     import pandas
 
 log = logging.getLogger(__name__)
-
-SORT_KEYS = ("cuda", "cpu", "memory")
 
 
 @dataclasses.dataclass(eq=False)
