@@ -528,3 +528,22 @@ def test_gpu_profile_matches_key_averages(tmp_path):
         assert 0 < st.kernel_us <= st.gpu_busy_us <= st.wall_us
         assert st.memcpy_us > 0 and st.peak_memory > 0
     assert {"pageable_memcpy", "sync"} <= {d.kind for d in s.diagnostics}
+
+
+def test_scaled_trace_reads_as_a_longer_profile_of_the_same_mix(tmp_path):
+    """benchmarks/traces.py scale (the big benchmark traces): each copy adds the same steps, calls and kernel time."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import traces
+    finally:
+        sys.path.pop(0)
+    source = FIXTURES / "gpu_small.pt.trace.json.gz"
+    one = summarize(source)
+    out = traces.scale(source, tmp_path / "big.pt.trace.json", mb=0.7)
+    copies = round(out.stat().st_size / len(gzip.decompress(source.read_bytes())))
+    three = summarize(out)
+    assert copies >= 3 and len(three.steps) == copies * len(one.steps)
+    assert len({s.step for s in three.steps}) == len(three.steps)  # step numbers moved, not repeated
+    assert {o.name: o.calls for o in three.ops} == {o.name: copies * o.calls for o in one.ops}
+    for k1, k3 in zip(sorted(one.kernels, key=lambda k: k.name), sorted(three.kernels, key=lambda k: k.name)):
+        assert k3.count == copies * k1.count and k3.total_us == pytest.approx(copies * k1.total_us, rel=1e-6)
