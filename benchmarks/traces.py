@@ -28,6 +28,7 @@ _TS = re.compile(rb'"ts": (-?\d+)(?:\.(\d{1,3}))?')
 _IDS = re.compile(rb'"(External id|correlation|id)": (\d+)')
 _STEP = re.compile(rb'"ProfilerStep#(\d+)"')
 _TIMED = re.compile(rb'"ph": "[XisftbeC]"')
+_SEP = b",\n  "  # between events, as torch writes them
 
 
 def record(out: Path, steps: int = 20, batch: int = 8) -> Path:
@@ -90,7 +91,7 @@ def _ns(match: re.Match) -> int:
 
 
 def _shifted(blob: bytes, copy: int, shift_ns: int, id_step: int, step_step: int) -> bytes:
-    """``blob`` (events joined by ",\\n") as copy number ``copy``: times, ids and step numbers moved past the others."""
+    """``blob`` (events joined by _SEP) as copy number ``copy``: times, ids and step numbers moved past the others."""
     if copy == 0:
         return blob
 
@@ -111,13 +112,13 @@ def scale(source: Path, out: Path, mb: float) -> Path:
     fixed = [e for e in events if not _TIMED.search(e)]  # process and thread names: once
     first, last, max_id, max_step = _time_range(timed)
     shift_ns = last - first + 1_000_000  # a millisecond between copies
-    blob = b",\n".join(timed)
+    blob = _SEP.join(timed)
     copies = max(1, round(mb * 2**20 / (len(blob) + 2)))
     with out.open("wb") as f:
-        f.write(b'{\n  "schemaVersion": 1,\n  "traceEvents": [\n')
-        f.write(b",\n".join(fixed) + (b",\n" if fixed else b""))
+        f.write(b'{\n  "schemaVersion": 1,\n  "traceEvents": [\n  ')
+        f.write(_SEP.join(fixed) + (_SEP if fixed else b""))
         for copy in range(copies):
-            f.write((b",\n" if copy else b"") + _shifted(blob, copy, shift_ns, max_id + 1, max_step + 1))
+            f.write((_SEP if copy else b"") + _shifted(blob, copy, shift_ns, max_id + 1, max_step + 1))
         f.write(b"\n  ]")
         for key, value in doc.items():
             if key != "schemaVersion":
