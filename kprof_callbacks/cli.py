@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .analysis import cli as analysis_cli
 from .analysis.tables import SORT_KEYS
+from .analysis.workers import default_jobs
 
 
 def typed_command() -> str:
@@ -76,6 +77,12 @@ def _demo(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_demo)
 
 
+def _jobs(p: argparse.ArgumentParser) -> None:
+    cores = default_jobs()
+    p.add_argument("--jobs", type=_positive, default=cores, metavar="N",
+                   help=f"worker processes reading big runs (default: the cores, {cores}; 1: read in this process)")
+
+
 def _summary(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("summary", help="summarize torch.profiler traces (a file, a run folder or a logdir)",
                        description=analysis_cli.SUMMARY_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,8 +95,9 @@ def _summary(sub: argparse._SubParsersAction) -> None:
                    "GPU events)")
     p.add_argument("--stacks", type=Path, metavar="OUT.folded",
                    help="write flamegraph folded stacks of self CPU time (one file per run when several)")
+    _jobs(p)
     p.set_defaults(func=lambda a: analysis_cli.run_summary(
-        a.logdir, as_json=a.json, html=a.html, top=a.top, sort=a.sort, stacks=a.stacks))
+        a.logdir, as_json=a.json, html=a.html, top=a.top, sort=a.sort, stacks=a.stacks, jobs=a.jobs))
 
 
 def _diff(sub: argparse._SubParsersAction) -> None:
@@ -104,8 +112,9 @@ def _diff(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--confidence", type=_fraction, default=0.95,
                    help="interval level; 1 - confidence is the false discovery rate (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    _jobs(p)
     p.set_defaults(func=lambda a: analysis_cli.run_diff(
-        a.a, a.b, as_json=a.json, html=a.html, top=a.top, confidence=a.confidence, seed=a.seed))
+        a.a, a.b, as_json=a.json, html=a.html, top=a.top, confidence=a.confidence, seed=a.seed, jobs=a.jobs))
 
 
 def _tensorboard(sub: argparse._SubParsersAction) -> None:

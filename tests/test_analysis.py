@@ -640,3 +640,31 @@ def test_a_worker_that_dies_fails_its_task_and_is_replaced():
         later = [workers.submit(pow, 2, k) for k in range(8)]
         workers.wait(later)  # this process runs some of them itself
         assert [f.result() for f in later] == [2**k for k in range(8)]
+
+
+def test_a_run_over_100_mb_shows_a_progress_bar_on_stderr(tmp_path, monkeypatch, capsys):
+    path = _scaled(tmp_path, mb=0.5)
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 50_000)
+    summarize(path, progress=True)
+    assert capsys.readouterr().err == ""  # under PROGRESS_BYTES: no bar
+    monkeypatch.setattr(summary_module, "PROGRESS_BYTES", 100_000)
+    summarize(path, progress=True)
+    err = capsys.readouterr().err
+    assert f"summarizing {path.name}" in err and "100%" in err and f"{path.stat().st_size / 1024:.0f}k" in err
+
+
+@pytest.mark.parametrize("command", ["summary", "diff"])
+def test_cli_report_to_a_folder_or_a_full_disk_is_one_line(tmp_path, run, capsys, monkeypatch, command):
+    sides = [str(run[0])] * (2 if command == "diff" else 1)
+    assert main([command, *sides, "--html", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"kprof {command}: --html {tmp_path}: is a folder; name the file to write, "
+                                       f"e.g. {tmp_path / 'report.html'}\n")
+    out = tmp_path / "report.html"
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    assert main([command, *sides, "--html", str(out)]) == 1
+    assert capsys.readouterr().err == f"kprof {command}: could not write {out}: No space left on device\n"
+    assert list(tmp_path.iterdir()) == []  # no half-written report left behind

@@ -279,30 +279,30 @@ def _size(path: Path) -> int:
         return 0
 
 
-def summarize_runs(runs: dict[str, layout.RunContents], *, progress: bool | Callable[[int, int], None] = False,
-                   jobs: int = 1) -> dict[str, Summary | ValueError]:
-    """One Summary per run (the files each ``RunContents`` lists), all runs' files read together: ``jobs`` worker
-    processes decode and analyze them in parallel. A run with nothing readable maps to the ValueError saying why."""
-    paths = [p for found in runs.values() for p in found.traces]
-    meter = _Progress(progress, sum(_size(p) for p in paths), f"summarizing {', '.join(runs)}"[:60])
+def summarize_runs(runs: list[tuple[str, layout.RunContents]], *,
+                   progress: bool | Callable[[int, int], None] = False, jobs: int = 1) -> list[Summary | ValueError]:
+    """One Summary per (name, files) pair, in order, all runs' files read together: ``jobs`` worker processes decode
+    and analyze them in parallel. A run with nothing readable gives the ValueError that says why."""
+    paths = [p for _, found in runs for p in found.traces]
+    meter = _Progress(progress, sum(_size(p) for p in paths), f"summarizing {', '.join(n for n, _ in runs)}"[:60])
     try:
         with _workers(jobs, paths) as workers:
             results = dict(zip(paths, _analyze_files(paths, workers, meter)))
     finally:
         meter.close()
-    out: dict[str, Summary | ValueError] = {}
-    for name, found in runs.items():
+    out: list[Summary | ValueError] = []
+    for name, found in runs:
         try:
-            out[name] = _assemble(name, found, [results[p] for p in found.traces])
+            out.append(_assemble(name, found, [results[p] for p in found.traces]))
         except ValueError as exc:
-            out[name] = exc
+            out.append(exc)
     return out
 
 
 def summarize_contents(name: str, found: layout.RunContents, progress: bool | Callable[[int, int], None] = False,
                        jobs: int = 1) -> Summary:
     """One Summary of the files ``found`` lists, for a caller that listed (and vetted) a run folder itself."""
-    result = summarize_runs({name: found}, progress=progress, jobs=jobs)[name]
+    (result,) = summarize_runs([(name, found)], progress=progress, jobs=jobs)
     if isinstance(result, ValueError):
         raise result
     return result
@@ -388,16 +388,16 @@ def summarize(path: str | Path, *, progress: bool | Callable[[int, int], None] =
     `progress=True` shows a bar on stderr for runs over 100 MB, a callable gets (bytes done, bytes in all).
     """
     many, runs = runs_of(path)
-    results = summarize_runs(runs, progress=progress, jobs=jobs)
+    results = summarize_runs(list(runs.items()), progress=progress, jobs=jobs)
     if not many:
-        (result,) = results.values()
+        (result,) = results
         if isinstance(result, ValueError):
             raise result
         return result
-    out = {name: r for name, r in results.items() if not isinstance(r, ValueError)}
-    for failure in results.values():
+    out = {name: r for name, r in zip(runs, results) if not isinstance(r, ValueError)}
+    for failure in results:
         if isinstance(failure, ValueError):
             log.warning("%s", failure)
     if not out:
-        raise ValueError("; ".join(str(r) for r in results.values()))
+        raise ValueError("; ".join(map(str, results)))
     return out
