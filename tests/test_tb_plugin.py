@@ -219,6 +219,8 @@ def test_timeline_serves_the_median_step_then_any_step_of_a_file(tb, sessions):
 @pytest.mark.parametrize("params, code", [
     ({"step": "99"}, 404),
     ({"step": "two"}, 400),
+    ({"step": "--5"}, 400),
+    ({"step": "1e3"}, 400),
     ({"file": BAD_TRACE}, 422),
     ({"file": "nope.pt.trace.json"}, 404),
 ])
@@ -353,3 +355,35 @@ def test_listing_stats_files_without_reading_them(tmp_path):
     assert all(r.traces[0].bytes == 9 for r in runs)
     assert comparisons == []
     assert has_data(tmp_path)
+
+
+def test_file_cache_keeps_no_lock_for_keys_that_failed_and_computes_a_key_once():
+    """A lock per failing key was kept forever (100,000 bad requests: 100,000 locks); concurrent requests for one
+    key still wait for one computation."""
+    import threading
+
+    from kprof_callbacks.tensorboard.cache import FileCache
+
+    cache: FileCache[int] = FileCache(max_entries=4)
+
+    def fail():
+        raise ValueError("unreadable")
+
+    for key in range(100_000):
+        with pytest.raises(ValueError):
+            cache.get(("run", key), 1, fail)
+    assert not cache._locks
+    calls, started = [], threading.Event()
+
+    def slow():
+        started.set()
+        calls.append(1)
+        threading.Event().wait(0.3)
+        return 7
+
+    first = threading.Thread(target=lambda: cache.get("k", 1, slow))
+    first.start()
+    started.wait(10)
+    assert cache.get("k", 1, slow) == 7
+    first.join()
+    assert calls == [1] and not cache._locks

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ _MAX_POINTS = 10_000  # step-time points per run: TensorBoard keeps fewer by def
 _JSON = "application/json"
 _OUTSIDE = "a link to a file outside the logdir: not read"
 _DECODED_TRACES = 4  # decoded trace files kept for the timeline: 49 bytes per event, ~7 MB for a 50 MB trace
+_STEP = re.compile(r"-?[0-9]{1,18}")  # beyond 18 digits a step number would not fit the trace's int64
 _DIFFS = 16  # diffs kept, ~0.4 KB of JSON per row: under 1 MB each for 2,000 operators and kernels
 
 
@@ -291,7 +293,7 @@ class KprofPlugin(base_plugin.TBPlugin):
 
 def _step_number(text: str) -> int:
     """``?step=`` as a step number; 400 for anything else."""
-    if not text.lstrip("-").isdecimal() or len(text) > 18:  # beyond 18 digits it would not fit the trace's int64
+    if not _STEP.fullmatch(text):
         raise errors.InvalidArgumentError(f"step must be a step number, got {text[:40]!r}")
     return int(text)
 
