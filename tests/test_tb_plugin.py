@@ -7,6 +7,7 @@ import copy
 import html
 import json
 import re
+import shutil
 import struct
 import urllib.error
 import urllib.request
@@ -24,7 +25,8 @@ from kprof_callbacks.tensorboard.logdir import has_data, scan
 
 PLUGIN = "data/plugin/kprof/"
 BAD_TRACE = "otherhost_1.1795000000000000000.pt.trace.json"
-NOISY_CI = (0.9, 1.12)  # a speedup interval far wider than the 2% noise threshold
+NOISY_CI = (0.9, 1.12)
+FIXTURES = Path(__file__).parent / "fixtures"  # a speedup interval far wider than the 2% noise threshold
 
 
 def _model() -> nn.Module:
@@ -387,3 +389,58 @@ def test_file_cache_keeps_no_lock_for_keys_that_failed_and_computes_a_key_once()
     assert cache.get("k", 1, slow) == 7
     first.join()
     assert calls == [1] and not cache._locks
+
+
+def test_a_big_run_is_summarized_in_the_background_with_progress_while_other_requests_go_on(tmp_path, monkeypatch):
+    """/summary of a run over PROGRESS_BYTES answers at once with its progress (pending) while worker processes read
+    it on a thread of its own; /runs and a small run's summary are served meanwhile; then the summary is the
+    one kprof.summarize gives."""
+    import threading
+
+    from tensorboard.plugins import base_plugin
+    from werkzeug.test import Client
+    from werkzeug.wrappers import Response
+
+    from kprof_callbacks.analysis import reader
+    from kprof_callbacks.analysis import summary as summary_module
+    from kprof_callbacks.tensorboard import plugin as plugin_module
+    from test_analysis import _scaled
+
+    (tmp_path / "log").mkdir()
+    big = _scaled(tmp_path / "log", mb=1.0, name="big").parent
+    small = tmp_path / "log" / "small"
+    small.mkdir()
+    shutil.copy(FIXTURES / "gpu_small.pt.trace.json.gz", small / "gpuhost_7.1.pt.trace.json.gz")
+    monkeypatch.setattr(plugin_module, "PROGRESS_BYTES", 500_000)
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 100_000)
+    monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
+    release, real = threading.Event(), plugin_module.summarize_run
+
+    def held_back(run, progress=None):
+        if run.name == "big":
+            progress(123, sum(f.bytes for f in run.traces))
+            release.wait(60)
+        return real(run, progress)
+
+    monkeypatch.setattr(plugin_module, "summarize_run", held_back)
+    routes = plugin_module.KprofPlugin(base_plugin.TBContext(logdir=str(tmp_path / "log"), data_provider=None))
+    routes = routes.get_plugin_apps()
+
+    def get(route: str, **params) -> dict:
+        response = Client(routes[route], Response).get(route, query_string=params)
+        assert response.status_code == 200, response.get_data()[:300]
+        return response.get_json()
+
+    pending = get("/summary", run="big")
+    assert pending["pending"] is True and pending["total"] == sum(f.stat().st_size for f in big.iterdir())
+    assert get("/summary", run="big")["done"] == 123  # the same background summary, not a second one
+    assert {r["run"] for r in get("/runs")["runs"]} == {"big", "small"}
+    assert get("/summary", run="small")["summary"]["name"] == "small"
+    release.set()
+    for _ in range(600):
+        data = get("/summary", run="big")
+        if not data.get("pending"):
+            break
+        threading.Event().wait(0.1)
+    assert data["error"] is None
+    assert data["summary"] == _roundtrip(kprof.summarize(big).to_dict())

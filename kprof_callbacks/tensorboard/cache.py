@@ -28,6 +28,12 @@ class FileCache(Generic[V]):
         self._locks: dict[Hashable, list] = {}  # key -> [its lock, requests holding or waiting for it]
         self._guard = threading.Lock()
 
+    def has(self, key: Hashable, fingerprint: Hashable) -> bool:
+        """Whether the value stored for ``key`` is for ``fingerprint`` (``get`` would not compute)."""
+        with self._guard:
+            entry = self._entries.get(key)
+            return entry is not None and entry[0] == fingerprint
+
     def get(self, key: Hashable, fingerprint: Hashable, compute: Callable[[], V]) -> V:
         """The value for ``key``, from ``compute()`` only when ``fingerprint`` differs from the stored one."""
         with self._guard:
