@@ -92,8 +92,9 @@ def targets(results: dict) -> list[tuple[str, str, bool | None]]:
             rows.append((f"summary of {size['trace_mb']:.0f} MB trace <= 1 s", f"{seconds:.2f} s", seconds <= 1.0))
         if "summarize_jobs_s" in size and size["trace_mb"] >= 40:
             rate = size["trace_mb"] / size["summarize_jobs_s"]
+            alone = size["trace_mb"] / size["summarize_s"]
             rows.append((f"summary of {size['trace_mb']:.0f} MB CPU trace >= 200 MB/s (jobs={size['jobs']})",
-                         f"{rate:.0f} MB/s (in one process: {size['trace_mb'] / size['summarize_s']:.0f})", rate >= 200))
+                         f"{rate:.0f} MB/s (in one process: {alone:.0f})", rate >= 200))
     for size in results.get("diff", {}).get("result", {}).get("rows", []):
         if size["trace_mb"][0] >= 40:
             rows.append((f"diff of two {size['trace_mb'][0]:.0f} MB traces <= 1.0 s (jobs={size['jobs']})",
