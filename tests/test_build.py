@@ -223,6 +223,9 @@ for info in pkgutil.walk_packages(kprof_callbacks.__path__, "kprof_callbacks."):
         modules[info.name] = importlib.util.find_spec(info.name).origin
     else:
         modules[info.name] = importlib.import_module(info.name).__file__
+from kprof_callbacks.analysis.workers import Workers
+with Workers(2) as workers:  # worker processes start from the install too
+    assert workers.submit(len, "abc").result(timeout=120) == 3
 dist = metadata.distribution("kprof-callbacks")
 (plugin,) = [ep for ep in dist.entry_points if ep.group == "tensorboard_plugins"]
 loaded = plugin.load()
