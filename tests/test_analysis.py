@@ -632,6 +632,7 @@ def test_a_worker_that_dies_fails_its_task_and_is_replaced():
     from kprof_callbacks.analysis.workers import WorkerError, Workers
 
     with Workers(2) as workers:
+        assert workers.submit(os.getpid).result(timeout=120) != os.getpid()
         with pytest.raises(WorkerError, match="worker process ended.*_exit"):
             workers.submit(os._exit, 3).result(timeout=120)
         assert workers.submit(len, "abc").result(timeout=120) == 3
