@@ -211,9 +211,7 @@ def _guarded(path: Path, work: Callable[[], _FileResult]) -> _FileResult | Probl
     """``work()``, or the Problem that says why the file could not be used."""
     try:
         return work()
-    except TraceError as exc:
-        return Problem(path, str(exc))
-    except WorkerError as exc:
+    except (TraceError, WorkerError) as exc:
         return Problem(path, str(exc))
     except Exception as exc:  # a file no check foresaw: it is a problem of that file, never of the whole run
         log.debug("analyzing %s failed", path, exc_info=True)
