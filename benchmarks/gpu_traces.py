@@ -6,8 +6,8 @@ Rows, each `kprof summary` in a fresh process as a user runs it (imports and wor
   - the trace itself (~100 MB): --jobs 1 and --jobs <cores>;
   - 1 GB: the trace's events repeated to 1 GB (`traces.py scale`), --jobs <cores>;
   - 8 ranks: the trace copied as 8 rank files of one run, --jobs <cores>, against the one file's time.
-Peak memory is the process's own (the kernel's high-water mark) and, sampled every 10 ms, the sum over the process
-and its workers. In-process `summarize()` of the trace (median of 3) is given too: the analysis without start-up.
+Peak memory is sampled every 10 ms: the process's own RSS, and the sum over the process and its workers. (The
+kernel's high-water mark of a child would count the benchmark's own pages, shared with it until exec.) In-process `summarize()` of the trace (median of 3) is given too: the analysis without start-up.
 
     python benchmarks/gpu_traces.py --trace gpt.pt.trace.json.gz --out gpu_traces.json
     python benchmarks/gpu_traces.py --quick        # CI smoke: small sizes
@@ -45,20 +45,21 @@ def timed(*args: str) -> dict:
         started = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "kprof_callbacks", *args], stdout=subprocess.DEVNULL,
                                 stderr=err)
-        tree_peak, done, watch = [0], threading.Event(), psutil.Process(proc.pid)
+        peaks, done, watch = [0, 0], threading.Event(), psutil.Process(proc.pid)
 
         def sample() -> None:
             while not done.is_set():
                 try:
-                    procs = [watch, *watch.children(recursive=True)]
-                    tree_peak[0] = max(tree_peak[0], sum(p.memory_info().rss for p in procs))
+                    own = watch.memory_info().rss
+                    tree = own + sum(p.memory_info().rss for p in watch.children(recursive=True))
+                    peaks[:] = max(peaks[0], own), max(peaks[1], tree)
                 except psutil.Error:
                     pass
                 done.wait(0.01)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        _, status, usage = os.wait4(proc.pid, 0)  # the kernel's peak RSS of the process
+        _, status = os.waitpid(proc.pid, 0)
         wall = time.perf_counter() - started
         done.set()
         sampler.join()
@@ -66,7 +67,7 @@ def timed(*args: str) -> dict:
         if proc.returncode != 0:
             err.seek(0)
             raise RuntimeError(f"kprof {' '.join(args)} failed: {err.read().decode()[-2000:]}")
-    return {"wall_s": wall, "rss_mb": usage.ru_maxrss / 1024, "tree_rss_mb": tree_peak[0] / 2**20}
+    return {"wall_s": wall, "rss_mb": peaks[0] / 2**20, "tree_rss_mb": peaks[1] / 2**20}
 
 
 def cold(path: Path, jobs: int) -> dict:
@@ -124,7 +125,7 @@ def measure(source: Path, scaled_mb: float | None, big_mb: float, n_ranks: int, 
 
 def table(r: dict, label: str) -> str:
     mb, big_mb = r["trace_mb"], r["big_mb"]
-    lines = ["| what | MB | jobs | wall s | MB/s | peak RSS MB (process) | peak RSS MB (with workers) |",
+    lines = ["| what | MB | jobs | wall s | MB/s | peak RSS MB (the process) | peak RSS MB (with its workers) |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     lines.append(f"| summarize() in-process, {label} | {mb:.0f} | 1 | {r['in_process_1_s']:.3f} | "
                  f"{mb / r['in_process_1_s']:.0f} | | |")
