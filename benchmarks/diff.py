@@ -4,7 +4,8 @@ Each row profiles the MLP of benchmarks/summary.py on CPU (record_shapes=True) t
 A at hidden width 128 and B at 192 (so aten::addmm and its neighbours take longer in B), then times, median of 3:
   - summarize A, summarize B: `summarize(trace)` of each file alone,
   - diff of Summaries: `diff(summary_a, summary_b)` (alignment, bootstrap, tests, no reading),
-  - kprof.diff: `diff(file_a, file_b)` end to end, what `kprof diff A B` does (reads and summarizes both).
+  - kprof.diff: `diff(file_a, file_b)` end to end (reads and summarizes both) in this process, and as
+    `kprof diff A B` reads them: both sides together in worker processes (`--jobs`, the cores).
 Wall times depend on what else runs on the machine: the load average is printed with them.
 
     .venv/bin/python benchmarks/diff.py --sizes 50 --out benchmarks/out/diff.json
@@ -23,6 +24,8 @@ from pathlib import Path
 from summary import rows_by_size, size_parser, train_steps, write_results
 
 from kprof_callbacks.analysis import diff, summarize
+from kprof_callbacks.analysis.diff_inputs import load
+from kprof_callbacks.analysis.workers import default_jobs
 
 
 def _timed(fn) -> tuple[float, float, object]:
@@ -48,6 +51,8 @@ def measure(n_steps: int, folder: Path) -> dict:
     row["summarize_b_s"], _, summary_b = _timed(lambda: summarize(paths["b"]))
     row["diff_summaries_s"], _, _ = _timed(lambda: diff(summary_a, summary_b))
     row["diff_s"], row["diff_cpu_s"], result = _timed(lambda: diff(paths["a"], paths["b"]))
+    row["jobs"] = default_jobs()
+    row["diff_jobs_s"], _, _ = _timed(lambda: diff(*load(paths["a"], paths["b"], jobs=row["jobs"])))
     row["load_average"] = os.getloadavg()[0]
     row["rows"] = len(result.changes)
     row["significant"] = [f"{c.kind} {c.name} {c.status}" for c in result.significant()]
@@ -61,12 +66,13 @@ def main() -> int:
     args = size_parser(__doc__, [50]).parse_args()
     rows = rows_by_size(args, measure)
     print("| trace MB (A, B) | steps | summarize A s | summarize B s | diff of Summaries s | kprof.diff s "
-          "| kprof.diff CPU s | rows | significant | step time B vs A | load avg |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+          "| kprof.diff CPU s | jobs=N s | rows | significant | step time B vs A | load avg |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
         print(f"| {r['trace_mb'][0]:.1f}, {r['trace_mb'][1]:.1f} | {r['steps']} | {r['summarize_a_s']:.3f} | "
               f"{r['summarize_b_s']:.3f} | {r['diff_summaries_s']:.3f} | {r['diff_s']:.3f} | {r['diff_cpu_s']:.3f} | "
-              f"{r['rows']} | {len(r['significant'])} | {r['step_time']} | {r['load_average']:.1f} |")
+              f"{r['diff_jobs_s']:.3f} (N={r['jobs']}) | {r['rows']} | {len(r['significant'])} | {r['step_time']} | "
+              f"{r['load_average']:.1f} |")
     for r in rows:
         print(f"\nsignificant in the {r['trace_mb'][0]:.0f} MB pair: " + "; ".join(r["significant"]))
     if args.out:

@@ -4,7 +4,8 @@ Each row profiles a small MLP training loop on CPU (record_shapes=True) for enou
 to reach the target trace size, then times, on that one profile:
   - key_averages: the first `prof.key_averages()` call (what a trace handler pays),
   - summarize: `summarize(trace file)` reading the exported file from disk (median of 3,
-    wall and CPU seconds, after the profiler's own objects are collected).
+    wall and CPU seconds, after the profiler's own objects are collected), in this process
+    and with `jobs=` the cores (worker processes, as `kprof summary` reads; wall only).
 Wall times depend on what else runs on the machine: the load average is printed with them.
 
     .venv/bin/python benchmarks/summary.py --sizes 5 15 50 --out benchmarks/out/summary.json
@@ -33,6 +34,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from kprof_callbacks.analysis import summarize
+from kprof_callbacks.analysis.workers import default_jobs
 
 
 def profile_training(model: nn.Module, loss: Callable[[], torch.Tensor], n_steps: int, on_ready,
@@ -81,6 +83,8 @@ def measure(n_steps: int, folder: Path) -> dict:
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     row["summarize_s"], row["summarize_cpu_s"] = statistics.median(wall), statistics.median(cpu)
+    row["jobs"] = default_jobs()
+    row["summarize_jobs_s"] = statistics.median(_wall(lambda: summarize(path, jobs=row["jobs"])) for _ in range(3))
     row["load_average"] = os.getloadavg()[0]
     row["trace_mb"] = path.stat().st_size / 2**20
     row["events"] = sum(1 for _ in _events(path))
@@ -88,6 +92,12 @@ def measure(n_steps: int, folder: Path) -> dict:
     row["speedup"] = row["key_averages_s"] / row["summarize_s"]
     path.unlink()
     return row
+
+
+def _wall(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
 
 
 def _events(path: Path):
@@ -145,11 +155,14 @@ def write_results(path: Path, rows: list[dict]) -> None:
 def main() -> int:
     args = size_parser(__doc__, [5, 15, 50]).parse_args()
     rows = rows_by_size(args, measure)
-    print("| trace MB | events | steps | key_averages() s | summarize() s | summarize() CPU s | speedup | load avg |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| trace MB | events | steps | key_averages() s | summarize() s | summarize() CPU s | speedup | "
+          "summarize(jobs=N) s | MB/s, jobs 1 / N | load avg |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['trace_mb']:.1f} | {r['events']:,} | {r['steps']} | {r['key_averages_s']:.2f} | "
-              f"{r['summarize_s']:.3f} | {r['summarize_cpu_s']:.3f} | {r['speedup']:.0f}x | {r['load_average']:.1f} |")
+              f"{r['summarize_s']:.3f} | {r['summarize_cpu_s']:.3f} | {r['speedup']:.0f}x | "
+              f"{r['summarize_jobs_s']:.3f} (N={r['jobs']}) | {r['trace_mb'] / r['summarize_s']:.0f} / "
+              f"{r['trace_mb'] / r['summarize_jobs_s']:.0f} | {r['load_average']:.1f} |")
     if args.out:
         write_results(args.out, rows)
     return 0

@@ -2,41 +2,52 @@
 
 Front doors: ``session`` (plain loops), ``ProfilerCallback`` (Lightning), ``compare`` and ``swap`` (custom
 layers), ``summarize`` (trace files -> Summary) and ``time_cuda`` (CUDA-event timing of one function).
-Heavy pieces (Lightning, the analysis, the kernels) are imported on first use, so ``import kprof_callbacks``
-stays cheap inside a training script.
+Every public name is imported on first use, so ``import kprof_callbacks`` costs nothing and reading traces (the CLI,
+``summarize``, ``diff``, the TensorBoard tab) never imports torch or Lightning.
 """
 
 from __future__ import annotations
 
-import importlib
+import sys
+import types
 
-from .compare import Comparison, ComparisonError, compare
-from .config import ProfileConfig
-from .session import Session, session
-from .swap import swap
-from .timing import time_cuda
+from ._lazy import lazy_names
 
-__version__ = "0.1.0"
-
-# Names whose module is heavy (Lightning) or builds on demand; none shares its name with a submodule, since
-# ``import kprof_callbacks.<name>`` would then replace the function with the module.
-_LAZY = {
+# Public name -> the module defining it. Three share their name with a submodule (session, swap, compare): the
+# package keeps the name for the function, as ``from kprof_callbacks import session`` promises (see _Package).
+_NAMES = {
+    "Comparison": ".compare", "ComparisonError": ".compare", "compare": ".compare",
+    "ProfileConfig": ".config",
+    "Session": ".session", "session": ".session",
+    "swap": ".swap",
+    "time_cuda": ".timing",
     "ProfilerCallback": ".callback",
     "SwapCallback": ".swap_callback",
-    "summarize": ".analysis",
-    "Summary": ".analysis",
-    "diff": ".analysis",
-    "Diff": ".analysis",
+    "summarize": ".analysis", "Summary": ".analysis", "diff": ".analysis", "Diff": ".analysis",
     "kernels": ".kernels",
 }
-
-__all__ = [
-    "Comparison", "ComparisonError", "ProfileConfig", "Session", "compare", "session", "swap", "time_cuda", *_LAZY
-]
+__all__ = sorted(_NAMES)
+_getattr, __dir__ = lazy_names(__name__, _NAMES, modules=("kernels",))
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        module = importlib.import_module(_LAZY[name], __name__)
-        return module if name == "kernels" else getattr(module, name)
-    raise AttributeError(f"module 'kprof_callbacks' has no attribute {name!r}")
+    if name == "__version__":
+        from importlib.metadata import version
+
+        globals()[name] = value = version("kprof-callbacks")  # on first use: importlib.metadata takes ~20 ms
+        return value
+    return _getattr(name)
+
+
+class _Package(types.ModuleType):
+    """The package module: importing a submodule that shares a public function's name (``kprof_callbacks.session``)
+    would bind the submodule over the function; that binding is dropped, and the name stays the function's."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}" and name in _NAMES \
+                and name != "kernels":
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -1,20 +1,58 @@
 """The ``kprof`` command (also ``python -m kprof_callbacks``): every subcommand's arguments, wired here.
 
-Each subcommand's work is a plain function beside the feature it drives; this module only parses.
+Each subcommand's work is a plain function beside the feature it drives, imported when that subcommand runs; this
+module only parses, and imports neither torch nor the analysis (``kprof --help`` answers at once).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from . import demo
 from .analysis import cli as analysis_cli
-from .analysis.summary import SORT_KEYS
-from .compare import cli as compare_cli
-from .kernels import bench
-from .tensorboard import launch
+from .analysis.tables import SORT_KEYS
+from .analysis.workers import default_jobs
+
+
+def typed_command() -> str:
+    """The kprof command as the user's shell runs it, for the commands kprof prints: ``kprof`` where PATH finds this
+    installation's, else the script beside this Python (e.g. ``.venv/bin/kprof`` when the venv is not activated),
+    else ``python -m kprof_callbacks`` through this Python."""
+    script = Path(sys.executable).parent / "kprof"
+    found = shutil.which("kprof")
+    if found and script.is_file() and Path(found).resolve() == script.resolve():
+        return "kprof"
+    if script.is_file():
+        return shlex.quote(_as_typed(script))
+    return f"{shlex.quote(_as_typed(Path(sys.executable)))} -m kprof_callbacks"
+
+
+def _as_typed(path: Path) -> str:
+    """``path`` relative to the working folder when it lies inside it (``.venv/bin/kprof``), else absolute; never a
+    bare name, which the shell would look up on PATH."""
+    relative = os.path.relpath(path.absolute())
+    if relative.startswith(".."):
+        return str(path.absolute())
+    return relative if os.sep in relative else f".{os.sep}{relative}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose description may come from a function called only when the help is shown: a
+    subcommand's help can then describe things that take long to import (``kprof bench``'s ops need torch)."""
+
+    def __init__(self, *args, describe: Callable[[], str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._describe = describe
+
+    def format_help(self) -> str:
+        if self._describe is not None:
+            self.description, self._describe = self._describe(), None
+        return super().format_help()
 
 
 def _positive(text: str) -> int:
@@ -36,7 +74,13 @@ def _demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--logdir", default="log", help="where traces go (default: log)")
     p.add_argument("--steps", type=int, default=60, help="training steps (default: 60)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.set_defaults(func=lambda a: demo.run_cli(a.logdir, a.steps, a.device))
+    p.set_defaults(func=_run_demo)
+
+
+def _jobs(p: argparse.ArgumentParser) -> None:
+    cores = default_jobs()
+    p.add_argument("--jobs", type=_positive, default=cores, metavar="N",
+                   help=f"worker processes reading big runs (default: the cores, {cores}; 1: read in this process)")
 
 
 def _summary(sub: argparse._SubParsersAction) -> None:
@@ -51,8 +95,9 @@ def _summary(sub: argparse._SubParsersAction) -> None:
                    "GPU events)")
     p.add_argument("--stacks", type=Path, metavar="OUT.folded",
                    help="write flamegraph folded stacks of self CPU time (one file per run when several)")
+    _jobs(p)
     p.set_defaults(func=lambda a: analysis_cli.run_summary(
-        a.logdir, as_json=a.json, html=a.html, top=a.top, sort=a.sort, stacks=a.stacks))
+        a.logdir, as_json=a.json, html=a.html, top=a.top, sort=a.sort, stacks=a.stacks, jobs=a.jobs))
 
 
 def _diff(sub: argparse._SubParsersAction) -> None:
@@ -67,15 +112,16 @@ def _diff(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--confidence", type=_fraction, default=0.95,
                    help="interval level; 1 - confidence is the false discovery rate (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    _jobs(p)
     p.set_defaults(func=lambda a: analysis_cli.run_diff(
-        a.a, a.b, as_json=a.json, html=a.html, top=a.top, confidence=a.confidence, seed=a.seed))
+        a.a, a.b, as_json=a.json, html=a.html, top=a.top, confidence=a.confidence, seed=a.seed, jobs=a.jobs))
 
 
 def _tensorboard(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tensorboard", help="serve LOGDIR with TensorBoard on 127.0.0.1 and print the URL")
     p.add_argument("logdir", nargs="?", default="log", help="the logdir kprof wrote (default: log)")
     p.add_argument("--port", type=int, default=6006, help="port on 127.0.0.1 (default: 6006; 0 picks a free one)")
-    p.set_defaults(func=lambda a: launch.serve(a.logdir, a.port))
+    p.set_defaults(func=_run_tensorboard)
 
 
 def _compare(sub: argparse._SubParsersAction) -> None:
@@ -100,27 +146,26 @@ def _compare(sub: argparse._SubParsersAction) -> None:
     builtin.add_argument("--width", type=int, default=128, help="hidden width (default: 128)")
     builtin.add_argument("--depth", type=int, default=4, help="number of blocks (default: 4)")
     builtin.add_argument("--batch-size", type=int, default=64, help="batch size (default: 64)")
-    p.set_defaults(func=lambda a: compare_cli.run_cli(
-        a.model, steps=a.steps, warmup=a.warmup, device=a.device, logdir=a.logdir, check=a.check, impls=a.impls,
-        width=a.width, depth=a.depth, batch_size=a.batch_size))
+    p.set_defaults(func=_run_compare)
 
 
 def _bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="time every custom layer (and its Triton twin) against eager PyTorch and "
                        "torch.compile",
-                       description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       describe=_bench_description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small sizes on the CPU, a few iterations, no compile")
     p.add_argument("--check", action="store_true", help="correctness of every kernel on small shapes, no timing")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile reference")
     p.add_argument("--no-triton", action="store_true", help="skip the Triton twins (impl='triton')")
     p.add_argument("--largest", action="store_true", help="only each op's largest shape per dtype")
-    p.add_argument("--ops", default="", help="comma-separated op names (default: all): "
-                   + ",".join(op.name for op in bench.OPS))
-    p.add_argument("--shapes", choices=tuple(bench.SHAPES), default="full",
+    p.add_argument("--ops", default="", help="comma-separated op names (default: all; listed above)")
+    p.add_argument("--shapes", choices=("full", "gpt"), default="full",
                    help="full: large shapes of every op family (default); gpt: the shapes of GPT-2 small/medium")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
 
     def run(a: argparse.Namespace) -> int:
+        from .kernels import bench
+
         try:
             return bench.run(quick=a.quick, check_only=a.check, compile_ref=not a.no_compile, triton=not a.no_triton,
                              largest_only=a.largest, ops=a.ops, shapes=a.shapes, out=a.out)
@@ -130,8 +175,33 @@ def _bench(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _run_demo(a: argparse.Namespace) -> int:
+    from .demo import run_cli
+
+    return run_cli(a.logdir, a.steps, a.device)
+
+
+def _run_tensorboard(a: argparse.Namespace) -> int:
+    from .tensorboard.launch import serve
+
+    return serve(a.logdir, a.port)
+
+
+def _run_compare(a: argparse.Namespace) -> int:
+    from .compare.cli import run_cli
+
+    return run_cli(a.model, steps=a.steps, warmup=a.warmup, device=a.device, logdir=a.logdir, check=a.check,
+                   impls=a.impls, width=a.width, depth=a.depth, batch_size=a.batch_size)
+
+
+def _bench_description() -> str:
+    from .kernels import bench
+
+    return f"{bench.__doc__}\nops: {', '.join(op.name for op in bench.OPS)}\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kprof", description="Profile PyTorch training and read the results.")
+    parser = _Parser(prog="kprof", description="Profile PyTorch training and read the results.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_demo, _summary, _diff, _tensorboard, _compare, _bench):
         add(sub)

@@ -6,6 +6,7 @@ classification task, so it trains for real in seconds on a CPU and has layers ``
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -73,6 +74,7 @@ def run_demo(logdir: str = "log", steps: int = 60, device: str | None = None) ->
     Too few steps for a profiling window, or profiling switched off (``KPROF=0``), is a ValueError before training.
     """
     import kprof_callbacks as kprof
+    from kprof_callbacks.cli import typed_command
     from kprof_callbacks.tensorboard.launch import open_hint
 
     run = "demo-" + time.strftime("%Y%m%d-%H%M%S")
@@ -110,5 +112,6 @@ def run_demo(logdir: str = "log", steps: int = 60, device: str | None = None) ->
     print(s.summary())
     print()
     print(open_hint(logdir))
-    print(f"summary again:    kprof summary {s.run_dir}   (--html report.html: the same, with timelines)")
+    print(f"summary again:    {typed_command()} summary {shlex.quote(str(s.run_dir))}   (--html report.html: the same, "
+          "with timelines)")
     return s.run_dir

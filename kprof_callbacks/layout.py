@@ -24,8 +24,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch.distributed as dist
-
 TRACE_SUFFIX = ".pt.trace.json"
 TRACE_SUFFIXES = (TRACE_SUFFIX, TRACE_SUFFIX + ".gz")
 JSON_SUFFIXES = (".json", ".json.gz")  # traces saved by hand with export_chrome_trace("x.json")
@@ -54,6 +52,8 @@ _RANK = re.compile(r"(?:^|[_.-])rank(\d+)(?:[_.-]|$)")
 # -- names -------------------------------------------------------------------------------------------------------
 def rank() -> int | None:
     """This process's rank in a distributed job (torch.distributed, else ``$RANK``), None when not distributed."""
+    import torch.distributed as dist  # here, not at the top: reading traces must not import torch
+
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return int(os.environ["RANK"]) if "RANK" in os.environ else None
@@ -226,6 +226,8 @@ def _process(pid: int) -> str:
 
 def shared_run_name(logdir: Path) -> str:
     """A readable, unused run name (``YYYYmmdd-HHMMSS[-N]``), the same on every rank of a distributed job."""
+    import torch.distributed as dist
+
     name = None
     if rank() in (None, 0):
         base = time.strftime("%Y%m%d-%H%M%S")

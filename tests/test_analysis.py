@@ -19,8 +19,9 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
 
-from kprof_callbacks.analysis import Summary, summarize
+from kprof_callbacks.analysis import Summary, reader, summarize
 from kprof_callbacks.analysis import intervals as iv
+from kprof_callbacks.analysis import summary as summary_module
 from kprof_callbacks.cli import main
 from kprof_callbacks.analysis.tree import nest
 
@@ -528,3 +529,143 @@ def test_gpu_profile_matches_key_averages(tmp_path):
         assert 0 < st.kernel_us <= st.gpu_busy_us <= st.wall_us
         assert st.memcpy_us > 0 and st.peak_memory > 0
     assert {"pageable_memcpy", "sync"} <= {d.kind for d in s.diagnostics}
+
+
+def test_scaled_trace_reads_as_a_longer_profile_of_the_same_mix(tmp_path):
+    """benchmarks/traces.py scale (the big benchmark traces): each copy adds the same steps, calls and kernel time."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import traces
+    finally:
+        sys.path.pop(0)
+    source = FIXTURES / "gpu_small.pt.trace.json.gz"
+    one = summarize(source)
+    out = traces.scale(source, tmp_path / "big.pt.trace.json", mb=0.7)
+    copies = round(out.stat().st_size / len(gzip.decompress(source.read_bytes())))
+    three = summarize(out)
+    assert copies >= 3 and len(three.steps) == copies * len(one.steps)
+    assert len({s.step for s in three.steps}) == len(three.steps)  # step numbers moved, not repeated
+    assert {o.name: o.calls for o in three.ops} == {o.name: copies * o.calls for o in one.ops}
+    for k1, k3 in zip(sorted(one.kernels, key=lambda k: k.name), sorted(three.kernels, key=lambda k: k.name)):
+        assert k3.count == copies * k1.count and k3.total_us == pytest.approx(copies * k1.total_us, rel=1e-6)
+
+
+# -- reading big files: in pieces, in worker processes -------------------------------------------------------------
+def _scaled(tmp_path: Path, mb: float, name: str = "big") -> Path:
+    """The H100 fixture repeated to about ``mb`` MB (benchmarks/traces.py scale)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import traces
+    finally:
+        sys.path.pop(0)
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    return traces.scale(FIXTURES / "gpu_small.pt.trace.json.gz", run_dir / "gpuhost_1.1.pt.trace.json", mb=mb)
+
+
+def _whole_file_summary(path: Path, monkeypatch) -> dict:
+    with monkeypatch.context() as m:
+        m.setattr(reader, "_HEAD_BYTES", 8)  # "traceEvents" is never found: each file is decoded in one go
+        return summarize(path).to_dict()
+
+
+def test_pieces_and_workers_read_what_one_whole_decode_reads(tmp_path, monkeypatch):
+    """A trace cut into ~40 pieces, read in this process and in 3 worker processes (and gzipped), gives the summary
+    of the file decoded in one go; the pieces were really used (progress counts each one)."""
+    path = _scaled(tmp_path, mb=1.5)
+    gz = path.with_name("gpuhost_1.2.pt.trace.json.gz")
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    whole = _whole_file_summary(path, monkeypatch)
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 40_000)
+    monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
+    assert len(reader.plan(path).pieces) > 30 and len(reader.plan(gz).pieces) > 30
+    for source in (path, gz):
+        for jobs in (1, 3):
+            done = []
+            got = summarize(source, jobs=jobs, progress=lambda n, total: done.append((n, total)))
+            assert got.to_dict() | {"name": whole["name"], "files": whole["files"]} == whole, (source.name, jobs)
+            assert len(done) > 30 and done[-1] == (source.stat().st_size, source.stat().st_size)
+
+
+def test_two_files_in_workers_are_analyzed_like_in_one_process(tmp_path, monkeypatch):
+    path = _scaled(tmp_path, mb=0.5)
+    other = path.with_name("rank1_gpuhost_2.1.pt.trace.json")
+    shutil.copy(path, other)
+    here = summarize(path.parent).to_dict()
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 100_000)
+    monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
+    assert summarize(path.parent, jobs=4).to_dict() == here
+
+
+def test_a_file_that_does_not_cut_cleanly_is_decoded_whole(tmp_path, monkeypatch):
+    """An event whose args hold a list of objects laid out like events: a cut lands inside it, the piece does not
+    decode, and the file is decoded in one go instead, with the same result."""
+    path = _scaled(tmp_path, mb=0.3)
+    text = path.read_bytes()
+    odd = b'"args": {\n      "odd": [{"a": 1},\n  {"b": 2}],'
+    text = text.replace(b'"args": {', odd, 200)
+    path.write_bytes(text)
+    whole = _whole_file_summary(path, monkeypatch)
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 10_000)
+    assert summarize(path).to_dict() == whole
+
+
+def test_not_utf8_names_the_offset_of_the_bad_byte(tmp_path):
+    path = tmp_path / "w.1.pt.trace.json"
+    text = b'{"traceEvents": [{"ph": "X", "name": "aten::mm\xff", "cat": "cpu_op", "ts": 1, "dur": 2}]}'
+    path.write_bytes(text)
+    with pytest.raises(ValueError, match=f"not UTF-8: byte 0xff at offset {text.index(bytes([0xff]))}"):
+        summarize(path)
+
+
+@pytest.mark.parametrize("kind", ["char device", "fifo"])
+def test_a_path_that_is_no_file_or_folder_is_one_line(tmp_path, capsys, kind):
+    path = Path("/dev/null") if kind == "char device" else tmp_path / "fifo"
+    if kind == "fifo":
+        os.mkfifo(path)
+    assert main(["summary", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"kprof summary: {path} is neither a trace file nor a folder"
+
+
+def test_a_worker_that_dies_fails_its_task_and_is_replaced():
+    from kprof_callbacks.analysis.workers import WorkerError, Workers
+
+    with Workers(2) as workers:
+        assert workers.submit(os.getpid).result(timeout=120) != os.getpid()
+        with pytest.raises(WorkerError, match="worker process ended.*_exit"):
+            workers.submit(os._exit, 3).result(timeout=120)
+        assert workers.submit(len, "abc").result(timeout=120) == 3
+        with pytest.raises(ZeroDivisionError):
+            workers.submit(divmod, 1, 0).result(timeout=120)
+        later = [workers.submit(pow, 2, k) for k in range(8)]
+        workers.wait(later)  # this process runs some of them itself
+        assert [f.result() for f in later] == [2**k for k in range(8)]
+
+
+def test_a_run_over_100_mb_shows_a_progress_bar_on_stderr(tmp_path, monkeypatch, capsys):
+    path = _scaled(tmp_path, mb=0.5)
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 50_000)
+    summarize(path, progress=True)
+    assert capsys.readouterr().err == ""  # under PROGRESS_BYTES: no bar
+    monkeypatch.setattr(summary_module, "PROGRESS_BYTES", 100_000)
+    summarize(path, progress=True)
+    err = capsys.readouterr().err
+    assert f"summarizing {path.name}" in err and "100%" in err and f"{path.stat().st_size / 1024:.0f}k" in err
+
+
+@pytest.mark.parametrize("command", ["summary", "diff"])
+def test_cli_report_to_a_folder_or_a_full_disk_is_one_line(tmp_path, run, capsys, monkeypatch, command):
+    sides = [str(run[0])] * (2 if command == "diff" else 1)
+    assert main([command, *sides, "--html", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"kprof {command}: --html {tmp_path}: is a folder; name the file to write, "
+                                       f"e.g. {tmp_path / 'report.html'}\n")
+    out = tmp_path / "report.html"
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    assert main([command, *sides, "--html", str(out)]) == 1
+    assert capsys.readouterr().err == f"kprof {command}: could not write {out}: No space left on device\n"
+    assert list(tmp_path.iterdir()) == []  # no half-written report left behind

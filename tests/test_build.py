@@ -206,35 +206,123 @@ def test_every_cuda_source_compiles_with_plain_nvcc(tmp_path: Path) -> None:
     assert not failures, failures
 
 
-def test_wheel_ships_kernel_sources_under_kprof_callbacks_only(tmp_path: Path) -> None:
-    """Build the wheel from a copy of the project, check its file list, install it into a folder and run a
-    kernel from there (a warm load from the same cache: the installed sources hash like the checkout's)."""
-    project = tmp_path / "project"
+# --- The wheel and the sdist, installed alone ------------------------------------------------------------------------
+# Each is installed into a fresh virtual environment whose only other path is the site-packages folder that holds
+# torch (a .pth line appends it; .pth files inside it, such as the checkout's editable-install finder, are not run),
+# so nothing of the checkout can stand in for a file the package forgot.
+
+# In the installed environment: import every module of the package (`__main__` is only found: importing it runs the
+# CLI), load the TensorBoard plugin's entry point and print where each came from.
+INSTALLED_PROBE = """
+import importlib, importlib.util, json, pkgutil, sys
+from importlib import metadata
+import kprof_callbacks
+modules = {"kprof_callbacks": kprof_callbacks.__file__}
+for info in pkgutil.walk_packages(kprof_callbacks.__path__, "kprof_callbacks."):
+    if info.name.endswith(".__main__"):
+        modules[info.name] = importlib.util.find_spec(info.name).origin
+    else:
+        modules[info.name] = importlib.import_module(info.name).__file__
+from kprof_callbacks.analysis.workers import Workers
+with Workers(2) as workers:  # worker processes start from the install too
+    assert workers.submit(len, "abc").result(timeout=120) == 3
+dist = metadata.distribution("kprof-callbacks")
+(plugin,) = [ep for ep in dist.entry_points if ep.group == "tensorboard_plugins"]
+loaded = plugin.load()
+print(json.dumps({"modules": modules, "version": kprof_callbacks.__version__, "metadata_version": dist.version,
+                  "plugin": [loaded.__name__, sys.modules[loaded.__module__].__file__]}))
+"""
+
+
+def expected_modules() -> set[str]:
+    """Every module of the checkout, by the name it has once installed (kernels/ ships as kprof_callbacks.kernels)."""
+    names = set()
+    for root, package in ((REPO / "kprof_callbacks", "kprof_callbacks"), (REPO / "kernels", "kprof_callbacks.kernels")):
+        for path in root.rglob("*.py"):
+            parts = [package, *path.relative_to(root).with_suffix("").parts]
+            names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The wheel and the sdist, built from a copy of the project as a release would be (``python -m build``)."""
+    tmp = tmp_path_factory.mktemp("dists")
+    project = tmp / "project"
     project.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, project / name)
     for name in ("kprof_callbacks", "kernels"):
-        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(project), "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path / "dist")], check=True, capture_output=True, timeout=300)
-    (wheel,) = (tmp_path / "dist").glob("kprof_callbacks-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
+        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    built = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--sdist",
+                            "--wheel", "--outdir", str(tmp / "dist"), str(project)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (wheel,) = (tmp / "dist").glob("kprof_callbacks-*.whl")
+    (sdist,) = (tmp / "dist").glob("kprof_callbacks-*.tar.gz")
+    return {"wheel": wheel, "sdist": sdist}
+
+
+def install_alone(dist: Path, venv: Path) -> Path:
+    """A fresh venv holding only ``dist`` (dependencies come from torch's site-packages); returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([python, "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "kprof_deps.pth").write_text(f"{Path(torch.__file__).parents[1]}\n")
+    installed = subprocess.run([python, "-I", "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed",
+                                "--no-build-isolation", "-q", str(dist)], capture_output=True, text=True, timeout=600,
+                               cwd=venv)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    return python
+
+
+def test_wheel_ships_kernel_sources_under_kprof_callbacks_only(dists: dict[str, Path]) -> None:
+    names = zipfile.ZipFile(dists["wheel"]).namelist()
     assert not any(n.startswith("kernels/") for n in names), "the wheel must not own a top-level `kernels`"
     for source in ("add.cpp", "add.cu", "gelu.cpp", "gelu.cu", "_op.h", "_dispatch.h", "_elementwise.cuh",
                    "_gelu_math.h"):
         assert f"kprof_callbacks/kernels/{source}" in names
+    assert "kprof_callbacks/tensorboard/static/index.js" in names
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["wheel", "sdist"])
+def test_installed_alone_imports_every_module_and_runs_the_cli(
+        kind: str, dists: dict[str, Path], tmp_path: Path) -> None:
+    """Installed where the checkout cannot leak in, every module imports, ``kprof --help`` runs and the TensorBoard
+    plugin loads through its entry point, all from the installed files."""
+    python = install_alone(dists[kind], tmp_path / "venv")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = subprocess.run([python, "-I", "-c", INSTALLED_PROBE], capture_output=True, text=True, cwd=tmp_path,
+                           env=env, timeout=600)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    found = json.loads(probe.stdout.splitlines()[-1])
+    assert set(found["modules"]) == expected_modules()
+    outside = {name: file for name, file in found["modules"].items() if not file.startswith(str(tmp_path / "venv"))}
+    assert not outside, f"modules loaded from outside the install: {outside}"
+    assert found["version"] == found["metadata_version"]
+    assert found["plugin"][0] == "KprofPlugin" and found["plugin"][1].startswith(str(tmp_path / "venv"))
+
+    cli = subprocess.run([tmp_path / "venv" / "bin" / "kprof", "--help"], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=300)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    for command in ("summary", "diff", "tensorboard", "demo"):
+        assert command in cli.stdout
+
+
+def test_installed_wheel_loads_the_checkouts_kernel_build_without_compiling(
+        dists: dict[str, Path], tmp_path: Path) -> None:
+    """The installed kernel sources hash like the checkout's: a warm load from the same cache, no compile."""
     _build.load("add", ["add.cpp", "add.cu"])  # the checkout's build, in the default cache
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
-    result = run_python("""
+    python = install_alone(dists["wheel"], tmp_path / "venv")
+    result = subprocess.run([python, "-I", "-c", textwrap.dedent("""
         import torch
         from kprof_callbacks import kernels
         x = torch.randn(5)
         assert torch.equal(kernels.add(x, x), x + x)
         print(kernels.__file__)
-    """, env={"PYTHONPATH": str(site)}, cwd=tmp_path)
+    """)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().startswith(str(site))
+    assert result.stdout.strip().startswith(str(tmp_path / "venv"))
     assert "building" not in result.stderr

@@ -7,6 +7,7 @@ import copy
 import html
 import json
 import re
+import shutil
 import struct
 import urllib.error
 import urllib.request
@@ -24,7 +25,8 @@ from kprof_callbacks.tensorboard.logdir import has_data, scan
 
 PLUGIN = "data/plugin/kprof/"
 BAD_TRACE = "otherhost_1.1795000000000000000.pt.trace.json"
-NOISY_CI = (0.9, 1.12)  # a speedup interval far wider than the 2% noise threshold
+NOISY_CI = (0.9, 1.12)
+FIXTURES = Path(__file__).parent / "fixtures"  # a speedup interval far wider than the 2% noise threshold
 
 
 def _model() -> nn.Module:
@@ -221,6 +223,8 @@ def test_timeline_serves_the_median_step_then_any_step_of_a_file(tb, sessions):
 @pytest.mark.parametrize("params, code", [
     ({"step": "99"}, 404),
     ({"step": "two"}, 400),
+    ({"step": "--5"}, 400),
+    ({"step": "1e3"}, 400),
     ({"file": BAD_TRACE}, 422),
     ({"file": "nope.pt.trace.json"}, 404),
 ])
@@ -355,3 +359,90 @@ def test_listing_stats_files_without_reading_them(tmp_path):
     assert all(r.traces[0].bytes == 9 for r in runs)
     assert comparisons == []
     assert has_data(tmp_path)
+
+
+def test_file_cache_keeps_no_lock_for_keys_that_failed_and_computes_a_key_once():
+    """A lock per failing key was kept forever (100,000 bad requests: 100,000 locks); concurrent requests for one
+    key still wait for one computation."""
+    import threading
+
+    from kprof_callbacks.tensorboard.cache import FileCache
+
+    cache: FileCache[int] = FileCache(max_entries=4)
+
+    def fail():
+        raise ValueError("unreadable")
+
+    for key in range(100_000):
+        with pytest.raises(ValueError):
+            cache.get(("run", key), 1, fail)
+    assert not cache._locks
+    calls, started = [], threading.Event()
+
+    def slow():
+        started.set()
+        calls.append(1)
+        threading.Event().wait(0.3)
+        return 7
+
+    first = threading.Thread(target=lambda: cache.get("k", 1, slow))
+    first.start()
+    started.wait(10)
+    assert cache.get("k", 1, slow) == 7
+    first.join()
+    assert calls == [1] and not cache._locks
+
+
+def test_a_big_run_is_summarized_in_the_background_with_progress_while_other_requests_go_on(tmp_path, monkeypatch):
+    """/summary of a run over PROGRESS_BYTES answers at once with its progress (pending) while worker processes read
+    it on a thread of its own; /runs and a small run's summary are served meanwhile; then the summary is the
+    one kprof.summarize gives."""
+    import threading
+
+    from tensorboard.plugins import base_plugin
+    from werkzeug.test import Client
+    from werkzeug.wrappers import Response
+
+    from kprof_callbacks.analysis import reader
+    from kprof_callbacks.analysis import summary as summary_module
+    from kprof_callbacks.tensorboard import plugin as plugin_module
+    from test_analysis import _scaled
+
+    (tmp_path / "log").mkdir()
+    big = _scaled(tmp_path / "log", mb=1.0, name="big").parent
+    small = tmp_path / "log" / "small"
+    small.mkdir()
+    shutil.copy(FIXTURES / "gpu_small.pt.trace.json.gz", small / "gpuhost_7.1.pt.trace.json.gz")
+    monkeypatch.setattr(plugin_module, "PROGRESS_BYTES", 500_000)
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 100_000)
+    monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
+    release, real = threading.Event(), plugin_module.summarize_run
+
+    def held_back(run, progress=None):
+        if run.name == "big":
+            progress(123, sum(f.bytes for f in run.traces))
+            release.wait(60)
+        return real(run, progress)
+
+    monkeypatch.setattr(plugin_module, "summarize_run", held_back)
+    routes = plugin_module.KprofPlugin(base_plugin.TBContext(logdir=str(tmp_path / "log"), data_provider=None))
+    routes = routes.get_plugin_apps()
+
+    def get(route: str, **params) -> dict:
+        response = Client(routes[route], Response).get(route, query_string=params)
+        assert response.status_code == 200, response.get_data()[:300]
+        return response.get_json()
+
+    pending = get("/summary", run="big")
+    assert pending["pending"] is True and pending["total"] == sum(f.stat().st_size for f in big.iterdir())
+    assert get("/summary", run="big")["done"] == 123  # the same background summary, not a second one
+    assert {r["run"] for r in get("/runs")["runs"]} == {"big", "small"}
+    assert get("/summary", run="small")["summary"]["name"] == "small"
+    release.set()
+    for _ in range(600):
+        data = get("/summary", run="big")
+        if not data.get("pending"):
+            break
+        threading.Event().wait(0.1)
+    assert data["error"] is None
+    assert data["summary"] == _roundtrip(kprof.summarize(big).to_dict())

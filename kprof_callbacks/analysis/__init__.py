@@ -1,8 +1,17 @@
-"""Trace analysis: `summarize(path)` reads torch.profiler trace files into a `Summary`; `diff(a, b)` compares two."""
+"""Trace analysis: `summarize(path)` reads torch.profiler trace files into a `Summary`; `diff(a, b)` compares two.
 
-from .summary import Summary, summarize
-from .tables import Diagnostic, KernelStats, LabelStats, OpStats, Problem, RankStats, StepSkew, StepStats
-from .tracediff import Change, Diff, diff
+The names are imported on first use, so a submodule (the CLI's help text, the sort keys) costs only itself.
+"""
 
-__all__ = ["Change", "Diagnostic", "Diff", "KernelStats", "LabelStats", "OpStats", "Problem", "RankStats", "StepSkew",
-           "StepStats", "Summary", "diff", "summarize"]
+from __future__ import annotations
+
+from .._lazy import lazy_names
+
+_NAMES = {
+    "Summary": ".summary", "summarize": ".summary",
+    "Change": ".tracediff", "Diff": ".tracediff", "diff": ".tracediff",
+    **dict.fromkeys(("Diagnostic", "KernelStats", "LabelStats", "OpStats", "Problem", "RankStats", "StepSkew",
+                     "StepStats"), ".tables"),
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_names(__name__, _NAMES)

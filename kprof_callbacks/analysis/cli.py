@@ -1,27 +1,32 @@
-"""`kprof summary LOGDIR` and `kprof diff A B`: the analysis in the terminal, as JSON or HTML (arguments: ../cli.py)."""
+"""`kprof summary LOGDIR` and `kprof diff A B`: the analysis in the terminal, as JSON or HTML (arguments: ../cli.py).
+
+The analysis is imported when a command runs, not with this module, so ``kprof --help`` stays quick.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .html import write_html
-from .summary import Summary, summarize
-from .tracediff import diff
+if TYPE_CHECKING:
+    from .summary import Summary
 
 SUMMARY_HELP = """\
 Summarize torch.profiler traces: where the time went, per step, operator, kernel and label, with findings.
 
 Exit status 0 when at least one trace was summarized (unreadable files are listed under
-"Problems"), 1 when nothing could be read, 2 for bad arguments.
+"Problems"), 1 when nothing could be read or a report could not be written, 2 for bad arguments.
+Big runs are read by --jobs worker processes, with a progress bar on stderr (a terminal) for runs over 100 MB.
 """
 DIFF_HELP = """\
 What changed from A to B, with intervals and verdicts. A and B: a run folder, a trace file, or PATH@steps=SPEC for
 some steps of a run (SPEC: numbers and ranges, e.g. log/run@steps=2-4,7).
 
-Exit status 0 when both sides were read, 1 when one could not be (or a step selection does not match the run),
-2 for bad arguments.
+Exit status 0 when both sides were read, 1 when one could not be (or a step selection does not match the run, or the
+report could not be written), 2 for bad arguments.
 """
 
 
@@ -32,13 +37,46 @@ def _per_run(path: Path, run: str, many: bool) -> Path:
     return path.with_name(f"{path.stem}.{run.replace('/', '_')}{path.suffix}")
 
 
+def _bad_output(path: Path | None, option: str) -> str | None:
+    """Why ``path`` cannot take a report (said before any trace is read), or None."""
+    if path is None:
+        return None
+    if path.is_dir():
+        return f"{option} {path}: is a folder; name the file to write, e.g. {path / 'report.html'}"
+    if not path.parent.is_dir():
+        return f"{option} {path}: there is no folder {path.parent}"
+    return None
+
+
+def _written(out: Path, write: Callable[[Path], object], command: str, what: str) -> bool:
+    """Write a report through a temporary name, so a failed write (a full disk) leaves no half file; False after
+    saying why in one line."""
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        write(tmp)
+        tmp.replace(out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        print(f"kprof {command}: could not write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    print(f"{what}: {out}", file=sys.stderr)
+    return True
+
+
 def run_summary(
     path: Path, *, as_json: bool = False, html: Path | None = None, top: int = 10, sort: str = "cuda",
-    stacks: Path | None = None,
+    stacks: Path | None = None, jobs: int = 1,
 ) -> int:
     """Run `kprof summary`; returns the exit status."""
+    from .html import write_html
+    from .summary import summarize
+
+    bad = _bad_output(html, "--html") or _bad_output(stacks, "--stacks")
+    if bad:
+        print(f"kprof summary: {bad}", file=sys.stderr)
+        return 2
     try:
-        result = summarize(path, progress=sys.stderr.isatty())
+        result = summarize(path, progress=sys.stderr.isatty(), jobs=jobs)
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof summary: {exc}", file=sys.stderr)
         return 1
@@ -48,28 +86,33 @@ def run_summary(
         print(json.dumps(doc, indent=1))
     else:
         print("\n\n".join(s.render(top=top, sort=sort) for s in runs.values()))
+    ok = True
     if html:
-        write_html(runs, html, top=top, sort=sort)
-        print(f"HTML report: {html}", file=sys.stderr)
+        ok = _written(html, lambda out: write_html(runs, out, top=top, sort=sort), "summary", "HTML report")
     if stacks:
         for name, s in runs.items():
-            out = s.export_stacks(_per_run(stacks, name, len(runs) > 1))
-            print(f"folded stacks: {out}", file=sys.stderr)
-    return 0
+            ok &= _written(_per_run(stacks, name, len(runs) > 1), s.export_stacks, "summary", "folded stacks")
+    return 0 if ok else 1
 
 
 def run_diff(
     a: str, b: str, *, as_json: bool = False, html: Path | None = None, top: int = 10, confidence: float = 0.95,
-    seed: int = 0,
+    seed: int = 0, jobs: int = 1,
 ) -> int:
     """Run `kprof diff`; returns the exit status."""
+    from .diff_inputs import load
+    from .tracediff import diff
+
+    bad = _bad_output(html, "--html")
+    if bad:
+        print(f"kprof diff: {bad}", file=sys.stderr)
+        return 2
     try:
-        result = diff(a, b, confidence=confidence, seed=seed)
+        result = diff(*load(a, b, jobs=jobs, progress=sys.stderr.isatty()), confidence=confidence, seed=seed)
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof diff: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result.to_dict(), indent=1) if as_json else result.render(top=top))
-    if html:
-        result.to_html(html, top=max(top, 30))
-        print(f"HTML report: {html}", file=sys.stderr)
+    if html and not _written(html, lambda out: result.to_html(out, top=max(top, 30)), "diff", "HTML report"):
+        return 1
     return 0

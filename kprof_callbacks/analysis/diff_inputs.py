@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from . import fmt, perstep
 from .perstep import PerStep
-from .summary import Summary, summarize
+from .summary import Summary, runs_of, summarize_runs
 
 SELECTION = re.compile(r"^(?P<path>.*)@steps=(?P<spec>[^@/]*)$")
 MAX_STEPS = 100_000  # in one selection: more than any trace holds; a typo such as 2-2000000000 fails at once
@@ -61,22 +62,25 @@ def _parse(x: Source, label: str) -> Input:
     return Input(text, path, steps)
 
 
-def load(a: Source, b: Source) -> list[Input]:
+def load(a: Source, b: Source, *, jobs: int = 1, progress: bool | Callable[[int, int], None] = False) -> list[Input]:
     """Check both sides (before reading anything), then summarize each distinct path once (two selections of one
-    run share one Summary)."""
+    run share one Summary), both sides' files together (``jobs``, ``progress``: as for `summarize`)."""
     sides = [_parse(a, "a"), _parse(b, "b")]
-    done: dict[Path, Summary] = {}
+    paths = {side.path.resolve(): side.path for side in sides if side.summary is None}
+    runs = []
+    for path in paths.values():
+        many, found = runs_of(path)
+        if many:
+            raise ValueError(f"{path} holds {len(found)} runs ({', '.join(list(found)[:5])}): "
+                             "diff one run folder or trace file against another")
+        runs += found.items()
+    done = dict(zip(paths, summarize_runs(runs, progress=progress, jobs=jobs)))
     for side in sides:
-        if side.summary is not None:
-            continue
-        key = side.path.resolve()
-        if key not in done:
-            result = summarize(side.path)
-            if isinstance(result, dict):
-                raise ValueError(f"{side.path} holds {len(result)} runs ({', '.join(list(result)[:5])}): "
-                                 "diff one run folder or trace file against another")
-            done[key] = result
-        side.summary = done[key]
+        if side.summary is None:
+            result = done[side.path.resolve()]
+            if isinstance(result, ValueError):
+                raise result
+            side.summary = result
     return sides
 
 

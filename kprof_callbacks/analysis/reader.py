@@ -1,22 +1,36 @@
-"""Decode torch.profiler trace files, fast (``layout`` says which files are traces).
+"""Decode torch.profiler trace files into columns: fast, and holding one chunk's objects at a time, not the file's.
 
-msgspec decodes straight into typed Structs that declare only the fields the analysis
-uses; everything else in the file (flows, kernel launch parameters, metadata) is skipped
-by the decoder without building Python objects. Files still being written (`*.partial`)
-are never read.
+msgspec decodes straight into typed Structs that declare only the fields the analysis uses; everything else in the
+file (flows, kernel launch parameters, metadata) is skipped by the decoder without building Python objects. The
+decoded events become numpy columns (`Columns`) a chunk at a time: torch writes each event of ``traceEvents`` as a
+block of its own (``  {`` ... ``  }``), so the file is cut between blocks into `Piece`s of about ``CHUNK_BYTES``,
+each decoded alone (also in a worker process: a piece names a byte range of the file, not its bytes). A file laid
+out otherwise, or one that a cut makes undecodable, is decoded whole, which also words the error of a broken file.
+Files still being written (`*.partial`) are never read.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
 import zlib
+from collections.abc import Callable
+from itertools import compress, repeat
+from operator import attrgetter
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, BinaryIO
 
 import msgspec
+import numpy as np
 
 from ..layout import rank_of, worker_of
+
+CHUNK_BYTES = 8 << 20  # a piece: ~40 MB of decoded objects at the most, ~0.05 s of work
+_HEAD_BYTES = 1 << 20  # "traceEvents" must open within this many bytes for the file to be cut into pieces
+_ARRAY = b'"traceEvents": ['
+_BETWEEN = b"},\n  {"  # two neighbouring events, as torch writes them (a raw newline is never inside a string)
+_ARRAY_END = b"\n  ]"
 
 _NO_RAW = msgspec.Raw()
 # Ids and byte counts become numpy int64 columns: a value outside int64 makes the file unusable, said by the decoder.
@@ -49,7 +63,7 @@ _NO_ARGS = Args()
 
 
 class Event(msgspec.Struct, frozen=True, gc=False):
-    """One Chrome-trace event: `X` complete events, `i` instants (`[memory]`)."""
+    """One Chrome-trace event: `X` complete events, `i` instants (`[memory]`), `M` metadata."""
 
     ph: str = ""
     name: str = ""
@@ -72,51 +86,381 @@ class _Trace(msgspec.Struct):
     distributedInfo: _DistributedInfo | None = None  # noqa: N815
 
 
-_DECODER = msgspec.json.Decoder(_Trace | list[Event])  # a list: legacy autograd-profiler chrome trace
+class _Around(msgspec.Struct):
+    """The keys before and after ``traceEvents``, decoded on their own when the file is cut into pieces."""
+
+    distributedInfo: _DistributedInfo | None = None  # noqa: N815
+
+
+_WHOLE = msgspec.json.Decoder(_Trace | list[Event])  # a list: legacy autograd-profiler chrome trace
+_PIECE = msgspec.json.Decoder(list[Event])
+_AROUND = msgspec.json.Decoder(_Around)
 
 
 class TraceError(ValueError):
     """A file that cannot be summarized; the message is one line saying why."""
 
 
+class Uncut(Exception):
+    """A piece did not decode on its own: the file is decoded whole instead (which says what is wrong with it)."""
+
+
+class _Interner(dict):
+    """Value -> dense int id, in order of first appearance."""
+
+    def __missing__(self, key: object) -> int:
+        self[key] = value = len(self)
+        return value
+
+
 @dataclasses.dataclass
-class TraceFile:
-    """A decoded trace: its events plus who wrote it (worker name, rank when distributed)."""
+class Columns:
+    """A trace's `X` and `i` events in file order, one array per field; strings are ids into the tables.
+
+    Times are integer ns (the trace stores microseconds with three decimals), so nesting tests are exact.
+    ``ext``/``dims`` hold the current spelling of their field when any event of the piece has it, else the older
+    one (``new_ext``/``new_dims`` say which), as older torch versions wrote them.
+    """
+
+    instant: np.ndarray  # bool: an `i` event (else `X`)
+    name: np.ndarray  # int32 -> names
+    cat: np.ndarray  # int32 -> cats
+    lane: np.ndarray  # int32 -> lanes
+    start: np.ndarray  # int64 ns
+    end: np.ndarray
+    ext: np.ndarray  # int64 external id, -1 if none
+    corr: np.ndarray  # int64 correlation id, -1 if none
+    dims: np.ndarray  # int32 -> dims_table; 0 (b"") where input shapes were not recorded
+    copy_bytes: np.ndarray  # int64 size of a copy or set
+    mem_bytes: np.ndarray  # int64: `[memory]` instants' allocation (+) or free (-)
+    mem_device: np.ndarray  # int64 c10::DeviceType
+    mem_total: np.ndarray  # int64 total allocated after the event
+    mem_addr: np.ndarray  # int64 address of the block, which pairs an allocation with its free
+    collective: np.ndarray  # int32 -> names: the c10d collective a GPU kernel runs (NCCL's), -1 where none is said
+    names: list[str]
+    cats: list[str]
+    lanes: list[tuple[int | str, int | str]]  # (pid, tid): a host thread or a (device, stream)
+    dims_table: list[bytes]  # raw JSON of each distinct input-shape list
+    thread_labels: list[tuple[int | str, str]]  # (tid, label) of each `thread_name` metadata event, in order
+    new_ext: bool
+    new_dims: bool
+    distributed: _DistributedInfo | None = None  # the file's distributedInfo, when a whole file was decoded
+
+    def __len__(self) -> int:
+        return int(self.start.size)
+
+
+_PH = attrgetter("ph")
+_FIELDS = {f: attrgetter(f) for f in ("name", "cat", "pid", "tid", "ts", "dur")}
+_ARGS = {f: attrgetter(f"args.{f}") for f in ("external_id", "external_id_old", "correlation", "input_dims",
+                                              "input_dims_old", "mem_bytes", "mem_device_type", "total_allocated",
+                                              "addr", "copy_bytes", "collective")}
+_PH_CODE = {"X": 0, "i": 1, "M": 2}
+_OPERATOR_CATEGORIES = ("cpu_op", "operator", "")  # "": pre-kineto traces, which name no category
+
+
+def _column(events: list[Event], getter: attrgetter, dtype: type) -> np.ndarray:
+    return np.fromiter(map(getter, events), dtype, len(events))
+
+
+def _ns(values: np.ndarray) -> np.ndarray:
+    return np.rint(values * 1000.0).astype(np.int64)
+
+
+def _interned(events: list[Event], getter: attrgetter, table: _Interner) -> np.ndarray:
+    return np.fromiter(map(table.__getitem__, map(getter, events)), np.int32, len(events))
+
+
+def _thread_labels(meta: list[Event]) -> list[tuple[int | str, str]]:
+    labels = []
+    for e in meta:
+        if e.name == "thread_name" and e.args.label:
+            label = msgspec.json.decode(e.args.label)
+            if isinstance(label, str) and label.strip():
+                labels.append((e.tid, label.strip()))
+    return labels
+
+
+def columns(events: list[Event]) -> Columns:
+    """The `X` and `i` events of ``events`` as columns (and the thread names their `M` events give)."""
+    ph = np.fromiter(map(_PH_CODE.get, map(_PH, events), repeat(3)), np.int8, len(events))
+    meta = list(compress(events, (ph == 2).tolist()))
+    timed = ph <= 1
+    if not timed.all():
+        events, ph = list(compress(events, timed.tolist())), ph[timed]
+    instant = ph == 1
+    cats, lanes, dims = _Interner(), _Interner(), _Interner({b"": 0})
+    cat = _interned(events, _FIELDS["cat"], cats)
+    start = _ns(_column(events, _FIELDS["ts"], np.float64))
+    ext = _column(events, _ARGS["external_id"], np.int64)
+    new_ext = bool((ext >= 0).any())
+    if not new_ext:
+        ext = _column(events, _ARGS["external_id_old"], np.int64)
+    # input shapes: recorded on operators only, so only their events are looked at
+    ops = np.isin(cat, [k for k, c in enumerate(cats) if c.lower() in _OPERATOR_CATEGORIES])
+    shaped = list(compress(events, ops.tolist()))
+    dims_ids = np.zeros(len(events), np.int32)
+    dims_ids[ops] = np.fromiter(map(dims.__getitem__, map(bytes, map(_ARGS["input_dims"], shaped))), np.int32,
+                                len(shaped))
+    new_dims = len(dims) > 1
+    if not new_dims:
+        dims_ids[ops] = np.fromiter(map(dims.__getitem__, map(bytes, map(_ARGS["input_dims_old"], shaped))),
+                                    np.int32, len(shaped))
+    lane = np.fromiter(map(lanes.__getitem__, zip(map(_FIELDS["pid"], events), map(_FIELDS["tid"], events))),
+                       np.int32, len(events))
+    mem = {f: np.zeros(len(events), np.int64) for f in ("mem_bytes", "mem_device_type", "total_allocated", "addr")}
+    if instant.any():
+        rows = np.flatnonzero(instant)
+        picked = list(compress(events, instant.tolist()))
+        for f, column in mem.items():
+            column[rows] = _column(picked, _ARGS[f], np.int64)
+    names = _Interner()
+    collective = np.full(len(events), -1, np.int32)
+    kernels = np.isin(cat, [k for k, c in enumerate(cats) if c.lower() == "kernel"])
+    if kernels.any():  # only kernels name a collective: the other events are not looked at
+        said = list(map(_ARGS["collective"], compress(events, kernels.tolist())))
+        collective[kernels] = np.fromiter((names[c] if c else -1 for c in said), np.int32, len(said))
+    return Columns(
+        instant=instant, name=_interned(events, _FIELDS["name"], names), cat=cat,
+        lane=lane, start=start, end=start + _ns(_column(events, _FIELDS["dur"], np.float64)), ext=ext,
+        corr=_column(events, _ARGS["correlation"], np.int64), dims=dims_ids,
+        copy_bytes=_column(events, _ARGS["copy_bytes"], np.int64), mem_bytes=mem["mem_bytes"],
+        mem_device=mem["mem_device_type"], mem_total=mem["total_allocated"], mem_addr=mem["addr"],
+        collective=collective, names=list(names), cats=list(cats),
+        lanes=list(lanes), dims_table=list(dims), thread_labels=_thread_labels(meta), new_ext=new_ext,
+        new_dims=new_dims,
+    )
+
+
+def _remap(ids: np.ndarray, local: list, table: _Interner) -> np.ndarray:
+    """Ids into ``local`` as ids into the merged ``table``."""
+    return np.fromiter(map(table.__getitem__, local), np.int32, len(local))[ids] if local else ids
+
+
+def merge(parts: list[Columns]) -> Columns:
+    """One file's pieces, in order, as one `Columns`."""
+    if len(parts) == 1:
+        return parts[0]
+    names, cats, lanes, dims = _Interner(), _Interner(), _Interner(), _Interner({b"": 0})
+    new_ext, new_dims = any(p.new_ext for p in parts), any(p.new_dims for p in parts)
+
+    def joined(field: str, table: _Interner | None = None, local: str = "") -> np.ndarray:
+        arrays = [getattr(p, field) for p in parts]
+        if table is not None:
+            arrays = [_remap(a, getattr(p, local), table) for a, p in zip(arrays, parts)]
+        return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+
+    ext = np.concatenate([p.ext if p.new_ext == new_ext else np.full(len(p), -1, np.int64) for p in parts])
+    collective = np.concatenate([np.where(p.collective >= 0, _remap(np.maximum(p.collective, 0), p.names, names), -1)
+                                 for p in parts])
+    dim_ids = np.concatenate([_remap(p.dims, p.dims_table, dims) if p.new_dims == new_dims
+                              else np.zeros(len(p), np.int32) for p in parts])
+    return Columns(
+        instant=joined("instant"), name=joined("name", names, "names"), cat=joined("cat", cats, "cats"),
+        lane=joined("lane", lanes, "lanes"), start=joined("start"), end=joined("end"), ext=ext, corr=joined("corr"),
+        dims=dim_ids, copy_bytes=joined("copy_bytes"), mem_bytes=joined("mem_bytes"),
+        mem_device=joined("mem_device"), mem_total=joined("mem_total"), mem_addr=joined("mem_addr"),
+        collective=collective, names=list(names), cats=list(cats),
+        lanes=list(lanes), dims_table=list(dims), thread_labels=[t for p in parts for t in p.thread_labels],
+        new_ext=new_ext, new_dims=new_dims, distributed=next((p.distributed for p in parts if p.distributed), None),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """Whole events of a file's ``traceEvents``: bytes [lo, hi) of the file at ``path`` (or ``data``, cut from a
+    decompressed file), without the brackets and the commas at its ends; with ``whole``, the whole file."""
 
     path: Path
-    worker: str
-    rank: int | None
-    world_size: int | None
-    events: list[Event]
+    lo: int
+    hi: int
+    data: bytes | None = None
+    whole: bool = False
+    weight: int = 0  # bytes of the file on disk it stands for (progress): the pieces of a file add up to its size
+
+    @property
+    def size(self) -> int:
+        return self.hi - self.lo
+
+    def decode(self) -> Columns:
+        """The piece's events as columns (Uncut when a cut piece does not decode on its own; TraceError when the
+        whole file is not a usable trace)."""
+        if self.whole:
+            return decode_whole(self.path)
+        if self.data is None:
+            with self.path.open("rb") as f:
+                f.seek(self.lo)
+                text = f.read(self.size)
+        else:
+            text = self.data
+        try:
+            return columns(_PIECE.decode(b"[" + text + b"]"))
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise Uncut(str(exc)) from exc
 
 
-def read_trace(path: Path) -> TraceFile:
-    """Decode one trace file; raise TraceError with a one-line reason if it is not a usable trace."""
+@dataclasses.dataclass
+class Plan:
+    """How to read one trace file: its pieces (one whole-file piece when it cannot be cut)."""
+
+    path: Path
+    size: int  # bytes of the file on disk
+    pieces: list[Piece]
+    distributed: _DistributedInfo | None = None
+
+    def whole(self) -> Piece:
+        """The file as one piece, decoded in one go."""
+        return Piece(self.path, 0, self.size, whole=True, weight=self.size)
+
+
+def plan(path: Path) -> Plan:
+    """Cut ``path`` into pieces of about CHUNK_BYTES: found by peeking at a few places, never read whole (a gzipped
+    file is decompressed first). TraceError when the file cannot be read at all."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            data = _gunzip(path.read_bytes()) if f.read(2) == b"\x1f\x8b" else None
+            cut = _cut(f, size) if data is None else _cut(io.BytesIO(data), len(data))
+    except OSError as exc:
+        raise TraceError(f"cannot read: {exc.strerror or exc}") from exc
+    found = Plan(path, size, [])
+    if cut is None:
+        found.pieces.append(found.whole())
+        return found
+    found.distributed, ranges = cut
+    cut_bytes = max(1, sum(hi - lo for lo, hi in ranges))
+    weights = [size * (hi - lo) // cut_bytes for lo, hi in ranges]
+    if weights:
+        weights[-1] += size - sum(weights)
+    found.pieces += [Piece(path, lo, hi, None if data is None else data[lo:hi], weight=w)
+                     for (lo, hi), w in zip(ranges, weights)]
+    return found
+
+
+def _cut(f: BinaryIO, size: int) -> tuple[_DistributedInfo | None, list[tuple[int, int]]] | None:
+    """The byte ranges of whole events in ``f``'s ``traceEvents`` array, and the keys around it; None unless the
+    file is laid out as torch writes it."""
+    f.seek(0)
+    head = f.read(min(size, _HEAD_BYTES))
+    at = head.find(_ARRAY)
+    if at < 0:
+        return None
+    first = at + len(_ARRAY)
+    f.seek(max(first, size - _HEAD_BYTES))
+    tail_at = f.tell()
+    tail = f.read()
+    end = tail.rfind(_ARRAY_END)
+    if end < 0:
+        return None
+    last = tail_at + end
+    after = tail[end + len(_ARRAY_END):].strip()
+    try:
+        around = _AROUND.decode(head[:at] + b'"traceEvents": []}')
+        if after != b"}":
+            if not after.startswith(b","):
+                return None
+            around_after = _AROUND.decode(b"{" + after[1:])
+            around.distributedInfo = around.distributedInfo or around_after.distributedInfo
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    ranges, lo = [], first
+    while last - lo > CHUNK_BYTES:
+        cut = _find(f, _BETWEEN, lo + CHUNK_BYTES, last)
+        if cut < 0:
+            break
+        ranges.append((lo, cut + 1))
+        lo = cut + 2
+    if last > lo:
+        ranges.append((lo, last))
+    return around.distributedInfo, ranges
+
+
+def _find(f: BinaryIO, needle: bytes, start: int, stop: int, window: int = 1 << 20) -> int:
+    """The first offset of ``needle`` in ``f`` within [start, stop), or -1."""
+    while start < stop:
+        f.seek(start)
+        block = f.read(min(window, stop - start) + len(needle) - 1)
+        found = block.find(needle)
+        if found >= 0 and start + found + len(needle) <= stop:
+            return start + found
+        start += window
+    return -1
+
+
+def _gunzip(data: bytes) -> bytes:
+    try:
+        return gzip.decompress(data)
+    except (EOFError, OSError, zlib.error) as exc:
+        raise TraceError(f"truncated or corrupt gzip data ({exc})") from exc
+
+
+def decode_whole(path: Path) -> Columns:
+    """Decode the file in one go; TraceError with a one-line reason if it is not a usable trace."""
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise TraceError(f"cannot read: {exc.strerror or exc}") from exc
     if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise TraceError(f"truncated or corrupt gzip data ({exc})") from exc
+        data = _gunzip(data)
     if not data or data.isspace():
         raise TraceError("empty file")
     try:
-        doc = _DECODER.decode(data)
+        doc = _WHOLE.decode(data)
     except msgspec.ValidationError as exc:  # valid JSON, not the trace schema (a DecodeError subclass: first)
         raise TraceError(f"not a torch.profiler trace ({exc})") from exc
     except msgspec.DecodeError as exc:
         raise TraceError(f"truncated or corrupt JSON ({exc})") from exc
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"not UTF-8: byte {data[exc.start]:#04x} at offset {exc.start} (a name written unescaped?)")
+    except UnicodeDecodeError:
+        raise TraceError(_not_utf8(data)) from None
     events = doc if isinstance(doc, list) else doc.traceEvents
     if events is None:
         raise TraceError("not a torch.profiler trace (no 'traceEvents')")
-    if not any(e.ph == "X" for e in events):
+    decoded = columns(events)
+    decoded.distributed = None if isinstance(doc, list) else doc.distributedInfo
+    return decoded
+
+
+def _not_utf8(data: bytes) -> str:
+    """Where the file stops being UTF-8 (the decoder's own offset counts from the start of one string)."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8: byte {data[exc.start]:#04x} at offset {exc.start} (a name written unescaped?)"
+    return "not UTF-8"
+
+
+@dataclasses.dataclass
+class TraceFile:
+    """A decoded trace: its events as columns plus who wrote it (worker name, rank when distributed)."""
+
+    path: Path
+    worker: str
+    rank: int | None
+    world_size: int | None
+    columns: Columns
+
+
+def trace_file(path: Path, parts: list[Columns], info: _DistributedInfo | None = None) -> TraceFile:
+    """The decoded pieces of ``path``, in order, as a TraceFile; TraceError when they hold no timed event."""
+    merged = merge(parts) if parts else columns([])
+    if merged.instant.all():
         raise TraceError("no timed events in the trace (profiler recorded nothing)")
-    info = None if isinstance(doc, list) else doc.distributedInfo
+    info = info or merged.distributed
     worker = worker_of(path)
     rank = info.rank if info is not None and info.rank is not None else rank_of(worker)
-    return TraceFile(path, worker, rank, info.world_size if info else None, events)
+    return TraceFile(path, worker, rank, info.world_size if info else None, merged)
+
+
+def read_trace(path: Path, progress: Callable[[int], None] | None = None) -> TraceFile:
+    """Decode one trace file, a piece at a time (``progress`` gets the file bytes of each piece done); raise
+    TraceError with a one-line reason if it is not usable."""
+    found = plan(path)
+    parts = []
+    try:
+        for piece in found.pieces:
+            parts.append(piece.decode())
+            if progress is not None:
+                progress(piece.weight)
+    except Uncut:
+        parts = [found.whole().decode()]
+    return trace_file(path, parts, found.distributed)

@@ -14,12 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from ..layout import worker_of
 from . import steps
-from .reader import Event, TraceFile, read_trace
+from .reader import TraceFile, read_trace
 from .timeline import RUNTIME, build, is_step_name, match
 from .tree import nest
 
@@ -101,7 +100,7 @@ class TraceSlices:
         self.names, self.shapes = tl.names, tl.shapes
         is_step = np.isin(host.name, [k for k, n in enumerate(tl.names) if is_step_name(n)])
 
-        thread_names = _thread_names(trace.events)
+        thread_names = _thread_names(trace.columns.thread_labels)
         thread_order = _lane_order(thread, host.start, len(tids), first=np.unique(thread[is_step]))
         stream_order = _lane_order(dev.stream, dev.start, len(tl.streams))
         self.lane_names = [(thread_names.get(tids[t], f"thread {tids[t]}"), "thread") for t in thread_order]
@@ -220,13 +219,11 @@ def _stream_rows(stream: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.n
     return rows
 
 
-def _thread_names(events: list[Event]) -> dict[int | str, str]:
+def _thread_names(labels: list[tuple[int | str, str]]) -> dict[int | str, str]:
     """Thread id -> the name the trace's `thread_name` metadata gives it, the most telling one when several do
     ("thread 451 (pt_autograd_0)" over "thread 451 (python3)")."""
     names: dict[int | str, str] = {}
-    for e in events:
-        if e.ph == "M" and e.name == "thread_name" and e.args.label:
-            label = msgspec.json.decode(e.args.label)
-            if isinstance(label, str) and label.strip() and "(python" in names.get(e.tid, "(python"):
-                names[e.tid] = label.strip()
+    for tid, label in labels:
+        if "(python" in names.get(tid, "(python"):
+            names[tid] = label
     return names

@@ -7,31 +7,32 @@ merged, with one entry per rank (or worker) for the multi-rank view.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
 from .. import layout
-from . import comm, diagnostics, html, ops, perstep, ranks, report, stacks, steps, trends
-from .reader import TraceError, TraceFile, read_trace
+from . import comm, diagnostics, html, ops, perstep, ranks, reader, report, stacks, steps, trends
+from .reader import TraceError, TraceFile
 from .series import Series, read_series
-from .tables import (CommStats, Diagnostic, FsdpStep, KernelStats, LabelStats, OpStats, Problem, RankStats, StepSkew,
-                     StepStats)
+from .tables import (SORT_KEYS, CommStats, Diagnostic, FsdpStep, KernelStats, LabelStats, OpStats, Problem, RankStats,
+                     StepSkew, StepStats)
 from .timeline import PYTHON, build
 from .tree import nest
+from .workers import WorkerError, Workers
 
 if TYPE_CHECKING:
     import pandas
 
 log = logging.getLogger(__name__)
-
-SORT_KEYS = ("cuda", "cpu", "memory")
 
 
 @dataclasses.dataclass(eq=False)
@@ -183,37 +184,142 @@ def _analyze(trace: TraceFile) -> _FileResult:
     )
 
 
-def _with_progress(paths: list[Path], progress: bool, desc: str) -> Iterator[Path]:
-    if not progress:
-        yield from paths
-        return
+PROGRESS_BYTES = 100 << 20  # runs bigger than this show a progress bar (summarize(progress=True), kprof summary)
+_POOL_BYTES = 2 * reader.CHUNK_BYTES  # smaller runs are read in this process: starting workers would cost more
+
+
+class _Progress:
+    """Bytes read so far, reported to a callback ``(done, total)`` or as a tqdm bar on stderr (a run over
+    PROGRESS_BYTES); thread-safe (worker results arrive on their own threads)."""
+
+    def __init__(self, progress: bool | Callable[[int, int], None], total: int, label: str) -> None:
+        self.total, self.done = total, 0
+        self._lock = threading.Lock()
+        self._callback = progress if callable(progress) else None
+        self._bar = None
+        if progress is True and total > PROGRESS_BYTES:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr)
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+            if self._bar is not None:
+                self._bar.update(n)
+            if self._callback is not None:
+                self._callback(self.done, self.total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _guarded(path: Path, work: Callable[[], _FileResult]) -> _FileResult | Problem:
+    """``work()``, or the Problem that says why the file could not be used."""
     try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm ships with lightning; fall back to a counter on stderr
-        for i, p in enumerate(paths, 1):
-            print(f"\r{desc}: {i}/{len(paths)} {p.name}", end="", file=sys.stderr, flush=True)
-            yield p
-        print(file=sys.stderr)
-        return
-    yield from tqdm(paths, desc=desc, unit="file", file=sys.stderr)
+        return work()
+    except (TraceError, WorkerError) as exc:
+        return Problem(path, str(exc))
+    except Exception as exc:  # a file no check foresaw: it is a problem of that file, never of the whole run
+        log.debug("analyzing %s failed", path, exc_info=True)
+        return Problem(path, f"could not be analyzed ({type(exc).__name__}: {exc}); please report it")
 
 
-def summarize_contents(name: str, found: layout.RunContents, progress: bool = False) -> Summary:
-    """One Summary of the files ``found`` lists, for a caller that listed (and vetted) a run folder itself."""
-    problems = [Problem(p, f"skipped, still being written (*{layout.PARTIAL})") for p in found.partial]
-    results: list[_FileResult] = []
-    files: list[Path] = []
-    for path in _with_progress(found.traces, progress, f"summarizing {name}"):
+def _read_here(path: Path, progress: _Progress) -> _FileResult:
+    return _analyze(reader.read_trace(path, progress.add))
+
+
+def _read_in(workers: Workers, path: Path, progress: _Progress) -> Callable[[], TraceFile]:
+    """Start decoding ``path``'s pieces in the workers; returns the call that waits for them and merges them."""
+    found = reader.plan(path)
+    futures = []
+    for piece in found.pieces:
+        futures.append(workers.submit(reader.Piece.decode, piece))
+        futures[-1].add_done_callback(lambda _, weight=piece.weight: progress.add(weight))
+
+    def merged() -> TraceFile:
+        workers.wait(futures)
         try:
-            results.append(_analyze(read_trace(path)))
-        except TraceError as exc:
-            problems.append(Problem(path, str(exc)))
-            continue
-        except Exception as exc:  # a file no check foresaw: it is a problem of that file, never of the whole run
-            log.debug("analyzing %s failed", path, exc_info=True)
-            problems.append(Problem(path, f"could not be analyzed ({type(exc).__name__}: {exc}); please report it"))
-            continue
-        files.append(path)
+            parts = [f.result() for f in futures]
+        except reader.Uncut:
+            parts = [found.whole().decode()]
+        return reader.trace_file(path, parts, found.distributed)
+
+    return merged
+
+
+def _analyze_files(paths: list[Path], workers: Workers | None, progress: _Progress) -> list[_FileResult | Problem]:
+    """Each file's analysis, or the Problem that kept it out. With workers, every file's pieces are decoded in
+    parallel; then each file is analyzed (in a worker when there are several files) as soon as its pieces are in."""
+    if workers is None:
+        return [_guarded(path, lambda path=path: _read_here(path, progress)) for path in paths]
+    reads = {path: _guarded(path, lambda path=path: _read_in(workers, path, progress)) for path in paths}
+    if len(paths) == 1:
+        (path, read), = reads.items()
+        return [read if isinstance(read, Problem) else _guarded(path, lambda: _analyze(read()))]
+    analyses = {path: read if isinstance(read, Problem) else _guarded(path, lambda read=read: workers.submit(
+        _analyze, read())) for path, read in reads.items()}
+    workers.wait(a for a in analyses.values() if not isinstance(a, Problem))
+    return [a if isinstance(a, Problem) else _guarded(path, a.result) for path, a in analyses.items()]
+
+
+@contextlib.contextmanager
+def _workers(jobs: int, paths: list[Path]) -> Iterator[Workers | None]:
+    """Worker processes for reading ``paths``, or None when one process does it faster."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    total = sum(_size(p) for p in paths)
+    jobs = min(jobs, total // reader.CHUNK_BYTES + 1)
+    if jobs == 1 or total < _POOL_BYTES:
+        yield None
+        return
+    with Workers(jobs) as workers:
+        yield workers
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def summarize_runs(runs: list[tuple[str, layout.RunContents]], *,
+                   progress: bool | Callable[[int, int], None] = False, jobs: int = 1) -> list[Summary | ValueError]:
+    """One Summary per (name, files) pair, in order, all runs' files read together: ``jobs`` worker processes decode
+    and analyze them in parallel. A run with nothing readable gives the ValueError that says why."""
+    paths = [p for _, found in runs for p in found.traces]
+    meter = _Progress(progress, sum(_size(p) for p in paths), f"summarizing {', '.join(n for n, _ in runs)}"[:60])
+    try:
+        with _workers(jobs, paths) as workers:
+            results = dict(zip(paths, _analyze_files(paths, workers, meter)))
+    finally:
+        meter.close()
+    out: list[Summary | ValueError] = []
+    for name, found in runs:
+        try:
+            out.append(_assemble(name, found, [results[p] for p in found.traces]))
+        except ValueError as exc:
+            out.append(exc)
+    return out
+
+
+def summarize_contents(name: str, found: layout.RunContents, progress: bool | Callable[[int, int], None] = False,
+                       jobs: int = 1) -> Summary:
+    """One Summary of the files ``found`` lists, for a caller that listed (and vetted) a run folder itself."""
+    (result,) = summarize_runs([(name, found)], progress=progress, jobs=jobs)
+    if isinstance(result, ValueError):
+        raise result
+    return result
+
+
+def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult | Problem]) -> Summary:
+    """The run's Summary from its files' analyses; ValueError when none could be read."""
+    problems = [Problem(p, f"skipped, still being written (*{layout.PARTIAL})") for p in found.partial]
+    problems += [r for r in analyzed if isinstance(r, Problem)]
+    results = [r for r in analyzed if not isinstance(r, Problem)]
+    files = [p for p, r in zip(found.traces, analyzed) if not isinstance(r, Problem)]
     for problem in problems:
         log.warning("%s", problem)
     if not results:
@@ -261,35 +367,49 @@ def summarize_contents(name: str, found: layout.RunContents, progress: bool = Fa
     )
 
 
-def summarize(path: str | Path, *, progress: bool = False) -> Summary | dict[str, Summary]:
-    """Summarize torch.profiler traces on disk.
-
-    `path` is a trace file, a run folder (trace files directly inside: one Summary, with a
-    row per rank when several processes wrote traces), or a logdir whose subfolders are
-    runs (a dict run name -> Summary). Unreadable files become lines in `Summary.problems`;
-    a missing path raises FileNotFoundError, and nothing readable at all raises ValueError.
-    """
+def runs_of(path: str | Path) -> tuple[bool, dict[str, layout.RunContents]]:
+    """What ``path`` names: (whether it is a logdir of runs, its runs by name). FileNotFoundError for a missing path,
+    ValueError for one that holds no trace file or is no file or folder at all."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a trace file, run folder or logdir (str or Path), got {type(path).__name__}")
     root = Path(path)
     if not root.exists():
         raise FileNotFoundError(f"no such trace file or folder: {root}")
     if root.is_file():
-        found = layout.RunContents([root], [], layout.contents(root.parent).snapshots, None)
-        return summarize_contents(root.name, found, progress)
+        return False, {root.name: layout.RunContents([root], [], layout.contents(root.parent).snapshots, None)}
+    if not root.is_dir():
+        raise ValueError(f"{root} is neither a trace file nor a folder")
     runs = {} if layout.contents(root).is_run else layout.find_runs(root)
     if not runs:  # a run folder; without *.pt.trace.json files, any *.json[.gz] (export_chrome_trace names)
         found = layout.contents(root, any_json=True)
         if not found.is_run:
             raise ValueError(f"no trace files ({', '.join('*' + s for s in layout.TRACE_SUFFIXES)}) in {root}")
-        return summarize_contents(root.resolve().name, found, progress)
-    out, failures = {}, []
-    for name, folder in runs.items():
-        try:
-            out[name] = summarize_contents(name, layout.contents(folder), progress)
-        except ValueError as exc:
-            failures.append(str(exc))
-            log.warning("%s", exc)
+        return False, {root.resolve().name: found}
+    return True, {name: layout.contents(folder) for name, folder in runs.items()}
+
+
+def summarize(path: str | Path, *, progress: bool | Callable[[int, int], None] = False,
+              jobs: int = 1) -> Summary | dict[str, Summary]:
+    """Summarize torch.profiler traces on disk.
+
+    `path` is a trace file, a run folder (trace files directly inside: one Summary, with a
+    row per rank when several processes wrote traces), or a logdir whose subfolders are
+    runs (a dict run name -> Summary). Unreadable files become lines in `Summary.problems`;
+    a missing path raises FileNotFoundError, and nothing readable at all raises ValueError.
+    `jobs` > 1 reads big runs in that many worker processes (fresh interpreters, never forks of this one);
+    `progress=True` shows a bar on stderr for runs over 100 MB, a callable gets (bytes done, bytes in all).
+    """
+    many, runs = runs_of(path)
+    results = summarize_runs(list(runs.items()), progress=progress, jobs=jobs)
+    if not many:
+        (result,) = results
+        if isinstance(result, ValueError):
+            raise result
+        return result
+    out = {name: r for name, r in zip(runs, results) if not isinstance(r, ValueError)}
+    for failure in results:
+        if isinstance(failure, ValueError):
+            log.warning("%s", failure)
     if not out:
-        raise ValueError("; ".join(failures))
+        raise ValueError("; ".join(map(str, results)))
     return out

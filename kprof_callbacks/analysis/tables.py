@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+SORT_KEYS = ("cuda", "cpu", "memory")  # what the operator table can be sorted by: self CUDA time, self CPU time, memory
+
 
 @dataclasses.dataclass(frozen=True)
 class StepStats:

@@ -1,22 +1,18 @@
-"""A decoded trace as numpy columns: host events, device events, memory records, steps.
+"""A decoded trace sorted into host events, device events, memory records and steps, as numpy columns.
 
-Times are integer nanoseconds (the trace stores microseconds with three decimals), so
-nesting tests (`child.end <= parent.end`) are exact, as in torch's own event tree.
-Categories are matched case-insensitively with the names of older torch versions
-(`Operator`, `Runtime`, `Kernel`, ...), as torch-tb-profiler does. Columns are pulled
-out of the decoded events with C-level `map`/`attrgetter` and filtered with numpy masks:
-no per-event Python code runs here.
+Categories are matched case-insensitively with the names of older torch versions (`Operator`, `Runtime`, `Kernel`,
+...), as torch-tb-profiler does. Everything works on the reader's columns: the per-category and per-name decisions
+are made once per distinct category or name, and applied with numpy masks; no per-event Python code runs here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from operator import attrgetter
 
 import numpy as np
 
-from .reader import Event, TraceError, TraceFile
+from .reader import Columns, TraceError, TraceFile
 
 # host event kinds
 OP, ANNOTATION, PYTHON, RUNTIME = 0, 1, 2, 3
@@ -35,13 +31,6 @@ _HIDDEN = ("profiler::_record_function_enter", "profiler::_record_function_enter
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 CPU_MEMORY = (0, 12, 13)  # c10::DeviceType CPU, MKLDNN, IDEEP: key_averages' "CPU Mem"
 CUDA_MEMORY = (1, 6)  # CUDA, HIP: key_averages' "CUDA Mem"
-
-_PH, _NAME, _CAT, _PID, _TID, _TS, _DUR = (attrgetter(f) for f in ("ph", "name", "cat", "pid", "tid", "ts", "dur"))
-_EXT, _EXT_OLD, _CORR = (attrgetter(f"args.{f}") for f in ("external_id", "external_id_old", "correlation"))
-_DIMS, _DIMS_OLD, _COPY_BYTES = (attrgetter(f"args.{f}") for f in ("input_dims", "input_dims_old", "copy_bytes"))
-_MEM_BYTES, _MEM_DEVICE, _MEM_TOTAL, _MEM_ADDR = (attrgetter(f"args.{f}") for f in ("mem_bytes", "mem_device_type",
-                                                                                    "total_allocated", "addr"))
-_COLLECTIVE = attrgetter("args.collective")
 
 
 def is_collective_name(name: str) -> bool:
@@ -69,47 +58,21 @@ def match(candidates: np.ndarray, keys: np.ndarray, queries: np.ndarray) -> np.n
     return np.where((sorted_keys[pos] == queries) & (queries >= 0), candidates[pos], -1)
 
 
-class _Interner(dict):
-    """Value -> dense int id, in order of first appearance."""
-
-    def __missing__(self, key: object) -> int:
-        self[key] = value = len(self)
-        return value
-
-
-class _CategoryCodes(dict):
-    """Category string -> code (host kind, _DEVICE_CODE + device kind, _OTHER), case-insensitive."""
-
-    def __missing__(self, cat: str) -> int:
-        low = cat.lower()
-        code = _NO_CATEGORY if not cat else _HOST.get(low, _DEVICE_CODE + _DEVICE[low] if low in _DEVICE else _OTHER)
-        self[cat] = code
-        return code
+def _category_code(cat: str) -> int:
+    """A category's code: host kind, _DEVICE_CODE + device kind, _OTHER (ignored) or _NO_CATEGORY."""
+    low = cat.lower()
+    if not cat:
+        return _NO_CATEGORY
+    return _HOST.get(low, _DEVICE_CODE + _DEVICE[low] if low in _DEVICE else _OTHER)
 
 
-def _column(events: list[Event], getter: attrgetter, dtype: type) -> np.ndarray:
-    return np.fromiter(map(getter, events), dtype, len(events))
-
-
-def _times(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end in integer ns."""
-    start = np.rint(_column(events, _TS, np.float64) * 1000.0).astype(np.int64)
-    return start, start + np.rint(_column(events, _DUR, np.float64) * 1000.0).astype(np.int64)
-
-
-def _ids(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
-    """External ids (new or old spelling) and correlation ids, -1 where absent."""
-    ext = _column(events, _EXT, np.int64)
-    if not (ext >= 0).any():  # torch < 1.9 spelled it "external id"
-        ext = _column(events, _EXT_OLD, np.int64)
-    return ext, _column(events, _CORR, np.int64)
-
-
-def _lanes(events: list[Event]) -> tuple[np.ndarray, list[tuple[int | str, int | str]]]:
-    """Dense ids of (pid, tid), host threads or device streams, and the (pid, tid) of each id."""
-    lanes = _Interner()
-    ids = np.fromiter(map(lanes.__getitem__, zip(map(_PID, events), map(_TID, events))), np.int32, len(events))
-    return ids, list(lanes)
+def _dense(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` renumbered 0, 1, ... in order of first appearance, and the original id of each new one."""
+    unique, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(order.size, np.int32)
+    rank[order] = np.arange(order.size, dtype=np.int32)
+    return rank[inverse.reshape(-1)], unique[order]
 
 
 @dataclasses.dataclass
@@ -167,60 +130,55 @@ class Timeline:
     streams: list[tuple[int | str, int | str]]  # (device, stream) of each Device.stream id
 
 
-def _shapes(events: list[Event], shapes: _Interner) -> np.ndarray:
-    """Input-shape ids per host event (-1 where not recorded); shapes[b""] is id 0."""
-    getter = _DIMS if any(map(len, map(_DIMS, events))) else _DIMS_OLD
-    return np.fromiter(map(shapes.__getitem__, map(bytes, map(getter, events))), np.int32, len(events)) - 1
-
-
-def _codes(events: list[Event], name: np.ndarray, names: _Interner) -> np.ndarray:
-    """Per event: its category code, _OTHER for what the analysis ignores."""
-    categories = _CategoryCodes()
-    code = np.fromiter(map(categories.__getitem__, map(_CAT, events)), np.int8, len(events))
-    code[~np.fromiter(map("X".__eq__, map(_PH, events)), bool, len(events))] = _OTHER
-    for i in np.flatnonzero(code == _NO_CATEGORY).tolist():  # pre-kineto autograd-profiler traces
-        pid = events[i].pid
-        code[i] = _DEVICE_CODE + KERNEL if isinstance(pid, str) and "CUDA" in pid else OP
-    code[np.isin(name, [names[h] for h in _HIDDEN if h in names])] = _OTHER
-    nccl = [k for k, n in enumerate(names) if is_nccl_kernel(n)]
-    code[(code == _DEVICE_CODE + KERNEL) & np.isin(name, nccl)] = _DEVICE_CODE + COMM
+def _codes(c: Columns) -> np.ndarray:
+    """Per event: its category code, _OTHER for what the analysis ignores (instants, hidden ops, other categories)."""
+    by_cat = np.array([_category_code(cat) for cat in c.cats] or [_OTHER], np.int8)
+    code = np.where(c.instant, np.int8(_OTHER), by_cat[c.cat])
+    untyped = np.flatnonzero(code == _NO_CATEGORY)  # pre-kineto autograd-profiler traces
+    if untyped.size:
+        on_gpu = np.array([isinstance(pid, str) and "CUDA" in pid for pid, _ in c.lanes], bool)
+        code[untyped] = np.where(on_gpu[c.lane[untyped]], _DEVICE_CODE + KERNEL, OP)
+    code[np.isin(c.name, [k for k, n in enumerate(c.names) if n in _HIDDEN])] = _OTHER
+    nccl = [k for k, n in enumerate(c.names) if is_nccl_kernel(n)]
+    code[(code == _DEVICE_CODE + KERNEL) & np.isin(c.name, nccl)] = _DEVICE_CODE + COMM
     return code
 
 
+def _shapes(dims: np.ndarray, table: list[bytes]) -> tuple[np.ndarray, list[str]]:
+    """Input-shape ids of host events (-1 where not recorded) and the shape of each id, in order of appearance."""
+    shape = np.full(dims.size, -1, np.int32)
+    recorded = dims > 0
+    shape[recorded], ids = _dense(dims[recorded])
+    return shape, [table[k].decode() for k in ids.tolist()]
+
+
 def build(trace: TraceFile) -> Timeline:
-    """Sort a trace's events into columns."""
-    events = trace.events
-    names, shapes = _Interner(), _Interner({b"": 0})
-    name = np.fromiter(map(names.__getitem__, map(_NAME, events)), np.int32, len(events))
-    code = _codes(events, name, names)
-    memory_id = names.get("[memory]", -1)
+    """Sort a trace's events into host, device and memory columns, and its steps."""
+    c = trace.columns
+    code = _codes(c)
     host_rows = np.flatnonzero((code >= 0) & (code < _DEVICE_CODE))
     device_rows = np.flatnonzero(code >= _DEVICE_CODE)
     if device_rows.size and not host_rows.size:
         raise TraceError("GPU events but no host events: profile with ProfilerActivity.CPU too")
-    memory_rows = np.flatnonzero((name == memory_id) & (code == _OTHER))
-    host, device, memory = ([events[i] for i in rows.tolist()] for rows in (host_rows, device_rows, memory_rows))
+    memory_id = c.names.index("[memory]") if "[memory]" in c.names else -1
+    memory_rows = np.flatnonzero((c.name == memory_id) & c.instant)
 
-    host_ext, host_corr = _ids(host)
-    host_start, host_end = _times(host)
-    device_ext, device_corr = _ids(device)
-    device_start, device_end = _times(device)
-    (threads, thread_keys), (streams, stream_keys) = _lanes(host), _lanes(device)
-    host_columns = Host(name[host_rows], code[host_rows], threads, host_start, host_end, host_ext, host_corr,
-                        _shapes(host, shapes))
-    collective = np.fromiter((names[c] if c else -1 for c in map(_COLLECTIVE, device)), np.int32, len(device))
-    device_columns = Device(name[device_rows], code[device_rows] - _DEVICE_CODE, streams, device_start, device_end,
-                            device_ext, device_corr, _column(device, _COPY_BYTES, np.int64), collective)
-    memory_columns = Memory(_times(memory)[0], _column(memory, _MEM_BYTES, np.int64), _column(memory, _MEM_DEVICE, np.int64),
-                            _column(memory, _MEM_TOTAL, np.int64), _column(memory, _MEM_ADDR, np.int64))
-    table = list(names)
-    step_number = {k: int(m[1]) for k, n in enumerate(table) if (m := _STEP.match(n))}
+    threads, thread_ids = _dense(c.lane[host_rows])
+    streams, stream_ids = _dense(c.lane[device_rows])
+    shape, shape_table = _shapes(c.dims[host_rows], c.dims_table)
+    host = Host(c.name[host_rows], code[host_rows], threads, c.start[host_rows], c.end[host_rows], c.ext[host_rows],
+                c.corr[host_rows], shape)
+    device = Device(c.name[device_rows], code[device_rows] - _DEVICE_CODE, streams, c.start[device_rows],
+                    c.end[device_rows], c.ext[device_rows], c.corr[device_rows], c.copy_bytes[device_rows],
+                    c.collective[device_rows])
+    memory = Memory(c.start[memory_rows], c.mem_bytes[memory_rows], c.mem_device[memory_rows],
+                    c.mem_total[memory_rows], c.mem_addr[memory_rows])
+    step_number = {k: int(m[1]) for k, n in enumerate(c.names) if (m := _STEP.match(n))}
     if any(number >= 2**62 for number in step_number.values()):
         raise TraceError(f"a step number out of range: {max(step_number.values())}")
-    is_step = np.isin(host_columns.name, list(step_number))
-    steps = np.stack([np.array([step_number[k] for k in host_columns.name[is_step].tolist()], np.int64),
-                      host_start[is_step], host_end[is_step]], axis=1).reshape(-1, 3)
+    is_step = np.isin(host.name, list(step_number))
+    steps = np.stack([np.array([step_number[k] for k in host.name[is_step].tolist()], np.int64),
+                      host.start[is_step], host.end[is_step]], axis=1).reshape(-1, 3)
     steps = steps[np.argsort(steps[:, 1], kind="stable")]
-    shape_table = [b.decode() for b in list(shapes)[1:]]
-    return Timeline(trace, table, shape_table, host_columns, device_columns, memory_columns, steps, thread_keys,
-                    stream_keys)
+    return Timeline(trace, c.names, shape_table, host, device, memory, steps,
+                    [c.lanes[k] for k in thread_ids.tolist()], [c.lanes[k] for k in stream_ids.tolist()])

@@ -117,12 +117,16 @@ def _fold_duplicates(tree: Tree, name: np.ndarray) -> None:
     if candidates.size == 0:
         return
     n_children = np.bincount(parent[has_parent], minlength=parent.size)
+    by_parent = np.flatnonzero(has_parent)[np.argsort(parent[has_parent], kind="stable")]
+    bounds = np.concatenate([[0], np.cumsum(n_children)])
+    moved: dict[int, np.ndarray] = {}  # the children of events that took over a folded child's children
     for i in sorted(candidates.tolist(), key=lambda k: tree.depth[k]):
         p = parent[i]  # always kept: children of folded events were re-pointed to the survivor
         if n_children[p] != 1 or name[p] != name[i]:
             continue
         tree.keep[i] = False
         tree.survivor[i] = p
-        kids = np.flatnonzero(parent == i)
+        kids = moved.pop(i) if i in moved else by_parent[bounds[i]:bounds[i + 1]]
         parent[kids] = p
+        moved[p] = kids
         n_children[p] = kids.size

@@ -25,24 +25,36 @@ class FileCache(Generic[V]):
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self._max_entries = max_entries
         self._entries: OrderedDict[Hashable, tuple[Hashable, V]] = OrderedDict()
-        self._locks: dict[Hashable, threading.Lock] = {}
+        self._locks: dict[Hashable, list] = {}  # key -> [its lock, requests holding or waiting for it]
         self._guard = threading.Lock()
+
+    def has(self, key: Hashable, fingerprint: Hashable) -> bool:
+        """Whether the value stored for ``key`` is for ``fingerprint`` (``get`` would not compute)."""
+        with self._guard:
+            entry = self._entries.get(key)
+            return entry is not None and entry[0] == fingerprint
 
     def get(self, key: Hashable, fingerprint: Hashable, compute: Callable[[], V]) -> V:
         """The value for ``key``, from ``compute()`` only when ``fingerprint`` differs from the stored one."""
         with self._guard:
-            lock = self._locks.setdefault(key, threading.Lock())
-        with lock:
-            with self._guard:
-                entry = self._entries.get(key)
-                if entry is not None and entry[0] == fingerprint:
+            held = self._locks.setdefault(key, [threading.Lock(), 0])
+            held[1] += 1
+        try:
+            with held[0]:
+                with self._guard:
+                    entry = self._entries.get(key)
+                    if entry is not None and entry[0] == fingerprint:
+                        self._entries.move_to_end(key)
+                        return entry[1]
+                value = compute()
+                with self._guard:
+                    self._entries[key] = (fingerprint, value)
                     self._entries.move_to_end(key)
-                    return entry[1]
-            value = compute()
+                    while len(self._entries) > self._max_entries:
+                        self._entries.popitem(last=False)
+                return value
+        finally:
             with self._guard:
-                self._entries[key] = (fingerprint, value)
-                self._entries.move_to_end(key)
-                while len(self._entries) > self._max_entries:
-                    evicted, _ = self._entries.popitem(last=False)
-                    self._locks.pop(evicted, None)
-            return value
+                held[1] -= 1
+                if not held[1]:  # a lock lives while requests need it: failing keys leave nothing behind
+                    del self._locks[key]

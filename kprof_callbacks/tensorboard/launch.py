@@ -12,6 +12,7 @@ import contextlib
 import gzip
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -64,9 +65,12 @@ def check_port(port: int, host: str = HOST) -> None:
 
 
 def open_hint(logdir: str | os.PathLike, port: int = DEFAULT_PORT) -> str:
-    """How to read the traces in ``logdir``: the command, then the kprof tab (offline) and the PyTorch Profiler tab."""
+    """How to read the traces in ``logdir``: the command (as this shell runs it), then the kprof tab (offline) and
+    the PyTorch Profiler tab."""
+    from ..cli import typed_command
+
     url = f"http://{HOST}:{port}/"
-    return (f"open the traces:  kprof tensorboard {logdir}\n"
+    return (f"open the traces:  {typed_command()} tensorboard {shlex.quote(str(logdir))}\n"
             f"  kprof tab:             {url}{KPROF_TAB}   ({OFFLINE})\n"
             f"  PyTorch Profiler tab:  {url}{PROFILER_TAB}   ({ONLINE})")
 

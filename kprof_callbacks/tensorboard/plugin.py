@@ -2,11 +2,12 @@
 raw trace downloads.
 
 TensorBoard finds `KprofPlugin` through this package's `tensorboard_plugins` entry point and serves its
-routes under `data/plugin/kprof/`. Summaries come from `kprof.summarize` on the trace files on disk,
-cached per run until its files change; a diff is `kprof.diff` of two such summaries, cached until either run's
-files change; the timeline serves one step of one trace file at a time from a decoded
-copy of the file, cached until it changes; step time comes from the `kprof/step_time_ms` scalars through
-TensorBoard's own data provider. The frontend is plain ES modules (static/*.js) in the tab's iframe.
+routes under `data/plugin/kprof/`. Summaries come from `kprof.summarize` on the trace files on disk, cached per run
+until its files change; a run over 100 MB is summarized on a thread of its own by worker processes, so other
+requests go on meanwhile, and `/summary` answers with its progress until it is done. A diff is `kprof.diff` of two
+such summaries, cached until either run's files change; the timeline serves one step of one trace file at a time
+from a decoded copy of the file, cached until it changes; step time comes from the `kprof/step_time_ms` scalars
+through TensorBoard's own data provider. The frontend is plain ES modules (static/*.js) in the tab's iframe.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
+import re
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +37,13 @@ from ..analysis import breakdown, diff_report, fmt
 from ..analysis.diff_inputs import Input, parse_steps
 from ..analysis.reader import TraceError
 from ..analysis.slices import TraceSlices, median_step
-from ..analysis.summary import Summary, summarize_contents
+from ..analysis.summary import PROGRESS_BYTES, Summary, summarize_contents
 from ..analysis.tracediff import Diff, diff
+from ..analysis.workers import default_jobs
 from . import logdir
 from .cache import FileCache
+
+log = logging.getLogger(__name__)
 
 PLUGIN_NAME = "kprof"
 STATIC = Path(__file__).parent / "static"
@@ -45,6 +53,7 @@ _MAX_POINTS = 10_000  # step-time points per run: TensorBoard keeps fewer by def
 _JSON = "application/json"
 _OUTSIDE = "a link to a file outside the logdir: not read"
 _DECODED_TRACES = 4  # decoded trace files kept for the timeline: 49 bytes per event, ~7 MB for a 50 MB trace
+_STEP = re.compile(r"-?[0-9]{1,18}")  # beyond 18 digits a step number would not fit the trace's int64
 _DIFFS = 16  # diffs kept, ~0.4 KB of JSON per row: under 1 MB each for 2,000 operators and kernels
 
 
@@ -56,14 +65,16 @@ class RunSummary:
     body: dict[str, Any]
 
 
-def summarize_run(run: logdir.RunFiles) -> RunSummary:
-    """`summarize` of the run's files; the body has its `to_dict()`, its problems as (file name, reason) pairs for
+def summarize_run(run: logdir.RunFiles, progress: Callable[[int, int], None] | None = None) -> RunSummary:
+    """`summarize` of the run's files (big runs in worker processes; ``progress`` gets bytes done, bytes in all);
+    the body has its `to_dict()`, its problems as (file name, reason) pairs for
     the page, when it was made (`summarized_at`, epoch seconds) and how long it took (`seconds`): a client tells
     fresh from stored."""
     start = time.perf_counter()
     outside = [{"file": name, "problem": _OUTSIDE} for name in run.outside]
     try:
-        summary = summarize_contents(run.folder.name, run.contents())
+        summary = summarize_contents(run.folder.name, run.contents(), progress=progress or False,
+                                     jobs=default_jobs())
     except ValueError as exc:  # not one readable trace file: the message names each file and why
         summary, result = None, {"summary": None, "error": str(exc), "problems": outside}
     else:
@@ -111,6 +122,8 @@ class KprofPlugin(base_plugin.TBPlugin):
         self._summaries: FileCache[RunSummary] = FileCache(64)
         self._diffs: FileCache[dict[str, Any]] = FileCache(_DIFFS)
         self._traces: FileCache[TraceSlices] = FileCache(_DECODED_TRACES)
+        self._busy: dict[tuple, list[int]] = {}  # (run, fingerprint) being summarized in the background: [done, total]
+        self._busy_guard = threading.Lock()
 
     def is_active(self) -> bool:
         return self._logdir is not None and logdir.has_data(self._logdir)
@@ -160,6 +173,10 @@ class KprofPlugin(base_plugin.TBPlugin):
     def _summary_route(self, request: werkzeug.Request) -> werkzeug.Response:
         """The run's Summary (`to_dict()`), per-file problems, and its files; re-summarized only when they change."""
         run = self._run(request)
+        progress = self._in_background(run)
+        if progress is not None:
+            done, total = progress
+            return http_util.Respond(request, {"run": run.name, "pending": True, "done": done, "total": total}, _JSON)
         body = self._summary(run).body
         return http_util.Respond(request, dict(body, run=run.name, files=run.to_dict()), _JSON)
 
@@ -256,8 +273,35 @@ class KprofPlugin(base_plugin.TBPlugin):
         return dict(body, computed_at=time.time(), seconds=time.perf_counter() - start)
 
     # -- request helpers ---------------------------------------------------------------------------------------
-    def _summary(self, run: logdir.RunFiles) -> RunSummary:
-        return self._summaries.get(run.name, run.fingerprint, lambda: summarize_run(run))
+    def _summary(self, run: logdir.RunFiles, progress: Callable[[int, int], None] | None = None) -> RunSummary:
+        return self._summaries.get(run.name, run.fingerprint, lambda: summarize_run(run, progress))
+
+    def _in_background(self, run: logdir.RunFiles) -> tuple[int, int] | None:
+        """For a run over PROGRESS_BYTES not summarized yet: start summarizing it on a thread of its own (once) and
+        return (bytes done, bytes in all); None when the summary is stored (or the run is small: served at once)."""
+        key = (run.name, run.fingerprint)
+        total = sum(f.bytes for f in run.traces)
+        if total <= PROGRESS_BYTES or self._summaries.has(run.name, run.fingerprint):
+            return None
+        with self._busy_guard:
+            if key not in self._busy:
+                self._busy[key] = [0, total]
+                threading.Thread(target=self._summarize_in_background, args=(run, key), daemon=True,
+                                 name=f"kprof-summary {run.name}").start()
+            done, total = self._busy[key]
+        return done, total
+
+    def _summarize_in_background(self, run: logdir.RunFiles, key: tuple) -> None:
+        def progress(done: int, total: int) -> None:
+            self._busy[key][:] = [done, total]
+
+        try:
+            self._summary(run, progress)
+        except Exception:  # the next request summarizes it in the foreground and reports what went wrong
+            log.warning("summarizing %s in the background failed", run.name, exc_info=True)
+        finally:
+            with self._busy_guard:
+                del self._busy[key]
 
     def _folder(self, name: str) -> Path:
         try:
@@ -291,7 +335,7 @@ class KprofPlugin(base_plugin.TBPlugin):
 
 def _step_number(text: str) -> int:
     """``?step=`` as a step number; 400 for anything else."""
-    if not text.lstrip("-").isdecimal() or len(text) > 18:  # beyond 18 digits it would not fit the trace's int64
+    if not _STEP.fullmatch(text):
         raise errors.InvalidArgumentError(f"step must be a step number, got {text[:40]!r}")
     return int(text)
 

@@ -119,11 +119,19 @@ function emptyPage() {
 }
 
 // -- one run --------------------------------------------------------------------------------------------------
+/** The run's summary; while the plugin is still reading a big run, its progress in the status line, asked again
+ * every second. */
+async function summaryOf(name) {
+  for (;;) {
+    const data = await getJSON(`summary?${query({run: name})}`);
+    if (!data.pending) return data;
+    if (state.view === `run=${name}`) status.textContent = `Summarizing ${name}: ${mb(data.done)} of ${mb(data.total)}…`;
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
+
 async function runPage(name) {
-  const [data, steptime] = await Promise.all([
-    getJSON(`summary?${query({run: name})}`),
-    getJSON(`steptime?${query({run: name})}`),
-  ]);
+  const [data, steptime] = await Promise.all([summaryOf(name), getJSON(`steptime?${query({run: name})}`)]);
   const s = data.summary;
   const files = data.files;
   const when = new Date(data.summarized_at * 1000).toLocaleTimeString();
