@@ -37,6 +37,7 @@ from . import layout, torch_compat
 
 log = logging.getLogger(__name__)
 
+_CHILD_NICE = 19  # the export process's scheduling priority, below the training process's
 _MIN_ESTIMATE = 2**20  # what a held capture counts before any trace has been written
 # A name field as torch's exporters write it: on a line of its own (torch >= 2.12), or followed by the pid
 # (kineto's one-line events, torch 2.11 on GPU). The value may hold unescaped quotes: it ends at the last quote.
@@ -133,8 +134,10 @@ def _export(results, final: Path, compress: bool) -> int:
     return size
 
 
-def _export_in_child(results, final: Path, compress: bool, timeout: float, running: set[int]) -> int:
-    """``_export`` in a forked child process, whose pid is in ``running`` while it runs.
+def _export_in_child(results, final: Path, compress: bool, timeout: float, running: set[int],
+                     forked: Callable[[], None]) -> int:
+    """``_export`` in a forked child process, whose pid is in ``running`` while it runs (``forked()`` is called
+    once it does).
 
     torch's exporter is C++ that holds the GIL for the whole write (~0.3 s for 20 MB), which would freeze the
     training thread even from a background thread. The forked child owns a copy-on-write snapshot of the
@@ -148,6 +151,7 @@ def _export_in_child(results, final: Path, compress: bool, timeout: float, runni
         code = 0
         try:
             os.close(read_end)
+            os.nice(_CHILD_NICE)  # the export yields the CPU to training wherever the two compete
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # torch logs each failed write there; ours is one warning
             os.write(write_end, b"%d" % _export(results, final, compress))
         except BaseException as exc:
@@ -157,6 +161,7 @@ def _export_in_child(results, final: Path, compress: bool, timeout: float, runni
             os._exit(code)
     os.close(write_end)
     running.add(pid)
+    forked()
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -212,6 +217,9 @@ class TraceWriter:
         self._held = 0  # captures held in memory, waiting to be written
         self._held_bytes = 0  # their estimated size
         self._largest = 0  # the largest capture written so far (bytes of JSON): the estimate of the next one
+        self._queued = 0  # captures submitted
+        self._done = 0  # captures written or dropped
+        self._forking = 0  # 1 while the capture being written has forked its export process
         self._thread = threading.Thread(target=self._loop, name="kprof-trace-writer", daemon=True)
         self._thread.start()
 
@@ -231,7 +239,25 @@ class TraceWriter:
                             f"end of the window of steps {capture.first_step}-{capture.last_step} for earlier captures "
                             "to be written (Session.writer_wait_s has the total)")
         # the window's results: the next window gets new ones, so these are ours now
+        with self._room:
+            self._queued += 1
         self._jobs.put((torch_compat.window_results(prof), capture, estimate))
+
+    def wait_forked(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) until the capture submitted last has forked its export process, unless an
+        earlier capture is still being written. The fork holds the GIL, so it stalls the training thread wherever
+        it lands; waiting for it at the window's end keeps that stall inside kprof's own, measured, time."""
+        if not (self.fork and hasattr(os, "fork")):
+            return
+        with self._room:
+            if self._held <= 1:
+                self._room.wait_for(lambda: self._done + self._forking >= self._queued or not self._thread.is_alive(),
+                                    timeout)
+
+    def _forked(self) -> None:
+        with self._room:
+            self._forking = 1
+            self._room.notify_all()
 
     def _make_room(self, estimate: int) -> float:
         """Hold one more capture of ``estimate`` bytes, waiting while the held ones fill the budget; seconds waited."""
@@ -250,6 +276,8 @@ class TraceWriter:
             self._held -= 1
             self._held_bytes -= estimate
             self._largest = max(self._largest, written)
+            self._done += 1
+            self._forking = 0
             self._room.notify_all()
 
     def submit_call(self, fn: Callable[[], None]) -> None:
@@ -311,7 +339,8 @@ class TraceWriter:
         final = capture.path
         try:
             if self.fork and hasattr(os, "fork"):
-                size = _export_in_child(results, final, self.compress, self.child_timeout, self._exports)
+                size = _export_in_child(results, final, self.compress, self.child_timeout, self._exports,
+                                        self._forked)
             else:
                 size = _export(results, final, self.compress)
             os.replace(layout.partial_path(final), final)

@@ -23,13 +23,7 @@ from kprof_callbacks.compare import ComparisonError, compare
 from kprof_callbacks.kernels import KernelBuildError
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a loaded 2-core machine, OpenMP's spinning threads stretch a 3 ms step to 200 ms."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Sleepy(nn.Module):

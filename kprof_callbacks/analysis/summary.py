@@ -224,8 +224,11 @@ def summarize_contents(name: str, found: layout.RunContents, progress: bool = Fa
     per_step = perstep.merge([r.per_step for r in results])
     series = read_series(files[0].parent)
     found_all = diagnostics.diagnose(step_rows, rank_rows, skew, evidence, per_step)
+    ends: dict[str, list[int]] = {}
+    for r in results:
+        ends.setdefault(r.worker, []).extend(s.step for s in r.times.rows[-1:])
     found_all += trends.findings(series, found.snapshots, evidence.matmul_flops, sum(s.wall_us for s in step_rows),
-                                 len(step_rows))
+                                 len(step_rows), ends)
     return Summary(
         name=name,
         files=files,

@@ -1,6 +1,6 @@
-"""Findings over every step of a run, from the scalars the session wrote (``series``): memory that grows from step
-to step, and the throughput / model FLOPs utilization the program reached. With a CUDA memory snapshot
-(``memory_snapshot=True``), a growth finding names the allocation sites that hold the memory.
+"""Findings over every step of a run, from the scalars the session wrote (``series``): what profiling itself cost,
+memory that grows from step to step, and the throughput / model FLOPs utilization the program reached. With a CUDA
+memory snapshot (``memory_snapshot=True``), a growth finding names the allocation sites that hold the memory.
 """
 
 from __future__ import annotations
@@ -24,14 +24,17 @@ _LIBRARY = ("/site-packages/", "/dist-packages/", "/torch/", "/lib/python")
 
 
 def findings(series: dict[str, dict[str, Series]], snapshots: list[Path], matmul_flops: float = 0.0,
-             profiled_us: float = 0.0, profiled_steps: int = 0) -> list[Diagnostic]:
-    """Memory growth per worker (CUDA allocated, else the process's RSS), throughput / MFU from the FLOPs the program
-    gave, and from the matrix products of the profiled steps (``matmul_flops`` in ``profiled_steps`` steps that took
-    ``profiled_us``)."""
+             profiled_us: float = 0.0, profiled_steps: int = 0,
+             window_ends: dict[str, list[int]] | None = None) -> list[Diagnostic]:
+    """Profiling's own cost and memory growth per worker (CUDA allocated, else the process's RSS), throughput / MFU
+    from the FLOPs the program gave, and from the matrix products of the profiled steps (``matmul_flops`` in
+    ``profiled_steps`` steps that took ``profiled_us``). ``window_ends``: per worker, the last step of each trace."""
     found = []
     many = len(series) > 1
     for worker, tags in series.items():
         where = f" on {worker}" if many else ""
+        if layout.PROFILER_TAG in tags:
+            found.append(_cost_finding(tags, (window_ends or {}).get(worker, []), where))
         for key, what in (("allocated", "CUDA memory allocated"), ("rss", "the process's resident memory")):
             points = tags.get(layout.MEMORY_TAGS[key])
             trend = growth(points.steps, points.values) if points is not None else None
@@ -42,6 +45,19 @@ def findings(series: dict[str, dict[str, Series]], snapshots: list[Path], matmul
     if matmul_flops and profiled_us and profiled_steps:
         found.append(_matmul_finding(matmul_flops / profiled_steps, matmul_flops / profiled_us / 1e6, _peak(series)))
     return found
+
+
+def _cost_finding(tags: dict[str, Series], window_ends: list[int], where: str) -> Diagnostic:
+    """What kprof and torch.profiler cost the training thread: in all, and at the end of each window."""
+    own, step = tags[layout.PROFILER_TAG], tags.get(layout.STEP_TIME_TAG)
+    total_us = float(own.values.sum()) * 1e3
+    wall = f" ({fmt.share(total_us / (total_us + float(step.values.sum()) * 1e3))} of the wall time)" if step else ""
+    ends = own.values[np.isin(own.steps, window_ends)] * 1e3
+    windows = (f"; a window cost {fmt.duration(float(np.median(ends)))} at its end (median of {ends.size}: torch "
+               "stopping its profiler, the hand-off to the trace writer)" if ends.size else "")
+    return Diagnostic("profiler_cost", "info", (
+        f"Profiling cost the training thread {fmt.duration(total_us)} over {own.steps.size} steps{where}{wall}"
+        f"{windows}. kprof/step_time_ms and every finding leave it out (kprof/profiler_ms has it per step)."))
 
 
 def _peak(series: dict[str, dict[str, Series]]) -> float | None:
