@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
 
 _SCALAR_EVERY = 50  # steps between hand-offs of step times to the scalar writer
+EARLY_MEMORY_STEPS = 50  # memory is sampled at every one of the first steps, then every memory_every steps
 _FORK_WAIT = 2.0  # seconds a window's end waits at most for the trace writer to fork its export process
 _STEP_COLUMNS = ("samples", "flops", *layout.MEMORY_TAGS.values())  # what the session keeps per step (History)
 _SAMPLES, _FLOPS = 0, 1
@@ -216,7 +217,7 @@ class Session:
             self._peak_noted = True
             warnings.warn("kprof: no dense peak FLOP/s is known for this device, so TFLOP/s is reported without MFU; "
                           "pass peak_tflops= (and mfu_dtype=) to kprof.session", RuntimeWarning, stacklevel=4)
-        if self._probe is not None and self.steps % self.config.memory_every == 0:
+        if self._probe is not None and (step < EARLY_MEMORY_STEPS or self.steps % self.config.memory_every == 0):
             for tag, mb in self._probe.sample().items():
                 self._steps.put(step, _STEP_COLUMNS.index(tag), mb)
         if self._nvtx:

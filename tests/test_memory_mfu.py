@@ -3,14 +3,21 @@ ones that do not), the allocation sites of a snapshot, the dense peak table, and
 
 from __future__ import annotations
 
+import collections
+import mmap
 import pickle
+import sys
+import threading
+import types
 
 import numpy as np
 import pytest
 import torch
 
 import kprof_callbacks as kprof
-from kprof_callbacks import layout, peaks
+from kprof_callbacks import layout, peaks, scalars
+from kprof_callbacks.history import KEEP_STEPS
+from kprof_callbacks.session import EARLY_MEMORY_STEPS
 from kprof_callbacks.analysis.growth import growth
 from kprof_callbacks.analysis.trends import growing_sites
 
@@ -63,12 +70,78 @@ def test_a_loop_that_keeps_a_tensor_every_step_is_named_and_a_steady_one_is_not(
     assert _growth_findings(_run(tmp_path / "steady", 0.0, "cpu")) == []
 
 
-def test_memory_scalars_are_written_every_memory_every_steps(tmp_path):
-    summary = _run(tmp_path, 0.0, "cpu", steps=20)
+def test_memory_scalars_are_written_every_step_at_first_then_every_memory_every_steps(tmp_path):
+    summary = _run(tmp_path, 0.0, "cpu", steps=EARLY_MEMORY_STEPS + 10)
     (series,) = summary.series.values()
     rss = series[layout.MEMORY_TAGS["rss"]]
-    assert rss.steps.tolist() == list(range(1, 20, 2)) and (rss.values > 10).all()
-    assert layout.STEP_TIME_TAG in series and series[layout.STEP_TIME_TAG].steps.tolist() == list(range(20))
+    expected = list(range(EARLY_MEMORY_STEPS)) + list(range(EARLY_MEMORY_STEPS + 1, EARLY_MEMORY_STEPS + 10, 2))
+    assert rss.steps.tolist() == expected and (rss.values > 10).all()
+    assert series[layout.STEP_TIME_TAG].steps.tolist() == list(range(EARLY_MEMORY_STEPS + 10))
+
+
+def _resident(mb: float) -> mmap.mmap:
+    """``mb`` of new resident memory (tensors freed by earlier tests would be reused by malloc without a trace)."""
+    block = mmap.mmap(-1, int(mb * 2**20))
+    block.write(b"\1" * len(block))
+    return block
+
+
+@pytest.mark.parametrize("steps, mb", [(40, 2.0), (60, 4.0)])
+def test_a_clear_leak_is_found_in_a_short_run(tmp_path, steps, mb):
+    """2 MB a step for 40 steps, 4 MB a step for 60 (the default memory_every=5): every early step is sampled."""
+    kept = []
+    with kprof.session(tmp_path, run="r", wait=steps - 2, warmup=1, active=1) as s:
+        for _ in range(steps):
+            kept.append(_resident(mb))
+            s.step()
+    (message,) = _growth_findings(s.summary())
+    assert f"Memory grows {mb:.2f} MB per step" in message and "the process's resident memory" in message
+
+
+def test_a_short_run_that_keeps_nothing_has_no_growth(tmp_path):
+    with kprof.session(tmp_path, run="r", wait=38, warmup=1, active=1) as s:
+        for _ in range(40):
+            torch.ones(2**19).sum()
+            s.step()
+    assert _growth_findings(s.summary()) == []
+
+
+def _state_bytes(obj, seen: set[int]) -> int:
+    """Bytes held by ``obj`` and what it refers to through containers and attributes (code, modules, classes,
+    threads and torch's own objects left out: the session's state, not the interpreter's)."""
+    if id(obj) in seen or callable(obj) or isinstance(obj, (types.ModuleType, threading.Thread, torch.Tensor)):
+        return 0
+    if type(obj).__module__.startswith(("torch", "threading", "_thread", "queue")):
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(_state_bytes(k, seen) + _state_bytes(v, seen) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+        size += sum(_state_bytes(x, seen) for x in obj)
+    elif hasattr(obj, "__dict__"):
+        size += _state_bytes(vars(obj), seen)
+    return size
+
+
+def test_a_million_steps_keep_the_sessions_state_flat(tmp_path, monkeypatch):
+    """Everything the session does at a step boundary except torch's own ``prof.step()`` (the profiler's C++ state
+    is torch's), with the slow-step trigger, memory samples and scalars: its state stops growing once its history is
+    full (``history.KEEP_STEPS``), so a leak detector reading the process's memory never sees kprof."""
+    monkeypatch.setattr(scalars.EventFile, "writer", lambda self, rows: lambda: None)  # no 1M events on disk
+    with kprof.session(tmp_path, run="r", wait=10**7, trigger="slow_step", peak_tflops=1.0) as s:
+        s._prof.step = lambda: None
+        timer = s._timer
+        for _ in range(KEEP_STEPS):
+            s.step(samples=8, flops=1e9)
+        full = _state_bytes(s, set())
+        for _ in range(1_000_000):
+            timer.end()
+            s._bookkeeping(8, 1e9)
+            timer.start()
+        assert s.steps == KEEP_STEPS + 1_000_000
+        grown = _state_bytes(s, set()) - full
+    assert grown < 2**20, f"the session's state grew {grown} bytes over a million steps"
 
 
 @cuda

@@ -78,9 +78,13 @@ def _growth_finding(trend: Growth, what: str, snapshots: list[Path]) -> Diagnost
     sites = growing_sites(snapshots)
     named = (f" Allocation sites holding memory allocated after warm-up (memory snapshot): {sites}." if sites else
              " Profile with memory_snapshot=True to have the allocation sites named." if not snapshots else "")
+    if trend.mb_per_step >= 0.01:
+        rate, ci = f"{trend.mb_per_step:.2f} MB", f"{trend.low:.2f}-{trend.high:.2f}"
+    else:  # a slow leak over a long run: bytes, not "0.00 MB"
+        rate, ci = fmt.size(trend.mb_per_step * 2**20), f"{fmt.size(trend.low * 2**20)}-{fmt.size(trend.high * 2**20)}"
     return Diagnostic("memory_growth", "warning", (
-        f"Memory grows {trend.mb_per_step:.2f} MB per step over steps {trend.first}-{trend.last} ({what}; Theil-Sen "
-        f"slope, 95% CI {trend.low:.2f}-{trend.high:.2f}; {trend.total_mb:.0f} MB in all): {_LEAK_HINT}.{named}"))
+        f"Memory grows {rate} per step over steps {trend.first}-{trend.last} ({what}; Theil-Sen slope, 95% CI {ci}; "
+        f"{trend.total_mb:.0f} MB in all): {_LEAK_HINT}.{named}"))
 
 
 def _mfu_findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
