@@ -8,6 +8,7 @@ import mmap
 import pickle
 import sys
 import threading
+import time
 import types
 
 import numpy as np
@@ -167,27 +168,52 @@ def test_growing_sites_name_the_programs_own_frame_of_allocations_still_alive(tm
     assert growing_sites([path]) == "train.py:42 in train (20 blocks, 20.0 MB)"
 
 
+def _flops_run(tmp_path, run: str, flops: float, sleep: float = 0.0, **options):
+    with kprof.session(tmp_path, run=run, wait=5, **options) as s:
+        for _ in range(30):
+            time.sleep(sleep)
+            s.step(flops=flops)
+    return s
+
+
+def _mfu_findings(s) -> list:
+    return [d for d in s.summary().diagnostics if d.kind.startswith("mfu")]
+
+
 def test_mfu_against_the_peak_given_and_tflops_without_one(tmp_path):
     flops = 4e9
-    with kprof.session(tmp_path, run="given", wait=5, peak_tflops=0.5) as s:
-        for _ in range(30):
-            s.step(flops=flops)
+    s = _flops_run(tmp_path, "given", flops, sleep=0.002, peak_tflops=50.0)  # ~2 TFLOP/s: ~4% of 50
     (series,) = s.summary().series.values()
     tflops, mfu = series[layout.TFLOPS_TAG], series[layout.MFU_TAG]
     times = np.array(s.step_times)
-    assert np.allclose(tflops.values, flops / times / 1e12, rtol=1e-5) and np.allclose(mfu.values, tflops.values / 0.5)
-    assert series[layout.PEAK_TAG].values.tolist() == [0.5]
-    (finding,) = [d.message for d in s.summary().diagnostics if d.kind == "mfu"]
-    assert finding.startswith("Model FLOPs utilization") and "dense peak of 0.5 TFLOP/s" in finding
+    assert np.allclose(tflops.values, flops / times / 1e12, rtol=1e-5) and np.allclose(mfu.values, tflops.values / 50)
+    assert series[layout.PEAK_TAG].values.tolist() == [50.0]
+    (finding,) = _mfu_findings(s)
+    assert finding.kind == "mfu" and finding.severity == "info"
+    assert finding.message.startswith("Model FLOPs utilization") and "dense peak of 50.0 TFLOP/s" in finding.message
 
     if torch.cuda.is_available():
         pytest.skip("the unknown-device case needs a device missing from the table")
     with pytest.warns(RuntimeWarning, match="pass peak_tflops="):
-        with kprof.session(tmp_path, run="unknown", wait=5) as s:
-            for _ in range(30):
-                s.step(flops=flops)
-    (finding,) = [d.message for d in s.summary().diagnostics if d.kind == "mfu"]
-    assert "No MFU" in finding and "peak_tflops=" in finding
+        s = _flops_run(tmp_path, "unknown", flops)
+    (finding,) = _mfu_findings(s)
+    assert "No MFU" in finding.message and "peak_tflops=" in finding.message
+
+
+def test_mfu_above_100_percent_is_a_warning_that_the_flops_are_wrong(tmp_path):
+    """The issue's case: peak_tflops=1 and FLOPs that are wrong used to read 'Model FLOPs utilization 35887%'."""
+    s = _flops_run(tmp_path, "given", 1e12, sleep=0.002, peak_tflops=1.0)  # ~500 TFLOP/s against a peak of 1
+    (finding,) = _mfu_findings(s)
+    assert finding.kind == "mfu_impossible" and finding.severity == "warning"
+    assert finding.message.startswith("Model FLOPs utilization ")
+    assert "against a dense peak of 1.0 TFLOP/s" in finding.message
+    assert "the FLOPs given per step are likely wrong" in finding.message
+    if torch.cuda.is_available():
+        pytest.skip("the unknown-device case needs a device missing from the table")
+    with pytest.warns(RuntimeWarning, match="pass peak_tflops="):
+        s = _flops_run(tmp_path, "unknown", 1e17, sleep=0.002)  # ~5e4 TFLOP/s: no GPU does that
+    (finding,) = _mfu_findings(s)
+    assert finding.kind == "mfu_impossible" and f"tops out at {peaks.HIGHEST_TFLOPS:g} TFLOP/s" in finding.message
 
 
 @pytest.mark.parametrize(

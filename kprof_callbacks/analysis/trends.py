@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import layout
+from .. import layout, peaks
 from . import fmt
 from .growth import Growth, growth
 from .series import Series
@@ -97,13 +97,28 @@ def _mfu_findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
     mfu = [tags[layout.MFU_TAG].values for tags in series.values() if layout.MFU_TAG in tags]
     peak = _peak(series)
     if not mfu or peak is None:
+        if tflops > peaks.HIGHEST_TFLOPS:
+            return [_wrong_flops(f"{tflops:.3g} TFLOP/s ({span}) is more than any GPU's dense peak (kprof's table "
+                                 f"tops out at {peaks.HIGHEST_TFLOPS:g} TFLOP/s)")]
         return [Diagnostic("mfu", "info", (
             f"Achieved {tflops:.3g} TFLOP/s ({span}, from the FLOPs the program gave per step). No MFU: the device "
             "is not in kprof's table of dense peaks; pass peak_tflops= (and mfu_dtype=) to kprof.session."))]
     share = float(np.median(np.concatenate(mfu)))
+    if share > 1.0:
+        return [_wrong_flops(f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.3g} TFLOP/s achieved "
+                             f"against a dense peak of {peak:.1f} TFLOP/s")]
     return [Diagnostic("mfu", "info", (
         f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.3g} TFLOP/s achieved of a dense peak of "
         f"{peak:.1f} TFLOP/s (from the FLOPs the program gave per step; dense, not the sparse datasheet figure)."))]
+
+
+def _wrong_flops(what: str) -> Diagnostic:
+    """A rate no device reaches: the FLOPs the program gave (or the peak) are wrong, and so is every MFU figure."""
+    return Diagnostic("mfu_impossible", "warning", (
+        f"{what}: more than the hardware can do, so the FLOPs given per step are likely wrong (a count per sample "
+        "or per token multiplied once too often, forward and backward counted twice), or the peak is (peak_tflops=, "
+        "or mfu_dtype= for a dtype faster than the one MFU is measured against). kprof/tflops and kprof/mfu are "
+        "only as right as those FLOPs."))
 
 
 def growing_sites(snapshots: list[Path], warmup_share: float = 0.2) -> str:
