@@ -66,9 +66,8 @@ def _diff(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=_positive, default=10, metavar="N", help="rows per table (default 10)")
     p.add_argument("--confidence", type=_fraction, default=0.95,
                    help="interval level; 1 - confidence is the false discovery rate (default 0.95)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.set_defaults(func=lambda a: analysis_cli.run_diff(
-        a.a, a.b, as_json=a.json, html=a.html, top=a.top, confidence=a.confidence, seed=a.seed))
+        a.a, a.b, as_json=a.json, html=a.html, top=a.top, confidence=a.confidence))
 
 
 def _tensorboard(sub: argparse._SubParsersAction) -> None:

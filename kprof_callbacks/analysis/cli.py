@@ -60,11 +60,10 @@ def run_summary(
 
 def run_diff(
     a: str, b: str, *, as_json: bool = False, html: Path | None = None, top: int = 10, confidence: float = 0.95,
-    seed: int = 0,
 ) -> int:
     """Run `kprof diff`; returns the exit status."""
     try:
-        result = diff(a, b, confidence=confidence, seed=seed)
+        result = diff(a, b, confidence=confidence)
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof diff: {exc}", file=sys.stderr)
         return 1
