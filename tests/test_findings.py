@@ -57,3 +57,16 @@ def test_a_sync_in_one_step_is_not_a_finding_and_one_in_every_step_is():
     message = _with_syncs([1, 1, 2, 1, 1, 1])["sync"]
     assert message.startswith("1.2 host-GPU synchronizations per step (cudaStreamSynchronize x7; ")
     assert "by step 0: 1, 1: 1, 2: 2, 3: 1, 4: 1, 5: 1)" in message
+
+
+def test_a_slow_step_is_judged_against_how_much_the_steps_vary():
+    """1.6x the median is slow among steady steps; among steps that vary by ~20% (a shared CPU) it is ordinary,
+    and 2.4x is not. The longest and shortest steps are left out of the spread."""
+    steady = [100.0, 101.0, 99.0, 100.0, 102.0, 98.0, 100.0, 101.0, 99.0]
+    assert "slow_step" in _diagnose(_steps(steady + [160.0], [0.0] * 10))
+    noisy = [100.0, 125.0, 80.0, 106.0, 132.0, 76.0, 95.0, 118.0, 88.0]
+    assert "slow_step" not in _diagnose(_steps(noisy + [160.0], [0.0] * 10))
+    message = _diagnose(_steps(noisy + [250.0], [0.0] * 10))["slow_step"]
+    assert message.startswith("Step 9 took 250.0 ms, 2.4x the median 103.0 ms.")
+    assert diagnostics.slow_threshold(np.array(steady + [400.0])) == diagnostics.SLOW_STEP_RATIO
+    assert 1.6 < diagnostics.slow_threshold(np.array(noisy + [400.0])) < 1.75

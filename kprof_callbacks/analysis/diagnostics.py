@@ -9,6 +9,7 @@ false-positive and detection rates.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from statistics import median
 
@@ -25,6 +26,7 @@ SMALL_KERNEL_US = 10.0
 DATALOADER_SHARE = 0.10  # of the median step
 EVIDENCE_STEPS = 8  # steps whose numbers a finding lists
 SLOW_STEP_RATIO = 1.5
+SLOW_STEP_SPREAD = 3.0  # ... and this many standard deviations of the worker's log step times (slow_threshold)
 GREW_ROWS, GREW_SHARE = 4, 0.05  # a slow step's finding names up to 4 rows, each >= 5% of its extra time
 COMM_SHARE = 0.20
 OVERLAP_SHARE = 0.50
@@ -174,8 +176,18 @@ def _syncs(steps: list[StepStats], ev: Evidence, per_step: PerStep) -> list[Diag
         "on the GPU, log every N steps, avoid .item()/.cpu()/print(tensor) inside the step."))]
 
 
+def slow_threshold(walls: np.ndarray) -> float:
+    """How many times its worker's median a step must take to be slow: SLOW_STEP_RATIO, or more where the steps
+    vary more: SLOW_STEP_SPREAD standard deviations of the log step times, the longest and the shortest step left out
+    of that spread (the one being judged, and a window's stub of a last step). On a noisy machine a 1.5x step is
+    ordinary."""
+    logs = np.sort(np.log(walls))[1:-1]
+    sigma = float(np.std(logs, ddof=1)) if logs.size > 1 else 0.0
+    return max(SLOW_STEP_RATIO, math.exp(SLOW_STEP_SPREAD * sigma))
+
+
 def _slow_steps(steps: list[StepStats], per_step: PerStep, eval_calls: Counter) -> list[Diagnostic]:
-    """Steps slower than SLOW_STEP_RATIO x the median step of the same rank/worker; one finding for the worst,
+    """Steps slower than ``slow_threshold`` x the median step of the same rank/worker; one finding for the worst,
     with what grew in it against that worker's other steps.
 
     A training step that ran an evaluation loop inside it (Lightning validates mid-epoch inside the training batch
@@ -183,20 +195,21 @@ def _slow_steps(steps: list[StepStats], per_step: PerStep, eval_calls: Counter) 
     workers: dict[tuple[int | None, str], list[StepStats]] = {}
     for s in steps:
         workers.setdefault((s.rank, s.worker), []).append(s)
-    slow = []  # (ratio, step, its worker's median)
+    slow = []  # (ratio, step, its worker's median, its threshold)
     for mine in workers.values():
-        if len(mine) >= 3:
-            typical = median(s.wall_us for s in mine)
-            if typical > 0:  # steps of zero length (a coarse clock) have no "slow"
-                slow += [(s.wall_us / typical, s, typical) for s in mine if s.wall_us > SLOW_STEP_RATIO * typical]
+        walls = np.array([s.wall_us for s in mine])
+        typical = float(np.median(walls))
+        if len(mine) >= 3 and typical > 0:  # steps of zero length (a coarse clock) have no "slow"
+            limit = slow_threshold(walls[walls > 0])
+            slow += [(s.wall_us / typical, s, typical, limit) for s in mine if s.wall_us > limit * typical]
     if not slow:
         return []
-    ratio, worst, typical = max(slow, key=lambda x: x[0])
+    ratio, worst, typical, limit = max(slow, key=lambda x: x[0])
     where = "" if len(workers) == 1 else f" on rank {worst.rank}" if worst.rank is not None else f" on {worst.worker}"
     more = ""
     if len(slow) > 1:
-        spread = len({(s.rank, s.worker) for _, s, _ in slow})
-        more = f" ({len(slow)} steps above {SLOW_STEP_RATIO}x" + (f" on {spread} ranks/workers)" if spread > 1 else ")")
+        spread = len({(s.rank, s.worker) for _, s, _, _ in slow})
+        more = f" ({len(slow)} steps above {limit:.2g}x" + (f" on {spread} ranks/workers)" if spread > 1 else ")")
     head = (f"Step {worst.step}{where} took {fmt.duration(worst.wall_us)}, {ratio:.1f}x the median "
             f"{fmt.duration(typical)}")
     calls = eval_calls[(worst.rank, worst.worker, worst.step)]
@@ -205,7 +218,7 @@ def _slow_steps(steps: list[StepStats], per_step: PerStep, eval_calls: Counter) 
             f"{head}{more}: it ran an evaluation loop ({calls} validation/test/predict steps) inside the training "
             "step, so that time is evaluation, not a slow training step; profile it on its own with "
             "ProfilerCallback(stages=('validate',)) or trainer.validate()."))]
-    normal = [s for s in workers[(worst.rank, worst.worker)] if s.wall_us <= SLOW_STEP_RATIO * typical]
+    normal = [s for s in workers[(worst.rank, worst.worker)] if s.wall_us <= limit * typical]
     return [Diagnostic("slow_step", "warning", (
         f"{head}{more}. {_grew_in(per_step, worst, normal)} Look at what ran in it (first-iteration warm-up, "
         "allocator growth, garbage collection, checkpointing, recompilation)."))]
