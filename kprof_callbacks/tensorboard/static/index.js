@@ -386,7 +386,8 @@ async function comparePage(dir) {
     h('td', {class: 'name'}, v.verdict || v.status),
     h('td', {class: `name ${v.check_ok === false ? 'bad' : ''}`}, check(v)),
     h('td', {class: 'num'}, v.peak_mem_mb === null ? '–' : `${num(v.peak_mem_mb)} MB`)));
-  const head = h('tr', {}, ['variant', 'median', 'p10–p90', `timed speedup [${conf}]`, 'verdict', 'correctness check', 'peak memory']
+  const head = h('tr', {}, ['variant', 'median', 'p10–p90', `timed speedup [${conf}]`, 'verdict', 'correctness check',
+    'peak memory']
     .map((t, i) => h('th', {class: [0, 4, 5].includes(i) ? 'name' : 'num'}, t)));
   const [gpu, , other] = state.legend.parts.map((p) => p.color);
   const chart = rangeBars(variants.map((v) => ({
