@@ -3,7 +3,7 @@
 Each row profiles the MLP of benchmarks/summary.py on CPU (record_shapes=True) to the target trace size twice,
 A at hidden width 128 and B at 192 (so aten::addmm and its neighbours take longer in B), then times, median of 3:
   - summarize A, summarize B: `summarize(trace)` of each file alone,
-  - diff of Summaries: `diff(summary_a, summary_b)` (alignment, bootstrap, tests, no reading),
+  - diff of Summaries: `diff(summary_a, summary_b)` (alignment, tests, intervals, no reading),
   - kprof.diff: `diff(file_a, file_b)` end to end (reads and summarizes both) in this process, and as
     `kprof diff A B` reads them: both sides together in worker processes (`--jobs`, the cores).
 Wall times depend on what else runs on the machine: the load average is printed with them.

@@ -55,11 +55,11 @@ class ProfilerCallback(Callback):
             ``kprof/mfu``) against the device's dense peak (``mfu_dtype``, or ``peak_tflops`` yourself).
         \**options: the keywords of ``kprof.session`` (``skip_first, wait, warmup, active, repeat,
             record_shapes, profile_memory, with_stack, with_flops, activities, run, enabled, scalars, trigger``
-            ...), validated here. ``scalars=True`` (default) records ``kprof/step_time_ms``,
-            ``kprof/throughput_samples_per_s`` and memory (``kprof/mem_*``, every ``memory_every`` batches) for
-            every training batch: as TensorBoard scalars beside the traces (written off the training thread; the
-            kprof tab's step-time chart reads them there), and through ``log_metrics`` for the trainer's other
-            loggers (CSV, W&B, MLflow, ...).
+            ...), validated here. ``scalars=True`` (default) records ``kprof/step_time_ms`` (the batch
+            without kprof's own cost, which is ``kprof/profiler_ms``), ``kprof/throughput_samples_per_s`` and
+            memory (``kprof/mem_*``, every ``memory_every`` batches) for every training batch: as TensorBoard
+            scalars beside the traces (written off the training thread; the kprof tab's step-time chart reads them
+            there), and through ``log_metrics`` for the trainer's other loggers (CSV, W&B, MLflow, ...).
     """
 
     def __init__(
@@ -73,10 +73,7 @@ class ProfilerCallback(Callback):
     ) -> None:
         self.stages = _check_stages(stages)
         self.summary = check_bool("summary", summary)
-        if flops_per_batch is not None and (isinstance(flops_per_batch, bool) or
-                                            not isinstance(flops_per_batch, (int, float)) or not flops_per_batch > 0):
-            raise ValueError(f"flops_per_batch must be a number > 0 or None, got {flops_per_batch!r}")
-        self.flops_per_batch = flops_per_batch
+        self.flops_per_batch = scalars.check_flops("flops_per_batch", flops_per_batch, zero=False)
         self._logdir = logdir
         self.config = ProfileConfig.from_kwargs(logdir="log" if logdir is None else logdir, **options)
         self._reset()
@@ -150,10 +147,10 @@ class ProfilerCallback(Callback):
     ) -> None:
         if self._stage != "train":
             return
-        self._session.step(_batch_size(batch), self.flops_per_batch)
-        self._sync_labels(trainer)
-        if self._loggers and self._session.steps % max(1, trainer.log_every_n_steps) == 0:
-            self._log(self._session.new_step_metrics())
+        with self._session._step_boundary(_batch_size(batch), self.flops_per_batch):  # all of it is kprof's cost
+            self._sync_labels(trainer)
+            if self._loggers and self._session.steps % max(1, trainer.log_every_n_steps) == 0:
+                self._log(self._session.new_step_metrics())
 
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
@@ -180,8 +177,8 @@ class ProfilerCallback(Callback):
         dataloader_idx: int = 0,
     ) -> None:
         if self._stage is not None and self._stage == _EVAL_STAGES.get(trainer.state.stage):
-            self._session.step(_batch_size(batch))
-            self._sync_labels(trainer)
+            with self._session._step_boundary(_batch_size(batch), None):
+                self._sync_labels(trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._stage is not None and self._stage == _EVAL_STAGES.get(trainer.state.stage):

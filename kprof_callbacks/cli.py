@@ -111,10 +111,9 @@ def _diff(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=_positive, default=10, metavar="N", help="rows per table (default 10)")
     p.add_argument("--confidence", type=_fraction, default=0.95,
                    help="interval level; 1 - confidence is the false discovery rate (default 0.95)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     _jobs(p)
     p.set_defaults(func=lambda a: analysis_cli.run_diff(
-        a.a, a.b, as_json=a.json, html=a.html, top=a.top, confidence=a.confidence, seed=a.seed, jobs=a.jobs))
+        a.a, a.b, as_json=a.json, html=a.html, top=a.top, confidence=a.confidence, jobs=a.jobs))
 
 
 def _tensorboard(sub: argparse._SubParsersAction) -> None:

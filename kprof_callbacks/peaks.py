@@ -33,6 +33,10 @@ DEVICES: tuple[tuple[str, dict[str, float], float], ...] = (
 )
 
 
+HIGHEST_TFLOPS = max(peak for _, table, _ in DEVICES for peak in table.values())
+"""No device in the table computes faster than this, in any dtype: a rate above it is a wrong FLOP count."""
+
+
 def _device(device_name: str) -> tuple[str, dict[str, float], float] | None:
     """The table's row for the GPU called ``device_name`` (as torch names it), or None.
 

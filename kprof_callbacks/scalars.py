@@ -1,4 +1,4 @@
-"""Per-step scalars (step time, throughput, TFLOP/s and MFU, memory): one formula, two sinks.
+"""Per-step scalars (step time, kprof's own cost, throughput, TFLOP/s and MFU, memory): one formula, two sinks.
 
 ``EventFile`` writes them as TensorBoard scalars beside the traces, on the trace writer's thread; the Lightning
 callback hands the same ``step_metrics`` to the trainer's other loggers. Step N is ``ProfilerStep#N``: both count
@@ -7,6 +7,8 @@ the session's steps from 0. ``MemoryProbe`` reads memory without a device sync.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -17,12 +19,34 @@ from . import layout, torch_compat
 _MB = 2**20
 
 
-def step_metrics(
-    seconds: float, samples: int | None, flops: float | None = None, peak_tflops: float | None = None
-) -> dict[str, float]:
-    """The scalars of one step that took ``seconds`` and processed ``samples`` with ``flops`` (None: unknown);
-    MFU against ``peak_tflops`` when it is known."""
+MAX_FLOPS = 1e30  # per step: a machine of an exaFLOP/s would take 30,000 years over one
+
+
+def check_flops(name: str, flops: object, *, zero: bool = True) -> float | None:
+    """``flops`` as a float if it is a plausible count of a step's floating-point operations (finite, >= 0, or > 0
+    where ``zero`` is False, and under ``MAX_FLOPS``; None passes), else a ValueError naming ``name``. A count that
+    large is a unit slip, and it would overflow TFLOP/s (written as float32 scalars) to inf."""
+    if flops is None:
+        return None
+    try:
+        value = float(flops) if isinstance(flops, numbers.Real) and not isinstance(flops, bool) else None
+    except OverflowError:  # an int beyond float's range, e.g. 10**400
+        value = math.inf
+    if value is None or not (value >= 0 if zero else value > 0) or not value < MAX_FLOPS:
+        low = ">= 0" if zero else "> 0"
+        raise ValueError(f"{name} must be the FLOPs of one step: a finite number {low} and below {MAX_FLOPS:.0e} "
+                         f"(e.g. 6 x parameters x tokens), or None; got {flops!r}")
+    return value
+
+
+def step_metrics(seconds: float, samples: int | None, flops: float | None = None, peak_tflops: float | None = None,
+                 own_seconds: float | None = None) -> dict[str, float]:
+    """The scalars of one step that took ``seconds`` (kprof's own cost apart: ``own_seconds``, None when not
+    measured) and processed ``samples`` with ``flops`` (None: unknown); MFU against ``peak_tflops`` when it is
+    known. Throughput, TFLOP/s and MFU are the step's own, without kprof's cost."""
     metrics = {layout.STEP_TIME_TAG: seconds * 1e3}
+    if own_seconds is not None:
+        metrics[layout.PROFILER_TAG] = own_seconds * 1e3
     if seconds > 0:
         if samples:
             metrics[layout.THROUGHPUT_TAG] = samples / seconds

@@ -26,6 +26,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 
 from . import layout, peaks, scalars, torch_compat
 from .config import ProfileConfig, check_activities
+from .history import History
 from .timing import StepTimer
 from .triggers import make_trigger
 from .writer import Capture, TraceWriter
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
 
 _SCALAR_EVERY = 50  # steps between hand-offs of step times to the scalar writer
+EARLY_MEMORY_STEPS = 50  # memory is sampled at every one of the first steps, then every memory_every steps
+_FORK_WAIT = 2.0  # seconds a window's end waits at most for the trace writer to fork its export process
+_STEP_COLUMNS = ("samples", "flops", *layout.MEMORY_TAGS.values())  # what the session keeps per step (History)
+_SAMPLES, _FLOPS = 0, 1
 _START = threading.Lock()  # makes "is another profiler running?" and "now this one is" one step
 _INTERRUPTED_WRITE_TIMEOUT = 10.0  # at most this long to finish trace writes after Ctrl-C or SIGTERM
 
@@ -121,13 +126,12 @@ class Session:
         self.steps = 0
         self.captures: list[Capture] = []
         self._timer = StepTimer()
-        self._work: list[tuple[int | None, float | None]] = []  # (samples, flops) of each step, as step() got them
-        self._memory: dict[int, dict[str, float]] = {}  # step -> memory metrics, every config.memory_every steps
+        self._steps = History(len(_STEP_COLUMNS))  # per step: samples, flops as step() got them; memory samples
         self._probe: scalars.MemoryProbe | None = None
         self.peak_tflops: float | None = None  # the dense peak MFU is measured against (None: unknown device)
         self._peak_noted = False
-        self._scalar_times = self._timer.reader()
-        self._read_new_times = self._timer.reader()
+        self._scalar_times = self._timer.reader(own=True)
+        self._read_new_times = self._timer.reader(own=True)
         self._prof = None
         self._writer: TraceWriter | None = None
         self._scalars: scalars.EventFile | None = None
@@ -154,9 +158,11 @@ class Session:
 
     @property
     def step_times(self) -> list[float]:
-        """Seconds per completed step (waits for outstanding CUDA events, so call it outside the hot loop)."""
+        """Seconds per completed step without kprof's own cost, the last ``history.KEEP_STEPS`` steps (every step
+        is in the ``kprof/step_time_ms`` scalars); waits for outstanding CUDA events, so call it outside the hot
+        loop."""
         self._timer.drain()
-        return list(self._timer.times)
+        return self._timer.times()
 
     def new_step_metrics(self) -> list[tuple[int, dict[str, float]]]:
         """``(step, scalars)`` of the steps completed since the last call (``scalars.step_metrics`` plus memory at
@@ -176,25 +182,53 @@ class Session:
     def step(self, samples: int | None = None, flops: float | None = None) -> None:
         """Mark the end of one training step. ``samples`` (the batch size) turns step times into throughput;
         ``flops`` (the step's floating-point operations, e.g. 6 x parameters x tokens for a transformer) into
-        achieved TFLOP/s and MFU against the device's dense peak."""
+        achieved TFLOP/s and MFU against the device's dense peak. What kprof and torch.profiler do here (a window's
+        start or stop, the hand-off to the trace writer, memory samples, triggers) is timed as kprof's own cost
+        (``kprof/profiler_ms``), apart from the step's time."""
+        self._end_step(samples, flops)
+        self._timer.start()
+
+    @contextlib.contextmanager
+    def _step_boundary(self, samples: int | None, flops: float | None):
+        """``step()`` that also keeps the block's work, a front door's own bookkeeping at this boundary (the
+        Lightning callback's), out of the next step: all of it is kprof's own time."""
+        self._end_step(samples, flops)
+        try:
+            yield
+        finally:
+            self._timer.start()
+
+    def _end_step(self, samples: int | None, flops: float | None) -> None:
+        """Check the arguments, end the step's time, and do the session's bookkeeping (timed as its own)."""
         if self._state != "running":
             raise RuntimeError(f"Session.step() called on a session that is {self._state}; use it inside `with`")
         if samples is not None and (
             not isinstance(samples, numbers.Integral) or isinstance(samples, bool) or samples < 0
         ):
             raise ValueError(f"samples must be the batch size (an int >= 0) or None, got {samples!r}")
-        if flops is not None and (not isinstance(flops, numbers.Real) or isinstance(flops, bool) or not flops >= 0
-                                  or flops == math.inf):
-            raise ValueError(f"flops must be the step's FLOPs (a finite number >= 0) or None, got {flops!r}")
-        self.steps += 1
-        self._timer.mark()
-        self._work.append((samples, flops))
+        if flops is not None:
+            flops = scalars.check_flops("flops", flops)
+        self._timer.end()
+        try:
+            self._bookkeeping(samples, flops)
+        except BaseException:
+            self._timer.start()
+            raise
+
+    def _bookkeeping(self, samples: int | None, flops: float | None) -> None:
+        """Everything ``step()`` does between the end of one step and the start of the next."""
+        step, self.steps = self.steps, self.steps + 1
+        if samples is not None:
+            self._steps.put(step, _SAMPLES, samples)
+        if flops is not None:
+            self._steps.put(step, _FLOPS, flops)
         if flops and self.peak_tflops is None and not self._peak_noted:
             self._peak_noted = True
             warnings.warn("kprof: no dense peak FLOP/s is known for this device, so TFLOP/s is reported without MFU; "
-                          "pass peak_tflops= (and mfu_dtype=) to kprof.session", RuntimeWarning, stacklevel=2)
-        if self._probe is not None and self.steps % self.config.memory_every == 0:
-            self._memory[self.steps - 1] = self._probe.sample()
+                          "pass peak_tflops= (and mfu_dtype=) to kprof.session", RuntimeWarning, stacklevel=4)
+        if self._probe is not None and (step < EARLY_MEMORY_STEPS or self.steps % self.config.memory_every == 0):
+            for tag, mb in self._probe.sample().items():
+                self._steps.put(step, _STEP_COLUMNS.index(tag), mb)
         if self._nvtx:
             torch.cuda.nvtx.range_pop()
             torch.cuda.nvtx.range_push(f"step {self.steps}")
@@ -203,7 +237,10 @@ class Session:
         if self._trigger is not None:
             self._run_trigger()
         self._mark_steps_only_in_windows(self._prof.step_num + 1)
+        windows = len(self.captures)
         self._prof.step()
+        if len(self.captures) > windows:  # a window ended: its export forks now, inside kprof's time
+            self._writer.wait_forked(_FORK_WAIT)
         self._raise_interrupt()
         if self.config.scalars and self.steps % _SCALAR_EVERY == 0:
             self._send_scalars()
@@ -301,7 +338,7 @@ class Session:
                 raise RuntimeError(f"kprof: the profiler could not start ({type(exc).__name__}: {exc}); nothing "
                                    "was left running, so training without it or a new session both work") from exc
         self._state = "running"
-        self._timer.mark()
+        self._timer.start()
         if self._nvtx:
             torch.cuda.nvtx.range_push("step 0")
         return self
@@ -420,7 +457,7 @@ class Session:
             self._trigger.on_step(self.steps)
         except Exception as exc:
             warnings.warn(f"kprof: the {self.config.trigger} trigger failed ({type(exc).__name__}: {exc}); it is off "
-                          "for the rest of the session (training continues)", RuntimeWarning, stacklevel=4)
+                          "for the rest of the session (training continues)", RuntimeWarning, stacklevel=5)
             self._trigger.stop()
             self._trigger = None
 
@@ -457,13 +494,16 @@ class Session:
             exc, self._interrupt = self._interrupt, None
             raise exc
 
-    def _metrics(self, start: int, times: list[float]) -> list[tuple[int, dict[str, float]]]:
-        """``(step, scalars)`` for the steps ``start, start + 1, ...`` that took ``times``."""
+    def _metrics(self, start: int, times: list[tuple[float, float]]) -> list[tuple[int, dict[str, float]]]:
+        """``(step, scalars)`` for the steps ``start, start + 1, ...`` whose ``times`` are (step seconds, kprof's own
+        seconds after it)."""
         rows = []
-        for step, seconds in enumerate(times, start):
-            samples, flops = self._work[step] if step < len(self._work) else (None, None)
-            metrics = scalars.step_metrics(seconds, samples, flops, self.peak_tflops)
-            metrics.update(self._memory.get(step, {}))
+        recorded = self._steps.rows(start, start + len(times))
+        for step, (seconds, own), row in zip(range(start, start + len(times)), times, recorded):
+            samples, flops = (None if math.isnan(x) else x for x in row[:2])
+            metrics = scalars.step_metrics(seconds, None if samples is None else int(samples), flops,
+                                           self.peak_tflops, own)
+            metrics.update((tag, mb) for tag, mb in zip(_STEP_COLUMNS[2:], row[2:]) if not math.isnan(mb))
             if step == 0 and self.peak_tflops:
                 metrics[layout.PEAK_TAG] = self.peak_tflops
             rows.append((step, metrics))

@@ -1,16 +1,22 @@
-"""Is variant B really faster than A? A seeded bootstrap interval on the ratio of median step times.
+"""Is B really faster than A? Intervals and tests whose numbers are the ones the verdicts use.
 
-Medians, not means: a training step's time distribution has a long right tail (GC, a page fault, another
+``kprof.compare`` times variants in interleaved rounds: a seeded bootstrap interval on the ratio of median step
+times. Medians, not means: a training step's time distribution has a long right tail (GC, a page fault, another
 process), and one outlier should not decide a comparison. Step times are not independent: a burst of other
 load slows several consecutive steps. So the bootstrap resamples whole rounds (one block of steps of each
 variant, run back to back), the same rounds for both variants: a burst that hit one variant's block widens
 the interval instead of passing for a speedup, and drift that hit both blocks of a round cancels.
+
+``kprof.diff`` compares the steps of two runs: the step time by the rank test (``rank_ratio``: a typical step
+against a typical step, with the interval that is the test), every per-step row by Welch's t-test with intervals
+at the level the false-discovery control used (``welch_interval``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 
 import numpy as np
 
@@ -95,44 +101,100 @@ def verdict(speedup: float, low: float, high: float, *, threshold: float = 0.02)
     return SAME
 
 
-def ratio_interval(
-    base: Sequence[float], other: Sequence[float], *, confidence: float = 0.95, seed: int = 0
-) -> tuple[float, float, float]:
-    """``(ratio, low, high)``: median(base) / median(other) for two unpaired samples, bootstrap interval.
+TOO_FEW = "too few steps"
+_EXACT_PAIRS = 2500  # up to this many pairs (n x m), the rank test's null distribution is counted exactly
+_MAX_SIDE = 1000  # steps a side used by the rank interval: more are thinned to this many quantiles
 
-    For steps of two separate runs (or two step selections of one run): each side's steps are resampled on their
-    own, since no step of one side belongs with a step of the other.
+
+def rank_min_steps(confidence: float) -> int:
+    """The fewest steps a side (equal sides) for which ``rank_ratio`` gives an interval at ``confidence``."""
+    n = 1
+    while _rank_bound(n, n, 1.0 - confidence) == 0:
+        n += 1
+    return n
+
+
+def rank_ratio(base: Sequence[float], other: Sequence[float], *,
+               confidence: float = 0.95) -> tuple[float, float | None, float | None]:
+    """``(ratio, low, high)``: how many times longer a typical ``base`` step is than an ``other`` step, with its
+    ``confidence`` interval (None, None when the sides are too small for any interval at that confidence).
+
+    The ratio is the Hodges-Lehmann estimate: the median of ``base[i] / other[j]`` over every pair of steps, a
+    typical step against a typical step that one outlier step cannot move. The interval is its distribution-free
+    (Moses) interval, read off the same sorted pairwise ratios at the Mann-Whitney test's critical rank: it excludes
+    1.0 exactly when the rank test rejects "no shift", so the interval shown is the test that decides. For unpaired
+    steps (two runs, or two step selections of one run): each step is one sample.
     """
-    a, b = np.asarray(base, dtype=np.float64), np.asarray(other, dtype=np.float64)
+    a, b = (np.log(np.maximum(np.asarray(x, dtype=np.float64), 1e-12)) for x in (base, other))
     if a.size == 0 or b.size == 0:
         raise ValueError(f"need at least one step on each side, got {a.size} and {b.size}")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
-    rng = np.random.default_rng(seed)
-    medians = [np.median(x[rng.integers(0, x.size, (_RESAMPLES, x.size))], axis=1) for x in (a, b)]
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(medians[0] / medians[1], [tail, 1.0 - tail])
-    return float(np.median(a) / np.median(b)), float(low), float(high)
+    a, b = (np.quantile(x, np.linspace(0, 1, _MAX_SIDE)) if x.size > _MAX_SIDE else x for x in (a, b))
+    logs = np.sort((a[:, None] - b[None, :]).ravel())
+    ratio = float(np.exp(np.median(logs)))
+    k = _rank_bound(a.size, b.size, 1.0 - confidence)
+    if k == 0:
+        return ratio, None, None
+    return ratio, float(np.exp(logs[k - 1])), float(np.exp(logs[logs.size - k]))
 
 
-def mean_change_interval(
-    base: np.ndarray, other: np.ndarray, *, confidence: float = 0.95, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, a bootstrap interval of mean(other) - mean(base); ``base`` (rows, n) and ``other`` (rows, m).
+def _rank_bound(n: int, m: int, alpha: float) -> int:
+    """The largest k with P(U <= k - 1) <= alpha / 2 for the Mann-Whitney U of sizes n and m under no shift (0: no
+    interval is possible): the k-th smallest and k-th largest pairwise difference bound the interval."""
+    if n * m <= _EXACT_PAIRS:
+        counts, total = _u_counts(min(n, m), max(n, m)), math.comb(n + m, n)
+        below, k = 0, 0
+        while k < len(counts) and (below + counts[k]) <= alpha / 2 * total:
+            below += counts[k]
+            k += 1
+        return k
+    z = NormalDist().inv_cdf(1.0 - alpha / 2)
+    return max(0, math.floor(n * m / 2 + 0.5 - z * math.sqrt(n * m * (n + m + 1) / 12)))
 
-    Each side's columns (steps) are resampled on their own, the same picks for every row, so the rows of one
-    step stay together; each resample is a matrix product, so thousands of rows cost one BLAS call per side.
-    """
-    rng = np.random.default_rng(seed)
-    means = []
-    for x in (base, other):
-        n = x.shape[1]
-        picks = rng.integers(0, n, (_RESAMPLES, n)) + n * np.arange(_RESAMPLES)[:, None]
-        weights = np.bincount(picks.ravel(), minlength=_RESAMPLES * n).reshape(_RESAMPLES, n) / n  # times picked / n
-        means.append(x @ weights.T)  # (rows, resamples)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(means[1] - means[0], [tail, 1.0 - tail], axis=1)
-    return low, high
+
+def _u_counts(n: int, m: int) -> list[int]:
+    """How many of the C(n + m, n) orderings of two samples give U = 0, 1, ..., n*m: the coefficients of the
+    Gaussian binomial [n + m choose n], as the product over i = 1..n of (1 - q^(m+i)) / (1 - q^i)."""
+    size = n * m + 1
+    c = [1] + [0] * (size - 1)
+    for i in range(1, n + 1):
+        for u in range(size - 1, m + i - 1, -1):  # times (1 - q^(m+i))
+            c[u] -= c[u - m - i]
+        for u in range(i, size):  # divided by (1 - q^i)
+            c[u] += c[u - i]
+    return c
+
+
+def welch_interval(base: np.ndarray, other: np.ndarray, alpha: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the interval of mean(other) - mean(base) that Welch's t-test accepts at level ``alpha`` (two-sided):
+    it excludes 0 exactly when ``welch_p`` < ``alpha``. NaN where a side has fewer than 2 steps; a row without
+    variance on either side gets its change exactly."""
+    n, m = base.shape[1], other.shape[1]
+    if n < 2 or m < 2:
+        nan = np.full(base.shape[0], np.nan)
+        return nan, nan.copy()
+    va, vb = base.var(axis=1, ddof=1) / n, other.var(axis=1, ddof=1) / m
+    delta = other.mean(axis=1) - base.mean(axis=1)
+    se = np.sqrt(va + vb)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = (va + vb) ** 2 / (va**2 / (n - 1) + vb**2 / (m - 1))
+    half = np.where(se > 0, se * _t_critical(np.where(se > 0, df, 1.0), alpha), 0.0)
+    return delta - half, delta + half
+
+
+def _t_critical(df: np.ndarray, alpha: np.ndarray | float) -> np.ndarray:
+    """t with two-sided p-value ``alpha`` at ``df`` degrees of freedom: the root x of I_x(df/2, 1/2) = alpha (the
+    p-value ``welch_p`` computes), by bisection on log x, then t = sqrt(df (1 - x) / x)."""
+    df = np.asarray(df, dtype=np.float64)
+    alpha = np.broadcast_to(np.asarray(alpha, dtype=np.float64), df.shape)
+    lo, hi = np.full(df.shape, -700.0), np.zeros(df.shape)  # log x: I_x is increasing in x
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        below = _betainc(df / 2.0, 0.5, np.exp(mid)) < alpha
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    x = np.exp((lo + hi) / 2)
+    return np.sqrt(df * (1.0 - x) / x)
 
 
 def welch_p(base: np.ndarray, other: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,69 +17,118 @@ from dataclasses import dataclass
 import torch
 
 from .checks import check_bool, check_int
+from .history import KEEP_STEPS
+
+
+_END, _START = 0, 1  # a step's work ended (the caller's own work begins); the next step began
 
 
 class StepTimer:
-    """Times the interval between consecutive ``mark()`` calls (CUDA events on GPU, ``perf_counter`` on CPU)."""
+    """Times each step apart from the caller's own work between steps (CUDA events on GPU, ``perf_counter`` on CPU).
 
-    def __init__(self, cuda: bool | None = None) -> None:
+    ``end()`` marks where a step's work ended and the caller's (kprof's) bookkeeping began, ``start()`` where that
+    bookkeeping ended and the next step began: step ``k`` takes ``end_k - start_k`` and the caller's own time after
+    it is ``start_{k+1} - end_k``. ``mark()`` is both at once (no own work). On a GPU both are events on the
+    current stream, so a host stall that queued GPU work hid is charged to neither. The last ``keep`` steps are
+    held (``history.KEEP_STEPS``); ``count`` says how many were timed in all.
+    """
+
+    def __init__(self, cuda: bool | None = None, keep: int = KEEP_STEPS) -> None:
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
-        self.times: list[float] = []  # seconds per completed step, in step order
-        self._pending: deque = deque()  # CUDA events not yet known to have completed
-        self._last = None  # the previous boundary: an event (CUDA) or a perf_counter value (CPU)
+        self.keep = keep
+        self._step_s = array("d", [0.0]) * keep  # rings: step k's seconds, and the own seconds after it, at k % keep
+        self._own_s = array("d", [0.0]) * keep
+        self.count = 0  # steps whose time is known
+        self.own_count = 0  # steps whose own time after them is known too
+        self._pending: deque = deque()  # (kind, CUDA event) not yet known to have completed
+        self._last: tuple[int, object] | None = None  # the latest resolved boundary: (kind, event or seconds)
         self._spare: list = []
 
+    def end(self) -> None:
+        """The step's work ended here; what follows until ``start()`` is the caller's own time."""
+        self._boundary(_END)
+
+    def start(self) -> None:
+        """The next step begins here (the first call starts the first step)."""
+        self._boundary(_START)
+
     def mark(self) -> None:
-        """Record a step boundary; the step that just ended is timed from the previous boundary."""
+        """A step boundary with no own work between the steps."""
         if not self.cuda:
             now = time.perf_counter()
-            if self._last is not None:
-                self.times.append(now - self._last)
-            self._last = now
+            self._resolve(_END, now)
+            self._resolve(_START, now)
             return
-        event = self._spare.pop() if self._spare else torch.cuda.Event(enable_timing=True)
-        event.record()
-        self._pending.append(event)
+        event = self._event()
+        self._pending.extend(((_END, event), (_START, event)))
 
-    def poll(self) -> list[float]:
-        """Resolve the CUDA events that have completed, without waiting; returns the newly known step times."""
-        if not self.cuda:
-            return []
-        start = len(self.times)
-        while self._pending and self._pending[0].query():
-            self._resolve_oldest()
-        return self.times[start:]
+    def poll(self) -> None:
+        """Resolve the CUDA events that have completed, without waiting."""
+        while self._pending and self._pending[0][1].query():
+            self._resolve(*self._pending.popleft())
 
-    def reader(self) -> Callable[[], tuple[int, list[float]]]:
-        """A cursor over the step times: each call polls and returns (index of the first new step, the new times).
+    def drain(self) -> None:
+        """Wait for all recorded boundaries and resolve them (call outside the hot loop)."""
+        if self._pending:
+            self._pending[-1][1].synchronize()
+            while self._pending:
+                self._resolve(*self._pending.popleft())
 
-        Every consumer (scalars, the slow-step trigger, the Lightning logger) keeps its own reader.
+    def times(self) -> list[float]:
+        """Seconds of each step held, oldest first."""
+        return self._held(self._step_s, max(0, self.count - self.keep), self.count)
+
+    def reader(self, own: bool = False) -> Callable[[], tuple[int, list]]:
+        """A cursor over the steps: each call polls and returns (the first new step, their times).
+
+        The times are each step's seconds, or with ``own=True`` (step seconds, own seconds after it) pairs, for
+        the steps whose own time is known too. Every consumer (scalars, the slow-step trigger, the Lightning
+        logger) keeps its own reader; one that falls more than ``keep`` steps behind skips the oldest.
         """
         seen = 0
 
-        def read() -> tuple[int, list[float]]:
+        def read() -> tuple[int, list]:
             nonlocal seen
-            self.poll()
-            start, seen = seen, len(self.times)
-            return start, self.times[start:]
+            if self._pending:
+                self.poll()
+            stop = self.own_count if own else self.count
+            start, seen = max(seen, self.count - self.keep, 0), stop
+            steps = self._held(self._step_s, start, stop)
+            return start, list(zip(steps, self._held(self._own_s, start, stop))) if own else steps
 
         return read
 
-    def drain(self) -> list[float]:
-        """Wait for all recorded boundaries and resolve them (call outside the hot loop)."""
-        start = len(self.times)
-        if self.cuda and self._pending:
-            self._pending[-1].synchronize()
-            while self._pending:
-                self._resolve_oldest()
-        return self.times[start:]
+    def _held(self, ring: array, start: int, stop: int) -> list[float]:
+        return [ring[k % self.keep] for k in range(start, stop)]
 
-    def _resolve_oldest(self) -> None:
-        event = self._pending.popleft()
-        if self._last is not None:
-            self.times.append(self._last.elapsed_time(event) / 1000.0)
-            self._spare.append(self._last)
-        self._last = event
+    def _event(self):
+        event = self._spare.pop() if self._spare else torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _boundary(self, kind: int) -> None:
+        if self.cuda:
+            self._pending.append((kind, self._event()))
+        else:
+            self._resolve(kind, time.perf_counter())
+
+    def _resolve(self, kind: int, at) -> None:
+        """Account the time from the previous boundary to this one, ``at`` (an event or perf_counter seconds)."""
+        last = self._last
+        self._last = (kind, at)
+        if last is None:
+            return
+        if last[0] == _START and kind == _END:
+            self._step_s[self.count % self.keep] = self._seconds(last[1], at)
+            self.count += 1
+        elif last[0] == _END and kind == _START and self.own_count < self.count:
+            self._own_s[self.own_count % self.keep] = self._seconds(last[1], at)
+            self.own_count += 1
+        if self.cuda and last[1] is not at:
+            self._spare.append(last[1])
+
+    def _seconds(self, first, second) -> float:
+        return first.elapsed_time(second) / 1000.0 if self.cuda else second - first
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,14 @@ import statistics
 import threading
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import layout
 from .config import ProfileConfig
 
 Arm = Callable[[str], bool]  # start a capture for this reason; False if one is running
-StepTimes = Callable[[], tuple[int, list[float]]]  # a StepTimer.reader(): the step times completed since last call
+StepTimes = Callable[[], tuple[int, Sequence[float]]]  # a StepTimer.reader(): step times known since the last call
 
 
 class OnDemand:
@@ -66,7 +66,8 @@ class OnDemand:
 
 
 class SlowStep:
-    """Arms a capture when a step takes more than ``slow_factor`` times the running median step time."""
+    """Arms a capture when a step takes more than ``slow_factor`` times the running median step time (steps
+    without kprof's own cost: a window's stop never passes for a slow step)."""
 
     def __init__(self, cfg: ProfileConfig, arm: Arm, read: StepTimes) -> None:
         self.arm = arm

@@ -40,6 +40,7 @@ from . import layout, torch_compat
 
 log = logging.getLogger(__name__)
 
+_CHILD_NICE = 19  # the export process's scheduling priority, below the training process's
 _MIN_ESTIMATE = 2**20  # what a held capture counts before any trace has been written
 # A name field as torch's exporters write it: on a line of its own (torch >= 2.12), or followed by the pid
 # (kineto's one-line events, torch 2.11 on GPU). The value may hold unescaped quotes: it ends at the last quote.
@@ -136,8 +137,10 @@ def _export(results, final: Path, compress: bool) -> int:
     return size
 
 
-def _export_in_child(results, final: Path, compress: bool, timeout: float, running: set[int]) -> int:
-    """``_export`` in a forked child process, whose pid is in ``running`` while it runs.
+def _export_in_child(results, final: Path, compress: bool, timeout: float, running: set[int],
+                     forked: Callable[[], None]) -> int:
+    """``_export`` in a forked child process, whose pid is in ``running`` while it runs (``forked()`` is called
+    once it does).
 
     torch's exporter is C++ that holds the GIL for the whole write (~0.3 s for 20 MB), which would freeze the
     training thread even from a background thread. The forked child owns a copy-on-write snapshot of the
@@ -151,6 +154,7 @@ def _export_in_child(results, final: Path, compress: bool, timeout: float, runni
         code = 0
         try:
             os.close(read_end)
+            os.nice(_CHILD_NICE)  # the export yields the CPU to training wherever the two compete
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # torch logs each failed write there; ours is one warning
             os.write(write_end, b"%d" % _export(results, final, compress))
         except BaseException as exc:
@@ -160,6 +164,7 @@ def _export_in_child(results, final: Path, compress: bool, timeout: float, runni
             os._exit(code)
     os.close(write_end)
     running.add(pid)
+    forked()
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -219,6 +224,9 @@ class TraceWriter:
         self._held_bytes = 0  # their estimated size
         self._largest = 0  # the largest capture written so far (bytes of JSON): the estimate of the next one
         self._stuck = False  # no room came within room_timeout, and no capture has been written since
+        self._submitted = 0  # captures handed to the writer thread
+        self._done = 0  # of those, captures written or dropped
+        self._forking = 0  # 1 while the capture being written has forked its export process
         self._thread = threading.Thread(target=self._loop, name="kprof-trace-writer", daemon=True)
         self._thread.start()
 
@@ -253,6 +261,22 @@ class TraceWriter:
                             "to be written (Session.writer_wait_s has the total)")
         self._queue(job)
 
+    def wait_forked(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) until the capture submitted last has forked its export process, unless an
+        earlier capture is still being written. The fork holds the GIL, so it stalls the training thread wherever
+        it lands; waiting for it at the window's end keeps that stall inside kprof's own, measured, time."""
+        if not (self.fork and hasattr(os, "fork")):
+            return
+        with self._room:
+            if self._held <= 1:
+                self._room.wait_for(lambda: self._done + self._forking >= self._submitted
+                                    or not self._thread.is_alive(), timeout)
+
+    def _forked(self) -> None:
+        with self._room:
+            self._forking = 1
+            self._room.notify_all()
+
     def _wait_for_room(self, estimate: int) -> float | None:
         """Wait while the held captures and one more of ``estimate`` bytes overfill the budget; seconds waited, or
         None when no room came within ``room_timeout`` (at once while the writer is known to be stuck)."""
@@ -275,6 +299,7 @@ class TraceWriter:
             self._held += 1
             self._held_bytes += job[2]
             self._queued.append(job[1])
+            self._submitted += 1
         self._jobs.put(job)
 
     def _release(self, capture: Capture, estimate: int, written: int) -> None:
@@ -284,6 +309,8 @@ class TraceWriter:
             self._held_bytes -= estimate
             self._largest = max(self._largest, written)
             self._stuck = False
+            self._done += 1
+            self._forking = 0
             self._room.notify_all()
 
     def submit_call(self, fn: Callable[[], None]) -> None:
@@ -351,7 +378,8 @@ class TraceWriter:
         final = layout.new_trace_path(self.run_dir, self.worker, self.compress)
         try:
             if self.fork and hasattr(os, "fork"):
-                size = _export_in_child(results, final, self.compress, self.child_timeout, self._exports)
+                size = _export_in_child(results, final, self.compress, self.child_timeout, self._exports,
+                                        self._forked)
             else:
                 size = _export(results, final, self.compress)
             os.replace(layout.partial_path(final), final)

@@ -180,3 +180,15 @@ def chromium(tmp_path, group_leftovers):
         return out
 
     return run
+
+
+# --- timing on a shared machine (tests/test_compare.py, tests/test_profiler_cost.py) --------------------------------
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on a loaded 2-core machine, OpenMP's spinning threads stretch a 3 ms step to 200 ms."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

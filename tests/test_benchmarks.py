@@ -170,3 +170,20 @@ def test_gemm_floor_quick_times_the_gemms_against_both_linear_gelus(capsys):
     assert set(names) <= set(rows)
     for line in map(rows.get, names):  # fwd ms, fwd+bwd ms and the ratio to the GEMMs alone, each a measured number
         assert all(float(cell) > 0 for cell in line.strip(" |").split("|")[1:]), line
+
+
+def test_calibration_quick_rates_every_detector_on_noise_and_on_its_effect(tmp_path, capsys):
+    import calibration
+
+    out = tmp_path / "calibration.json"
+    assert calibration.main(["--quick", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert {"device", "date", "versions", "trials", "rows"} <= set(doc) and doc["trials"] == 40
+    names = [d.name for d in calibration.DETECTORS]
+    assert [(r["detector"], r["noise_sigma"]) for r in doc["rows"]] == [
+        (name, sigma) for name in names for sigma in calibration.NOISE]
+    for row in doc["rows"]:
+        assert row["false_positive_ci"][0] <= row["false_positive_rate"] <= row["false_positive_ci"][1]
+        if row["noise_sigma"] == 0.05:  # a GPU step's noise: every detector near its targets even in 40 trials
+            assert row["false_positive_rate"] <= 0.1 and row["detection_rate"] >= 0.9, row
+    assert "| slow-step trigger | 15% |" in capsys.readouterr().out

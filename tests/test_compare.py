@@ -24,13 +24,7 @@ from kprof_callbacks.compare import ComparisonError, compare
 from kprof_callbacks.kernels import KernelBuildError
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a loaded 2-core machine, OpenMP's spinning threads stretch a 3 ms step to 200 ms."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Clock:
@@ -629,3 +623,25 @@ def test_a_noisy_measurement_gets_no_confident_verdict():
     result = compare({"steady": Sleepy(base, 0.002), "swing": swing}, loss_fn, BATCHES, steps=15, warmup=1)
     assert result["swing"].verdict == stats.NOISY
     assert "p90/median" in result["swing"].note and "steps=60" in result["swing"].note
+
+
+def test_timed_and_trace_speedups_are_labelled_and_reconciled(tmp_path):
+    """`kprof compare` on a CPU printed 0.735x (timed) and then 1.219x (from the traces) with no word on which to
+    believe: the trace line says what it measured and, when the two disagree, which one to go by and why."""
+    from kprof_callbacks.analysis import diff
+    from kprof_callbacks.compare.result import VariantResult, trace_summary
+
+    from test_diff import write_trace
+
+    a = write_trace(tmp_path / "a.pt.trace.json", [{"aten::mm": 1200.0 + 10 * i} for i in range(5)])
+    b = write_trace(tmp_path / "b.pt.trace.json", [{"aten::mm": 1000.0 + 10 * i} for i in range(5)])
+    d = diff(a, b)
+    assert d.step_time.verdict == stats.FASTER
+    slower = VariantResult("b", speedup=0.735, verdict=stats.SLOWER)
+    text = trace_summary(slower, d, steps=50)
+    assert text.startswith("5 against 5 profiled steps, with the profiler on. Step time:")
+    assert "The timed speedup (0.735x: slower) is the one to go by: it times 50 steps of each variant" in text
+    agreeing = trace_summary(VariantResult("b", speedup=1.2, verdict=stats.FASTER), d, steps=50)
+    assert agreeing == f"5 against 5 profiled steps, with the profiler on. {d.headline()}"
+    result = compare({"a": mlp(), "b": mlp()}, loss_fn, BATCHES, steps=4, warmup=0, check=False)
+    assert "timed speedup [95% CI]" in str(result) and "over the timed steps (no profiler)" in str(result)

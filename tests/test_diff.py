@@ -153,12 +153,11 @@ def test_identical_runs_give_nothing_significant(tmp_path):
 def test_noise_is_rarely_called_significant(tmp_path):
     """Same distribution on both sides, 5 steps each, 44 rows (30 ops, 12 kernels, counts): some row is called
     significant in at most ~5% of seeded trials (Benjamini-Hochberg over the rows; without it nearly every trial
-    would report one), and so is the step time (its bootstrap interval with Welch's test as a guard)."""
+    would report one), and so is the step time (the rank test)."""
     trials, rows, step, uncorrected = 100, 0, 0, 0
     for seed in range(trials):
         rng = np.random.default_rng(100 + seed)
-        d = diff(noisy_run(tmp_path / "a.pt.trace.json", rng, 5), noisy_run(tmp_path / "b.pt.trace.json", rng, 5),
-                 seed=seed)
+        d = diff(noisy_run(tmp_path / "a.pt.trace.json", rng, 5), noisy_run(tmp_path / "b.pt.trace.json", rng, 5))
         rows += bool(d.significant())
         step += d.step_time.verdict != stats.SAME
         uncorrected += any(c.p_value < 0.05 for c in d.changes)
@@ -230,7 +229,82 @@ def test_exports(tmp_path):
     assert html.startswith("<!DOCTYPE html>") and "aten::op29" in html and "<script" not in html and "http" not in html
     text = str(d)
     assert "Operators (self CPU time per step)" in text and "aten::op29" in text and "95% CI" in text
-    assert "fewer than 5 steps" in text
+    assert "99.9% CI (FDR-adjusted)" in text  # 1 - q/m with nothing kept: 1 - 0.05/44
+
+
+# --- statistics that agree with themselves ---------------------------------------------------------------------------
+
+
+def test_one_step_a_side_is_too_few_steps_with_no_interval(tmp_path):
+    """It used to read "speedup 1.590x [95% CI 1.590x-1.590x]", with zero-width intervals on every row."""
+    a = write_trace(tmp_path / "a.pt.trace.json", [{"aten::mm": 100.0, "aten::add": 10.0}])
+    b = write_trace(tmp_path / "b.pt.trace.json", [{"aten::mm": 60.0, "aten::add": 10.0}])
+    d = diff(a, b)
+    t = d.step_time
+    assert (t.verdict, t.low, t.high, t.change_interval, t.min_steps) == (stats.TOO_FEW, None, None, None, 4)
+    assert not t.significant and t.speedup == pytest.approx(t.a_median_us / t.b_median_us)  # one step each
+    mm = next(c for c in d.changes if c.name == "aten::mm")
+    assert mm.verdict == "too few steps" and np.isnan(mm.low) and not mm.significant
+    text = d.render()
+    assert "too few steps for a verdict (1 against 1; the rank test needs 4 a side at 95%)" in text
+    assert "CI " not in text.split("Step time:")[1].split("\n")[0]  # no interval on the step-time line
+    assert any("needs at least 4 steps a side" in n and "t-test needs 2 a side" in n for n in d.notes)
+    doc = json.loads(json.dumps(d.to_dict(), allow_nan=False))
+    assert doc["step_time"]["low"] is None and doc["step_time"]["verdict"] == "too few steps"
+
+
+def test_every_rows_interval_excludes_zero_exactly_when_its_verdict_is_a_change(tmp_path):
+    """The interval shown is Welch's at the level the false-discovery control used: "178.5 ms -> 66.7 ms
+    [-185.7, -41.9 ms] no significant change" (an uncorrected interval beside a corrected verdict) cannot happen."""
+    checked = 0
+    for seed in range(30):
+        rng = np.random.default_rng(500 + seed)
+        slower = {"aten::op25": 1.3, "aten::op12": 1.15} if seed % 2 else None
+        d = diff(noisy_run(tmp_path / "a.pt.trace.json", rng, 6), noisy_run(tmp_path / "b.pt.trace.json", rng, 6,
+                                                                                slower=slower))
+        kept = sum(c.p_value <= (1 - d.row_confidence) * (1 + 1e-9) for c in d.changes if not c.presence_changed)
+        assert d.row_confidence == pytest.approx(1 - max(kept, 1) * 0.05 / len(d.changes))
+        for c in d.changes:
+            if c.presence_changed:
+                continue
+            excludes = c.low > 0 or c.high < 0
+            assert excludes == (c.significant or c.verdict.startswith("no significant change (under")), c
+            checked += 1
+    assert checked > 1000
+
+
+def test_a_new_row_says_what_it_adds_and_whether_it_is_steady(tmp_path):
+    """It used to read "NEW ToCopyBackward0 0 -> 24 calls/step: new, not significant"."""
+    base = {"aten::mm": 100.0}
+    a = write_trace(tmp_path / "a.pt.trace.json", [base] * 6)
+    steady = [{**base, **{f"ToCopyBackward0": 34.0}} for _ in range(6)]
+    once = [base] * 5 + [{**base, "aten::sporadic": 50.0}]
+    d = diff(a, write_trace(tmp_path / "b.pt.trace.json", steady))
+    new = next(c for c in d.changes if c.name == "ToCopyBackward0")
+    assert (new.status, new.significant, new.verdict) == ("new", True, "new: 1 calls/step, +34.0 us per step")
+    d = diff(a, write_trace(tmp_path / "c.pt.trace.json", once))
+    sporadic = next(c for c in d.changes if c.name == "aten::sporadic")
+    assert (sporadic.status, sporadic.significant) == ("new", False)
+    assert sporadic.verdict == "new in 1 of 6 steps, not steady (0.167 calls/step, +8.3 us per step)"
+    gone = next(c for c in diff(write_trace(tmp_path / "d.pt.trace.json", steady), a).changes
+                if c.name == "ToCopyBackward0")
+    assert gone.verdict == "gone: 1 calls/step, -34.0 us per step"
+
+
+def test_an_outlier_step_that_moves_the_mean_is_named_beside_the_verdict(tmp_path):
+    """"speedup 1.731x" next to "the mean step time changed by +178 ms": B's typical step is faster, one long step
+    makes its mean slower, and the report says which step."""
+    rng = np.random.default_rng(8)
+    a = [{"aten::mm": 1000.0 * rng.lognormal(0, 0.05)} for _ in range(8)]
+    b = [{"aten::mm": 800.0 * rng.lognormal(0, 0.05)} for _ in range(8)]
+    b[5] = {"aten::mm": 9000.0}  # a GC pause, say
+    d = diff(write_trace(tmp_path / "a.pt.trace.json", a), write_trace(tmp_path / "b.pt.trace.json", b))
+    t = d.step_time
+    assert t.verdict == stats.FASTER and t.speedup > 1.1 and d.mean_step_change_us > 700
+    assert t.note.startswith("The mean step time changed by +")
+    assert "while the typical step moved the other way" in t.note
+    assert "step 5 of B took 9.00 ms" in t.note and "(an outlier); without it the mean changed by -" in t.note
+    assert t.note in d.headline() and "B is faster" in d.headline()
 
 
 # --- recorded and real traces -----------------------------------------------------------------------------------

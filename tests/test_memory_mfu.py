@@ -3,14 +3,22 @@ ones that do not), the allocation sites of a snapshot, the dense peak table, and
 
 from __future__ import annotations
 
+import collections
+import mmap
 import pickle
+import sys
+import threading
+import time
+import types
 
 import numpy as np
 import pytest
 import torch
 
 import kprof_callbacks as kprof
-from kprof_callbacks import layout, peaks
+from kprof_callbacks import layout, peaks, scalars
+from kprof_callbacks.history import KEEP_STEPS
+from kprof_callbacks.session import EARLY_MEMORY_STEPS
 from kprof_callbacks.analysis.growth import growth
 from kprof_callbacks.analysis.trends import growing_sites
 
@@ -63,12 +71,78 @@ def test_a_loop_that_keeps_a_tensor_every_step_is_named_and_a_steady_one_is_not(
     assert _growth_findings(_run(tmp_path / "steady", 0.0, "cpu")) == []
 
 
-def test_memory_scalars_are_written_every_memory_every_steps(tmp_path):
-    summary = _run(tmp_path, 0.0, "cpu", steps=20)
+def test_memory_scalars_are_written_every_step_at_first_then_every_memory_every_steps(tmp_path):
+    summary = _run(tmp_path, 0.0, "cpu", steps=EARLY_MEMORY_STEPS + 10)
     (series,) = summary.series.values()
     rss = series[layout.MEMORY_TAGS["rss"]]
-    assert rss.steps.tolist() == list(range(1, 20, 2)) and (rss.values > 10).all()
-    assert layout.STEP_TIME_TAG in series and series[layout.STEP_TIME_TAG].steps.tolist() == list(range(20))
+    expected = list(range(EARLY_MEMORY_STEPS)) + list(range(EARLY_MEMORY_STEPS + 1, EARLY_MEMORY_STEPS + 10, 2))
+    assert rss.steps.tolist() == expected and (rss.values > 10).all()
+    assert series[layout.STEP_TIME_TAG].steps.tolist() == list(range(EARLY_MEMORY_STEPS + 10))
+
+
+def _resident(mb: float) -> mmap.mmap:
+    """``mb`` of new resident memory (tensors freed by earlier tests would be reused by malloc without a trace)."""
+    block = mmap.mmap(-1, int(mb * 2**20))
+    block.write(b"\1" * len(block))
+    return block
+
+
+@pytest.mark.parametrize("steps, mb", [(40, 2.0), (60, 4.0)])
+def test_a_clear_leak_is_found_in_a_short_run(tmp_path, steps, mb):
+    """2 MB a step for 40 steps, 4 MB a step for 60 (the default memory_every=5): every early step is sampled."""
+    kept = []
+    with kprof.session(tmp_path, run="r", wait=steps - 2, warmup=1, active=1) as s:
+        for _ in range(steps):
+            kept.append(_resident(mb))
+            s.step()
+    (message,) = _growth_findings(s.summary())
+    assert f"Memory grows {mb:.2f} MB per step" in message and "the process's resident memory" in message
+
+
+def test_a_short_run_that_keeps_nothing_has_no_growth(tmp_path):
+    with kprof.session(tmp_path, run="r", wait=38, warmup=1, active=1) as s:
+        for _ in range(40):
+            torch.ones(2**19).sum()
+            s.step()
+    assert _growth_findings(s.summary()) == []
+
+
+def _state_bytes(obj, seen: set[int]) -> int:
+    """Bytes held by ``obj`` and what it refers to through containers and attributes (code, modules, classes,
+    threads and torch's own objects left out: the session's state, not the interpreter's)."""
+    if id(obj) in seen or callable(obj) or isinstance(obj, (types.ModuleType, threading.Thread, torch.Tensor)):
+        return 0
+    if type(obj).__module__.startswith(("torch", "threading", "_thread", "queue")):
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(_state_bytes(k, seen) + _state_bytes(v, seen) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+        size += sum(_state_bytes(x, seen) for x in obj)
+    elif hasattr(obj, "__dict__"):
+        size += _state_bytes(vars(obj), seen)
+    return size
+
+
+def test_a_million_steps_keep_the_sessions_state_flat(tmp_path, monkeypatch):
+    """Everything the session does at a step boundary except torch's own ``prof.step()`` (the profiler's C++ state
+    is torch's), with the slow-step trigger, memory samples and scalars: its state stops growing once its history is
+    full (``history.KEEP_STEPS``), so a leak detector reading the process's memory never sees kprof."""
+    monkeypatch.setattr(scalars.EventFile, "writer", lambda self, rows: lambda: None)  # no 1M events on disk
+    with kprof.session(tmp_path, run="r", wait=10**7, trigger="slow_step", peak_tflops=1.0) as s:
+        s._prof.step = lambda: None
+        timer = s._timer
+        for _ in range(KEEP_STEPS):
+            s.step(samples=8, flops=1e9)
+        full = _state_bytes(s, set())
+        for _ in range(1_000_000):
+            timer.end()
+            s._bookkeeping(8, 1e9)
+            timer.start()
+        assert s.steps == KEEP_STEPS + 1_000_000
+        grown = _state_bytes(s, set()) - full
+    assert grown < 2**20, f"the session's state grew {grown} bytes over a million steps"
 
 
 @cuda
@@ -94,27 +168,52 @@ def test_growing_sites_name_the_programs_own_frame_of_allocations_still_alive(tm
     assert growing_sites([path]) == "train.py:42 in train (20 blocks, 20.0 MB)"
 
 
+def _flops_run(tmp_path, run: str, flops: float, sleep: float = 0.0, **options):
+    with kprof.session(tmp_path, run=run, wait=5, **options) as s:
+        for _ in range(30):
+            time.sleep(sleep)
+            s.step(flops=flops)
+    return s
+
+
+def _mfu_findings(s) -> list:
+    return [d for d in s.summary().diagnostics if d.kind.startswith("mfu")]
+
+
 def test_mfu_against_the_peak_given_and_tflops_without_one(tmp_path):
     flops = 4e9
-    with kprof.session(tmp_path, run="given", wait=5, peak_tflops=0.5) as s:
-        for _ in range(30):
-            s.step(flops=flops)
+    s = _flops_run(tmp_path, "given", flops, sleep=0.002, peak_tflops=50.0)  # ~2 TFLOP/s: ~4% of 50
     (series,) = s.summary().series.values()
     tflops, mfu = series[layout.TFLOPS_TAG], series[layout.MFU_TAG]
     times = np.array(s.step_times)
-    assert np.allclose(tflops.values, flops / times / 1e12, rtol=1e-5) and np.allclose(mfu.values, tflops.values / 0.5)
-    assert series[layout.PEAK_TAG].values.tolist() == [0.5]
-    (finding,) = [d.message for d in s.summary().diagnostics if d.kind == "mfu"]
-    assert finding.startswith("Model FLOPs utilization") and "dense peak of 0.5 TFLOP/s" in finding
+    assert np.allclose(tflops.values, flops / times / 1e12, rtol=1e-5) and np.allclose(mfu.values, tflops.values / 50)
+    assert series[layout.PEAK_TAG].values.tolist() == [50.0]
+    (finding,) = _mfu_findings(s)
+    assert finding.kind == "mfu" and finding.severity == "info"
+    assert finding.message.startswith("Model FLOPs utilization") and "dense peak of 50.0 TFLOP/s" in finding.message
 
     if torch.cuda.is_available():
         pytest.skip("the unknown-device case needs a device missing from the table")
     with pytest.warns(RuntimeWarning, match="pass peak_tflops="):
-        with kprof.session(tmp_path, run="unknown", wait=5) as s:
-            for _ in range(30):
-                s.step(flops=flops)
-    (finding,) = [d.message for d in s.summary().diagnostics if d.kind == "mfu"]
-    assert "No MFU" in finding and "peak_tflops=" in finding
+        s = _flops_run(tmp_path, "unknown", flops)
+    (finding,) = _mfu_findings(s)
+    assert "No MFU" in finding.message and "peak_tflops=" in finding.message
+
+
+def test_mfu_above_100_percent_is_a_warning_that_the_flops_are_wrong(tmp_path):
+    """The issue's case: peak_tflops=1 and FLOPs that are wrong used to read 'Model FLOPs utilization 35887%'."""
+    s = _flops_run(tmp_path, "given", 1e12, sleep=0.002, peak_tflops=1.0)  # ~500 TFLOP/s against a peak of 1
+    (finding,) = _mfu_findings(s)
+    assert finding.kind == "mfu_impossible" and finding.severity == "warning"
+    assert finding.message.startswith("Model FLOPs utilization ")
+    assert "against a dense peak of 1.0 TFLOP/s" in finding.message
+    assert "the FLOPs given per step are likely wrong" in finding.message
+    if torch.cuda.is_available():
+        pytest.skip("the unknown-device case needs a device missing from the table")
+    with pytest.warns(RuntimeWarning, match="pass peak_tflops="):
+        s = _flops_run(tmp_path, "unknown", 1e17, sleep=0.002)  # ~5e4 TFLOP/s: no GPU does that
+    (finding,) = _mfu_findings(s)
+    assert finding.kind == "mfu_impossible" and f"tops out at {peaks.HIGHEST_TFLOPS:g} TFLOP/s" in finding.message
 
 
 @pytest.mark.parametrize(

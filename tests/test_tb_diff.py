@@ -118,7 +118,7 @@ def test_route_is_kprof_diff_of_the_runs(tb, logdir, a, b, a_steps, b_steps):
 def test_route_finds_the_known_changes(tb):
     rows = {(c["kind"], c["name"]): c for c in _diff(tb, a="base", b="slow")["diff"]["changes"]}
     assert rows[("op", "aten::op25")]["status"] == "increased" and rows[("op", "aten::op25")]["significant"]
-    assert rows[("kernel", "my_new_kernel")]["verdict"] == "new"
+    assert rows[("kernel", "my_new_kernel")]["verdict"].startswith("new: 1 calls/step, +")
     picked = _diff(tb, a="steps", b="steps", a_steps="10-13", b_steps="14-17")["diff"]
     assert [(c["name"], c["status"]) for c in picked["changes"] if c["significant"]] == [("aten::op10", "increased")]
     recorded = {(c["kind"], c["name"]): c["status"] for c in _diff(tb, a="gelu", b="relu")["diff"]["changes"]}
@@ -182,7 +182,7 @@ def test_diff_view_renders_the_known_change(tb, logdir, chromium, tmp_path):
     step_time = _text(re.search(r'<p id="diff-step-time">(.*?)</p>', dom)[1])
     assert step_time.endswith(": B is slower.") and f"speedup {d.step_time.speedup:.3f}x" in step_time
     new = _row(dom, "my_new_kernel")
-    assert 'class="change new"' in new and '<span class="badge new">new</span>' in new and ">new</span></td>" in new
+    assert 'class="change new"' in new and '<span class="badge new">new</span>' in new and ">new: 1 calls/step" in new
     slower = _row(dom, "aten::op25")
     assert f'<span style="color:{CHANGE_COLORS["increased"]}">increased</span>' in slower
     for title, kinds, _ in diff_report.GROUPS:

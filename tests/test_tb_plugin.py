@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 import kprof_callbacks as kprof
+from kprof_callbacks import layout
 from kprof_callbacks.analysis import breakdown
+from kprof_callbacks.analysis.series import read_series
 from kprof_callbacks.analysis.slices import TraceSlices, median_step
 from kprof_callbacks.tensorboard.launch import TensorBoardServer
 from kprof_callbacks.tensorboard.logdir import has_data, scan
@@ -173,6 +175,10 @@ def test_step_time_covers_every_step(tb, sessions):
     points = tb.wait_for(lambda: _get(tb, "steptime", run="baseline")["points"], "kprof/step_time_ms scalars")
     assert [p[0] for p in points] == list(range(len(times)))  # numbered like ProfilerStep#N, from 0
     assert [p[1] for p in points] == pytest.approx([t * 1e3 for t in times], rel=1e-5)
+    (own,) = [tags[layout.PROFILER_TAG] for tags in read_series(sessions["baseline"].run_dir).values()]
+    served = _get(tb, "steptime", run="baseline")["profiler"]  # kprof's own cost, step by step
+    assert served == [[int(s), pytest.approx(v, rel=1e-6)] for s, v in zip(own.steps, own.values)]
+    assert [s for s, _ in served] == list(range(len(times)))
 
 
 def test_compare_route_serves_compare_json_with_run_links(tb, logdir, comparison):
@@ -275,6 +281,10 @@ def test_step_time_chart_marks_windows_and_labels_medians_beside_the_line(tb, ch
     assert [(cls, text.split(":")[0]) for _, cls, text in labels] == [
         ("median", "median, all 6 steps"), ("median-profiled", "median, 2 profiled")]
     assert all(float(x) > line_end for x, _, _ in labels)  # in the margin, never on the line
+    band = re.search(r'<polygon points="[^"]*" fill="#9c755f" fill-opacity="0.55" class="profiler">'
+                     r'<title>([^<]*)', chart)
+    assert band and band[1].startswith("kprof's own cost: ") and "over 6 steps, most at step " in band[1]
+    assert "kprof's own cost (kprof/profiler_ms: " in chart  # the legend
 
 
 def test_tab_renders_the_comparison(tb, chromium, comparison):

@@ -97,7 +97,7 @@ def run_summary(
 
 def run_diff(
     a: str, b: str, *, as_json: bool = False, html: Path | None = None, top: int = 10, confidence: float = 0.95,
-    seed: int = 0, jobs: int = 1,
+    jobs: int = 1,
 ) -> int:
     """Run `kprof diff`; returns the exit status."""
     from .diff_inputs import load
@@ -108,7 +108,7 @@ def run_diff(
         print(f"kprof diff: {bad}", file=sys.stderr)
         return 2
     try:
-        result = diff(*load(a, b, jobs=jobs, progress=sys.stderr.isatty()), confidence=confidence, seed=seed)
+        result = diff(*load(a, b, jobs=jobs, progress=sys.stderr.isatty()), confidence=confidence)
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof diff: {exc}", file=sys.stderr)
         return 1

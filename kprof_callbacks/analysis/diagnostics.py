@@ -1,12 +1,15 @@
 """Findings: each one a sentence with its evidence (numbers from the trace) and what to try.
 
 Thresholds are deliberately plain (idle > 30% of the step, kernels under 10 us, a step
-1.5x the median): a finding is a pointer to where to look, not a verdict.
+1.5x the median): a finding is a pointer to where to look, not a verdict. Shares are medians over steps, so the
+first step of a window or one outlier does not decide a finding; docs/findings.md gives each rule and its measured
+false-positive and detection rates.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from statistics import median
 
@@ -20,8 +23,10 @@ from .timeline import ANNOTATION, KERNEL, MEMCPY, OP, RUNTIME, Timeline
 
 IDLE_SHARE = 0.30
 SMALL_KERNEL_US = 10.0
-DATALOADER_SHARE = 0.10
+DATALOADER_SHARE = 0.10  # of the median step
+EVIDENCE_STEPS = 8  # steps whose numbers a finding lists
 SLOW_STEP_RATIO = 1.5
+SLOW_STEP_SPREAD = 3.0  # ... and this many standard deviations of the worker's log step times (slow_threshold)
 GREW_ROWS, GREW_SHARE = 4, 0.05  # a slow step's finding names up to 4 rows, each >= 5% of its extra time
 COMM_SHARE = 0.20
 OVERLAP_SHARE = 0.50
@@ -96,13 +101,8 @@ def diagnose(steps: list[StepStats], ranks: list[RankStats], skew: list[StepSkew
     found = []
     wall = sum(s.wall_us for s in steps)
     if ev.has_gpu and steps:
-        found += _gpu_findings(steps, wall, ev)
-    loader = sum(s.dataloader_us for s in steps)
-    if wall and loader / wall >= DATALOADER_SHARE:
-        found.append(Diagnostic("dataloader", "warning", (
-            f"Data loading takes {fmt.share(loader / wall)} of step time ({fmt.duration(loader / len(steps))} per step): "
-            "the training loop waits for batches; raise DataLoader num_workers, set persistent_workers=True and "
-            "pin_memory=True, or move decoding/augmentation off the main process.")))
+        found += _gpu_findings(steps, wall, ev, per_step)
+    found += _data_loading(steps)
     found += _slow_steps(steps, per_step, ev.eval_calls)
     if len(ranks) > 1 and all(r.rank is not None for r in ranks):
         found += _rank_findings(ranks, skew)
@@ -118,7 +118,23 @@ def diagnose(steps: list[StepStats], ranks: list[RankStats], skew: list[StepSkew
     return sorted(found, key=lambda d: d.severity != "warning")
 
 
-def _gpu_findings(steps: list[StepStats], wall: float, ev: Evidence) -> list[Diagnostic]:
+def _data_loading(steps: list[StepStats]) -> list[Diagnostic]:
+    """Data loading that takes DATALOADER_SHARE of the typical step: the median share over steps, so that a slow
+    first batch of each window (a fresh iterator, the profiler starting) or one outlier does not decide it."""
+    timed = [s for s in steps if s.wall_us > 0]
+    if not timed or median(s.dataloader_us / s.wall_us for s in timed) < DATALOADER_SHARE:
+        return []
+    share = median(s.dataloader_us / s.wall_us for s in timed)
+    shown = ", ".join(f"{s.step}: {fmt.duration(s.dataloader_us)}" for s in timed[:EVIDENCE_STEPS])
+    more = f" and {len(timed) - EVIDENCE_STEPS} more" if len(timed) > EVIDENCE_STEPS else ""
+    return [Diagnostic("dataloader", "warning", (
+        f"Data loading takes {fmt.share(share)} of a step (median over {len(timed)} steps; "
+        f"{fmt.duration(median(s.dataloader_us for s in timed))} per step; by step {shown}{more}): the training loop "
+        "waits for batches; raise DataLoader num_workers, set persistent_workers=True and pin_memory=True, or move "
+        "decoding/augmentation off the main process."))]
+
+
+def _gpu_findings(steps: list[StepStats], wall: float, ev: Evidence, per_step: PerStep) -> list[Diagnostic]:
     found = []
     idle_share = median(s.gpu_idle_us / s.wall_us for s in steps if s.wall_us) if wall else 0.0
     if idle_share > IDLE_SHARE:
@@ -138,19 +154,40 @@ def _gpu_findings(steps: list[StepStats], wall: float, ev: Evidence) -> list[Dia
             f"{ev.pageable_copies} host<->device copies from pageable memory ({fmt.size(ev.pageable_bytes)}, "
             f"{fmt.duration(ev.pageable_us)} in {len(steps)} steps): they are synchronous and slower; use "
             "DataLoader(pin_memory=True) or tensor.pin_memory(), then .to(device, non_blocking=True).")))
-    n_sync = sum(ev.syncs.values())
-    if n_sync or ev.scalar_reads:
-        calls = ", ".join(f"{name} x{count}" for name, count in ev.syncs.most_common())
-        found.append(Diagnostic("sync", "warning", (
-            f"{(n_sync or ev.scalar_reads) / len(steps):.1f} host-GPU synchronizations per step "
-            f"({calls or 'none from the runtime'}; {ev.scalar_reads} tensor reads by .item()/bool()/int(), "
-            f"{fmt.duration(ev.sync_us)} blocked): the host stalls until the GPU catches up; keep values on the GPU, "
-            "log every N steps, avoid .item()/.cpu()/print(tensor) inside the step.")))
+    found += _syncs(steps, ev, per_step)
     return found
 
 
+def _syncs(steps: list[StepStats], ev: Evidence, per_step: PerStep) -> list[Diagnostic]:
+    """Host-GPU synchronizations in the typical step (the median step has one): a sync in one step, such as a loss
+    logged every N steps, is not a finding."""
+    syncing = [i for i, (kind, name) in enumerate(zip(per_step.kind, per_step.name))
+               if kind == "op" and (name in SYNC_CALLS or name == SCALAR_READ)]
+    counts = per_step.calls[syncing].max(axis=0) if syncing else np.zeros(len(per_step.steps))
+    if not counts.size or np.median(counts) < 1:
+        return []
+    n_sync = sum(ev.syncs.values())
+    calls = ", ".join(f"{name} x{count}" for name, count in ev.syncs.most_common())
+    shown = ", ".join(f"{s.step}: {c:g}" for s, c in list(zip(per_step.steps, counts.tolist()))[:EVIDENCE_STEPS])
+    return [Diagnostic("sync", "warning", (
+        f"{(n_sync or ev.scalar_reads) / len(steps):.1f} host-GPU synchronizations per step "
+        f"({calls or 'none from the runtime'}; {ev.scalar_reads} tensor reads by .item()/bool()/int(), "
+        f"{fmt.duration(ev.sync_us)} blocked; by step {shown}): the host stalls until the GPU catches up; keep values "
+        "on the GPU, log every N steps, avoid .item()/.cpu()/print(tensor) inside the step."))]
+
+
+def slow_threshold(walls: np.ndarray) -> float:
+    """How many times its worker's median a step must take to be slow: SLOW_STEP_RATIO, or more where the steps
+    vary more: SLOW_STEP_SPREAD standard deviations of the log step times, the longest and the shortest step left out
+    of that spread (the one being judged, and a window's stub of a last step). On a noisy machine a 1.5x step is
+    ordinary."""
+    logs = np.sort(np.log(walls))[1:-1]
+    sigma = float(np.std(logs, ddof=1)) if logs.size > 1 else 0.0
+    return max(SLOW_STEP_RATIO, math.exp(SLOW_STEP_SPREAD * sigma))
+
+
 def _slow_steps(steps: list[StepStats], per_step: PerStep, eval_calls: Counter) -> list[Diagnostic]:
-    """Steps slower than SLOW_STEP_RATIO x the median step of the same rank/worker; one finding for the worst,
+    """Steps slower than ``slow_threshold`` x the median step of the same rank/worker; one finding for the worst,
     with what grew in it against that worker's other steps.
 
     A training step that ran an evaluation loop inside it (Lightning validates mid-epoch inside the training batch
@@ -158,20 +195,21 @@ def _slow_steps(steps: list[StepStats], per_step: PerStep, eval_calls: Counter) 
     workers: dict[tuple[int | None, str], list[StepStats]] = {}
     for s in steps:
         workers.setdefault((s.rank, s.worker), []).append(s)
-    slow = []  # (ratio, step, its worker's median)
+    slow = []  # (ratio, step, its worker's median, its threshold)
     for mine in workers.values():
-        if len(mine) >= 3:
-            typical = median(s.wall_us for s in mine)
-            if typical > 0:  # steps of zero length (a coarse clock) have no "slow"
-                slow += [(s.wall_us / typical, s, typical) for s in mine if s.wall_us > SLOW_STEP_RATIO * typical]
+        walls = np.array([s.wall_us for s in mine])
+        typical = float(np.median(walls))
+        if len(mine) >= 3 and typical > 0:  # steps of zero length (a coarse clock) have no "slow"
+            limit = slow_threshold(walls[walls > 0])
+            slow += [(s.wall_us / typical, s, typical, limit) for s in mine if s.wall_us > limit * typical]
     if not slow:
         return []
-    ratio, worst, typical = max(slow, key=lambda x: x[0])
+    ratio, worst, typical, limit = max(slow, key=lambda x: x[0])
     where = "" if len(workers) == 1 else f" on rank {worst.rank}" if worst.rank is not None else f" on {worst.worker}"
     more = ""
     if len(slow) > 1:
-        spread = len({(s.rank, s.worker) for _, s, _ in slow})
-        more = f" ({len(slow)} steps above {SLOW_STEP_RATIO}x" + (f" on {spread} ranks/workers)" if spread > 1 else ")")
+        spread = len({(s.rank, s.worker) for _, s, _, _ in slow})
+        more = f" ({len(slow)} steps above {limit:.2g}x" + (f" on {spread} ranks/workers)" if spread > 1 else ")")
     head = (f"Step {worst.step}{where} took {fmt.duration(worst.wall_us)}, {ratio:.1f}x the median "
             f"{fmt.duration(typical)}")
     calls = eval_calls[(worst.rank, worst.worker, worst.step)]
@@ -180,7 +218,7 @@ def _slow_steps(steps: list[StepStats], per_step: PerStep, eval_calls: Counter) 
             f"{head}{more}: it ran an evaluation loop ({calls} validation/test/predict steps) inside the training "
             "step, so that time is evaluation, not a slow training step; profile it on its own with "
             "ProfilerCallback(stages=('validate',)) or trainer.validate()."))]
-    normal = [s for s in workers[(worst.rank, worst.worker)] if s.wall_us <= SLOW_STEP_RATIO * typical]
+    normal = [s for s in workers[(worst.rank, worst.worker)] if s.wall_us <= limit * typical]
     return [Diagnostic("slow_step", "warning", (
         f"{head}{more}. {_grew_in(per_step, worst, normal)} Look at what ran in it (first-iteration warm-up, "
         "allocator growth, garbage collection, checkpointing, recompilation)."))]

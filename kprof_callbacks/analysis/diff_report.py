@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from html import escape
 from pathlib import Path
@@ -43,14 +44,23 @@ def _side(s: Side) -> str:
 
 
 def _step_line(d: Diff) -> str:
-    """The step-time verdict in one sentence."""
+    """The step-time verdict in one sentence, with why the mean says otherwise when it does."""
     t = d.step_time
     pct = f"{100 * d.confidence:g}%"
     times = f"{fmt.duration(t.a_median_us)} -> {fmt.duration(t.b_median_us)} (medians)"
-    interval = f"speedup {t.speedup:.3f}x [{pct} CI {t.low:.3f}x-{t.high:.3f}x]"
-    if t.verdict == stats.SAME:
-        return f"Step time: {times}, {interval}: no significant difference."
-    return f"Step time: {times}, {interval}: B is {t.verdict}."
+    if t.verdict == stats.TOO_FEW:
+        line = (f"Step time: {times}, speedup {t.speedup:.3f}x (typical step): too few steps for a verdict "
+                f"({t.a_steps} against {t.b_steps}; the rank test needs {t.min_steps} a side at {pct}).")
+    else:
+        interval = f"speedup {t.speedup:.3f}x [{pct} CI {t.low:.3f}x-{t.high:.3f}x] (typical step, rank test)"
+        line = f"Step time: {times}, {interval}: " + (
+            "no significant difference." if t.verdict == stats.SAME else f"B is {t.verdict}.")
+    return f"{line} {t.note}" if t.note else line
+
+
+def interval_header(d: Diff) -> str:
+    """What the rows' interval column holds: Welch's interval at the false-coverage-adjusted level."""
+    return f"{100 * d.row_confidence:.3g}% CI (FDR-adjusted)"
 
 
 def _table(d: Diff, title: str, kinds: Sequence[str], value: str, top: int, width: int) -> Table | None:
@@ -58,17 +68,17 @@ def _table(d: Diff, title: str, kinds: Sequence[str], value: str, top: int, widt
     if not rows:
         return None
     unit = fmt.duration if value == "time" else _count
-    pct = f"{100 * d.confidence:g}% CI"
     shown = [c for c in rows if c.significant or c.presence_changed][:top]
     shown += [c for c in rows if c not in shown][: max(top - len(shown), 0)]
     body = []
     for c in shown:
         cells = [clip(fmt.row_name(c.kind, c.name), width)] + ([c.kind] if len(kinds) > 1 else [])
-        cells += [unit(c.a), unit(c.b), _signed(c.change, unit), f"[{_signed(c.low, unit)}, {_signed(c.high, unit)}]"]
+        interval = "-" if math.isnan(c.low) else f"[{_signed(c.low, unit)}, {_signed(c.high, unit)}]"
+        cells += [unit(c.a), unit(c.b), _signed(c.change, unit), interval]
         if value == "time":
             cells.append(_count(c.a_calls) if c.a_calls == c.b_calls else f"{_count(c.a_calls)} -> {_count(c.b_calls)}")
         body.append(cells + [c.verdict])
-    headers = ["name"] + (["kind"] if len(kinds) > 1 else []) + ["A", "B", "change", pct]
+    headers = ["name"] + (["kind"] if len(kinds) > 1 else []) + ["A", "B", "change", interval_header(d)]
     headers += (["calls/step"] if value == "time" else []) + ["verdict"]
     n_sig = sum(c.significant for c in rows)
     more = len(rows) - len(shown)
@@ -97,7 +107,7 @@ def _explained(d: Diff, top: int) -> str:
 def headline(d: Diff, top: int) -> str:
     """The step-time verdict, what accounts for it when B is faster or slower, and the largest significant rows."""
     parts = [_step_line(d)]
-    if d.step_time.verdict != stats.SAME:
+    if d.step_time.significant:
         parts.append(_explained(d, top))
     rows = [c for c in d.significant() if c.kind != "count"]
     if rows:
@@ -113,10 +123,14 @@ def _change_word(c: Change) -> str:
     return f"({c.status})" if c.presence_changed else f"{_signed(c.change, fmt.duration)} per step"
 
 
-def _rule() -> str:
-    return ("Rows: per-step means; the interval is a bootstrap over steps; a change is significant when Welch's "
-            "t-test passes the Benjamini-Hochberg false-discovery control across all rows, the interval excludes 0, "
-            "and it exceeds the noise threshold")
+def _rule(d: Diff) -> str:
+    return ("Step time: the typical step, the median of the A/B ratios over all pairs of steps, with the Mann-Whitney "
+            "rank test's interval (it excludes 1 exactly when the test finds a shift). Rows: per-step means; a change "
+            "is significant when Welch's t-test passes the Benjamini-Hochberg false-discovery control across all "
+            f"rows (rate {fmt.share(1 - d.confidence)}) and it exceeds the noise threshold "
+            f"({fmt.share(d.noise_threshold)} of A); each row's interval is Welch's at the level that control used "
+            f"({100 * d.row_confidence:.3g}%), so it excludes 0 for the rows it kept; new and gone rows are tested on "
+            "their calls per step")
 
 
 def render(d: Diff, top: int) -> str:
@@ -127,7 +141,7 @@ def render(d: Diff, top: int) -> str:
     if d.diagnostics:
         parts.append("\n".join(["Findings"] + [f"{'+' if x.change == 'appeared' else '-'} {x.change}: {x.message}"
                                                for x in d.diagnostics]))
-    parts.append("\n".join([f"{_rule()} ({fmt.share(d.noise_threshold)} of A)."] + [f"Note: {n}" for n in d.notes]))
+    parts.append("\n".join([f"{_rule(d)}."] + [f"Note: {n}" for n in d.notes]))
     return "\n\n".join(parts)
 
 
@@ -169,7 +183,7 @@ def write_html(d: Diff, path: Path, top: int) -> Path:
         parts.append("<h2>Findings</h2><ul>" + "".join(
             f'<li class="{"warning" if x.change == "appeared" else "info"}">{escape(x.change)}: '
             f"{escape(x.message)}</li>" for x in d.diagnostics) + "</ul>")
-    parts.append(f"<p class=\"info\">{escape(_rule())} ({escape(fmt.share(d.noise_threshold))} of A).</p>")
+    parts.append(f"<p class=\"info\">{escape(_rule(d))}.</p>")
     parts += [f'<p class="info">Note: {escape(n)}</p>' for n in d.notes]
     path.write_text(page(f"kprof diff: {d.a.source} vs {d.b.source}", "<section>" + "".join(parts) + "</section>"),
                     encoding="utf-8")

@@ -4,9 +4,10 @@ A leak (a tensor kept in a list every step, a graph held through a logged loss) 
 amount every step, for as long as training runs. What must not fire: growth during warm-up (allocator and
 optimizer state settling), the caching allocator's plateaus (a jump, then flat for good) and noise. So the test is:
 
-- the first ``WARMUP_SHARE`` of the samples are left out;
-- the rest is cut into ``CHUNKS`` consecutive chunks whose medians must rise chunk after chunk, each rise at least
-  ``EVEN_RISE`` of the average one (a plateau gives equal medians, so a jump rises once; noise rises at random);
+- the samples of the first ``WARMUP_SHARE`` of the steps are left out;
+- the rest of the steps is cut into ``CHUNKS`` equal spans whose medians must rise span after span, each rise at
+  least ``EVEN_RISE`` of the average one (a plateau gives equal medians, so a jump rises once; noise rises at
+  random); spans of steps, not of samples, since a session samples every step at first and sparser later;
 - the Theil-Sen slope (the median of all pairwise slopes) has a confidence interval (Sen's, from Kendall's S
   statistic) above zero, and the growth it predicts over the window is at least ``MIN_GROWTH_MB``.
 """
@@ -54,11 +55,16 @@ def theil_sen(x: np.ndarray, y: np.ndarray, z: float = 1.96) -> tuple[float, flo
 
 def growth(steps: np.ndarray, mb: np.ndarray) -> Growth | None:
     """The steady growth of ``mb`` (memory at ``steps``), or None when there is none worth naming."""
-    keep = int(steps.size * WARMUP_SHARE)
-    x, y = steps[keep:].astype(np.float64), mb[keep:]
+    if steps.size == 0:
+        return None
+    keep = steps >= steps[0] + WARMUP_SHARE * (steps[-1] - steps[0])
+    x, y = steps[keep].astype(np.float64), mb[keep]
     if x.size < MIN_SAMPLES:
         return None
-    medians = np.array([np.median(chunk) for chunk in np.array_split(y, CHUNKS)])
+    span = np.minimum(((x - x[0]) * CHUNKS / max(x[-1] - x[0], 1.0)).astype(np.int64), CHUNKS - 1)
+    if np.unique(span).size < CHUNKS:  # a span without samples: too few to tell a trend from a jump
+        return None
+    medians = np.array([np.median(y[span == k]) for k in range(CHUNKS)])
     rises = np.diff(medians)
     if not (rises > 0).all() or rises.min() < EVEN_RISE * rises.mean():
         return None

@@ -343,8 +343,11 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     found_all = diagnostics.diagnose(step_rows, rank_rows, skew, evidence, per_step)
     comm_rows, fsdp_rows = [c for r in results for c in r.comm.rows], [f for r in results for f in r.comm.fsdp]
     found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu) + ranks.findings(rank_rows)
+    ends: dict[str, list[int]] = {}
+    for r in results:
+        ends.setdefault(r.worker, []).extend(s.step for s in r.times.rows[-1:])
     found_all += trends.findings(series, found.snapshots, evidence.matmul_flops, sum(s.wall_us for s in step_rows),
-                                 len(step_rows))
+                                 len(step_rows), ends)
     return Summary(
         name=name,
         files=files,

@@ -2,16 +2,21 @@
 
 Each side is a run folder, a trace file, or `PATH@steps=SPEC` (steps of one run, e.g. `log/run@steps=2-4,7`).
 Both are read by `summarize`, whose per-step tables hold every operator, label and GPU activity per step.
-Step time: ratio of medians with an unpaired bootstrap interval and `compare`'s verdict words. Every other row
-(time per step of an operator, label or kernel, and counts per step: syncs, launches, copies) is a per-step
-mean, with a bootstrap interval of its change and Welch's t-test; rows are many, so a change is *significant*
-only when Benjamini-Hochberg keeps the false discovery rate across all rows under 1 - confidence, its
-interval excludes zero, and it exceeds `noise_threshold` of A's value (compare's 2%).
+Step time (`StepTimeChange`): a typical step of B against a typical step of A, by the rank test (`stats.rank_ratio`:
+the median of the pairwise step-time ratios, with the interval that is the test), and `compare`'s verdict words;
+below the steps a side the test needs, "too few steps" and no interval. Every other row (time per step of an
+operator, label or kernel, and counts per step: syncs, launches, copies) is a per-step mean tested by Welch's
+t-test; rows are many, so a change is *significant* only when Benjamini-Hochberg keeps the false discovery rate
+across all rows under 1 - confidence and it exceeds `noise_threshold` of A's value (compare's 2%). Each row's
+interval is Welch's at the level that control used (the false-coverage-adjusted level 1 - R q / m for R
+significant rows of m), so it excludes 0 exactly for the rows the control kept. A row present on one side only is
+*new* or *gone*; whether it is steady is tested on its calls per step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from .. import stats
-from . import diff_report
+from . import diff_report, fmt
 from .diagnostics import SCALAR_READ, SYNC_CALLS
 from .diff_inputs import Source, load, select
 from .perstep import PerStep
@@ -30,7 +35,7 @@ if TYPE_CHECKING:
     import pandas
 
 NEW, GONE, INCREASED, DECREASED, UNCHANGED = "new", "gone", "increased", "decreased", "unchanged"
-FEW_STEPS = 5  # below this many steps on a side, intervals are rough and the report says so
+ROW_MIN_STEPS = 2  # Welch's test needs a variance on each side
 BROAD_ROWS, BROAD_SHARE = 10, 0.5  # this many timed rows, this share of them moving one way: a note on the machine
 
 
@@ -46,14 +51,41 @@ class Side:
 
 @dataclasses.dataclass(frozen=True)
 class StepTimeChange:
-    """Median step time of each side, speedup = median(A) / median(B) with its interval, and the verdict for B."""
+    """The step-time verdict for B against A: its estimate, its interval and the steps behind them, in one object.
+
+    ``speedup`` is how many times longer a typical A step is than a typical B step (the median of the pairwise
+    step-time ratios A/B, ``stats.rank_ratio``): above 1, B is faster. ``low``/``high`` bound it at the diff's
+    confidence and are None when a side has too few steps for the rank test (``min_steps``), where the verdict is
+    ``stats.TOO_FEW``. ``change`` and ``change_interval`` say the same as B's relative change in step time.
+    """
 
     a_median_us: float
     b_median_us: float
     speedup: float
-    low: float
-    high: float
-    verdict: str  # stats.FASTER / SLOWER / SAME: B compared with A
+    low: float | None
+    high: float | None
+    verdict: str  # stats.FASTER / SLOWER / SAME / TOO_FEW: B compared with A
+    a_steps: int
+    b_steps: int
+    min_steps: int  # steps a side (equal sides) the rank test needs for an interval at this confidence
+    a_mean_us: float
+    b_mean_us: float
+    note: str | None = None  # why the means moved otherwise than the typical step, when they did
+
+    @property
+    def change(self) -> float:
+        """B's typical step time relative to A's, minus 1: +0.2 is 20% slower (``1 / speedup - 1``)."""
+        return 1.0 / self.speedup - 1.0
+
+    @property
+    def change_interval(self) -> tuple[float, float] | None:
+        """The interval of ``change`` (None with too few steps)."""
+        return None if self.low is None else (1.0 / self.high - 1.0, 1.0 / self.low - 1.0)
+
+    @property
+    def significant(self) -> bool:
+        """B is faster or slower: the interval excludes 1 and the change passes the noise threshold."""
+        return self.verdict in (stats.FASTER, stats.SLOWER)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,21 +101,15 @@ class Change:
     high: float
     a_calls: float  # calls per step (for counts: the count)
     b_calls: float
-    p_value: float  # Welch's t-test, before the false-discovery correction
+    p_value: float  # Welch's t-test (of calls per step for new and gone rows), before the false-discovery control
     significant: bool
     status: str  # new / gone (by presence), increased / decreased (significant), unchanged
+    verdict: str  # the status in words, with what it rests on
 
     @property
     def presence_changed(self) -> bool:
         """New in B or gone from it."""
         return self.status in (NEW, GONE)
-
-    @property
-    def verdict(self) -> str:
-        """The status as the reports word it: new and gone rows say whether the change is significant."""
-        if self.presence_changed:
-            return self.status if self.significant else f"{self.status}, not significant"
-        return self.status if self.significant else "no significant change"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +134,7 @@ class Diff:
     mean_step_change_us: float  # mean step time of B minus A (means add up across rows; the verdict uses medians)
     confidence: float
     noise_threshold: float
+    row_confidence: float  # the level of the rows' intervals: 1 - R q / m (false-coverage-adjusted), R of m rows
 
     def significant(self, kinds: Sequence[str] | None = None) -> list[Change]:
         """The significant rows (of `kinds` only, when given), largest change first."""
@@ -151,11 +178,15 @@ class Diff:
             "b": dataclasses.asdict(self.b),
             "step_time": dataclasses.asdict(self.step_time),
             "mean_step_change_us": self.mean_step_change_us,
-            "changes": [dict(dataclasses.asdict(c), verdict=c.verdict) for c in self.changes],
+            "changes": [{k: None if isinstance(v, float) and math.isnan(v) else v  # no interval: null in JSON
+                         for k, v in dataclasses.asdict(c).items()} for c in self.changes],
             "diagnostics": [dataclasses.asdict(d) for d in self.diagnostics],
             "notes": list(self.notes),
             "settings": {"confidence": self.confidence, "noise_threshold": self.noise_threshold,
-                         "test": "Welch t-test per row, Benjamini-Hochberg false discovery rate 1 - confidence"},
+                         "row_confidence": self.row_confidence,
+                         "test": "step time: Mann-Whitney rank test (Hodges-Lehmann ratio, Moses interval); rows: "
+                                 "Welch t-test, Benjamini-Hochberg false discovery rate 1 - confidence, intervals at "
+                                 "the false-coverage-adjusted level"},
         }
 
     def to_pandas(self) -> dict[str, pandas.DataFrame]:
@@ -163,7 +194,7 @@ class Diff:
         import pandas as pd
 
         data = self.to_dict()
-        columns = {"changes": [f.name for f in dataclasses.fields(Change)] + ["verdict"],
+        columns = {"changes": [f.name for f in dataclasses.fields(Change)],
                    "diagnostics": [f.name for f in dataclasses.fields(DiagnosticChange)]}
         return {"step_time": pd.DataFrame([data["step_time"]]),
                 **{key: pd.DataFrame(data[key], columns=cols) for key, cols in columns.items()}}
@@ -189,8 +220,8 @@ def _counts(table: PerStep) -> tuple[list[str], np.ndarray]:
     return list(picks), np.stack([table.calls[rows].sum(axis=0) for rows in picks.values()]).reshape(len(picks), -1)
 
 
-def _rows(a: PerStep, b: PerStep, confidence: float, noise: float, seed: int) -> list[Change]:
-    """Every row present on either side, tested together."""
+def _rows(a: PerStep, b: PerStep, confidence: float, noise: float) -> tuple[list[Change], float]:
+    """Every row present on either side, tested together; and the level of their intervals."""
     count_names, a_counts, b_counts = *_counts(a), _counts(b)[1]
     kinds = a.kind + ["count"] * len(count_names)
     names = a.name + count_names
@@ -199,23 +230,47 @@ def _rows(a: PerStep, b: PerStep, confidence: float, noise: float, seed: int) ->
     present = (ca.sum(axis=1) > 0) | (cb.sum(axis=1) > 0)
     kinds, names = [k for k, keep in zip(kinds, present) if keep], [n for n, keep in zip(names, present) if keep]
     xa, xb, ca, cb = xa[present], xb[present], ca[present], cb[present]
-    p = stats.welch_p(xa, xb)
-    low, high = stats.mean_change_interval(xa, xb, confidence=confidence, seed=seed)
+    presence = (ca.sum(axis=1) == 0) | (cb.sum(axis=1) == 0)
+    p = np.where(presence, stats.welch_p(ca, cb), stats.welch_p(xa, xb))
+    q = 1.0 - confidence
+    kept = stats.fdr_reject(p, q)
+    alpha = max(int(kept.sum()), 1) * q / max(p.size, 1)  # false-coverage-adjusted: excludes 0 iff kept
+    low, high = stats.welch_interval(xa, xb, alpha)
     ma, mb = xa.mean(axis=1), xb.mean(axis=1)
     change = mb - ma
-    dust = 1e-9 * np.maximum(np.abs(ma), np.abs(mb))  # rounding error of the resampled means of equal values
-    low, high = np.where(np.abs(low) <= dust, 0.0, low), np.where(np.abs(high) <= dust, 0.0, high)
-    clear = (np.abs(change) > noise * np.abs(ma)) & ((low > 0) | (high < 0))
-    significant = stats.fdr_reject(p, 1.0 - confidence) & clear
+    above_noise = np.abs(change) > noise * np.abs(ma)
+    significant = kept & above_noise
+    steps = (xa.shape[1], xb.shape[1])
     rows = []
     for i in range(len(kinds)):
-        was, now = ca[i].sum() > 0, cb[i].sum() > 0
-        status = NEW if not was else GONE if not now else (
+        status = NEW if not ca[i].any() else GONE if not cb[i].any() else (
             (INCREASED if change[i] > 0 else DECREASED) if significant[i] else UNCHANGED)
+        words = _verdict(status, bool(significant[i]), bool(above_noise[i]), low[i], high[i], change[i],
+                         (ca[i] if status == GONE else cb[i]), steps, noise)
         rows.append(Change(kinds[i], names[i], float(ma[i]), float(mb[i]), float(change[i]), float(low[i]),
                            float(high[i]), float(ca[i].mean()), float(cb[i].mean()), float(p[i]), bool(significant[i]),
-                           status))
-    return sorted(rows, key=lambda c: (not c.significant, not c.presence_changed, -abs(c.change)))
+                           status, words))
+    return sorted(rows, key=lambda c: (not c.significant, not c.presence_changed, -abs(c.change))), 1.0 - alpha
+
+
+def _verdict(status: str, significant: bool, above_noise: bool, low: float, high: float, change: float,
+             calls: np.ndarray, steps: tuple[int, int], noise: float) -> str:
+    """A row's verdict in words. ``calls``: calls per step on the side where the row ran (new: B, gone: A)."""
+    few = min(steps) < ROW_MIN_STEPS
+    if status in (NEW, GONE):
+        per_step = f"{calls.mean():.3g} calls/step, {'+' if change >= 0 else '-'}{fmt.duration(abs(change))} per step"
+        if few:
+            return f"{status}: {per_step} (too few steps to tell if it is steady)"
+        if significant:
+            return f"{status}: {per_step}"
+        return f"{status} in {int((calls > 0).sum())} of {calls.size} steps, not steady ({per_step})"
+    if few:
+        return stats.TOO_FEW
+    if significant:
+        return status
+    if low > 0 or high < 0:  # kept by the false-discovery control, but smaller than the noise threshold
+        return f"no significant change (under {fmt.share(noise)} of A)"
+    return "no significant change"
 
 
 def _broad_shift(changes: list[Change]) -> list[str]:
@@ -237,57 +292,89 @@ def _diagnostic_changes(a: Summary, b: Summary) -> list[DiagnosticChange]:
             + [DiagnosticChange(d.kind, "went away", d.message) for d in a.diagnostics if d.kind not in kinds_b])
 
 
-def _step_time(walls: list[np.ndarray], confidence: float, noise: float, seed: int) -> StepTimeChange:
-    """Medians, speedup with its bootstrap interval, and the verdict."""
-    speedup, low, high = stats.ratio_interval(walls[0], walls[1], confidence=confidence, seed=seed)
-    verdict = stats.verdict(speedup, low, high, threshold=noise)
-    # With the few steps of a profiling window the bootstrap interval is too narrow (3 against 3 steps: about 12%
-    # of noise-only pairs come out "faster" or "slower"); Welch's t-test on log step times keeps that under 5%.
-    logs = [np.log(np.maximum(w, 1e-3))[None] for w in walls]
-    if stats.welch_p(*logs)[0] >= 1.0 - confidence:
-        verdict = stats.SAME
-    return StepTimeChange(float(np.median(walls[0])), float(np.median(walls[1])), speedup, low, high, verdict)
+def _step_time(tables: tuple[PerStep, PerStep], confidence: float, noise: float) -> StepTimeChange:
+    """The typical step of B against A, by the rank test, and why the means say otherwise when they do."""
+    walls = [np.array([s.wall_us for s in t.steps]) for t in tables]
+    speedup, low, high = stats.rank_ratio(walls[0], walls[1], confidence=confidence)
+    verdict = stats.TOO_FEW if low is None else stats.verdict(speedup, low, high, threshold=noise)
+    change = StepTimeChange(float(np.median(walls[0])), float(np.median(walls[1])), speedup, low, high, verdict,
+                            walls[0].size, walls[1].size, stats.rank_min_steps(confidence), float(walls[0].mean()),
+                            float(walls[1].mean()))
+    return dataclasses.replace(change, note=_mean_note(change, tables, noise))
 
 
-def _few_steps(walls: list[np.ndarray]) -> list[str]:
-    n_a, n_b = (len(w) for w in walls)
-    if min(n_a, n_b) >= FEW_STEPS:
+def _direction(relative: float, noise: float) -> int:
+    return 1 if relative > noise else -1 if relative < -noise else 0
+
+
+def _mean_note(t: StepTimeChange, tables: tuple[PerStep, PerStep], noise: float) -> str | None:
+    """Why the mean step time moved another way than the typical step, when it did: one outlier step (named, with
+    the mean without it), or step times skewed by a few long steps."""
+    if t.verdict == stats.TOO_FEW:
+        return None
+    typical = 0 if t.verdict == stats.SAME else _direction(t.change, noise)
+    mean = t.b_mean_us - t.a_mean_us
+    if _direction(mean / t.a_mean_us, noise) == typical:
+        return None
+    said = (f"The mean step time changed by {'+' if mean > 0 else '-'}{fmt.duration(abs(mean))} "
+            f"({mean / t.a_mean_us:+.0%}) while the typical step {'did not' if not typical else 'moved the other way'}")
+    for side, table in zip("AB", tables):
+        walls = np.array([s.wall_us for s in table.steps])
+        worst = int(np.argmax(np.abs(walls - np.median(walls))))
+        rest = np.delete(walls, worst)
+        if rest.size:
+            without = t.b_mean_us - rest.mean() if side == "A" else rest.mean() - t.a_mean_us
+            if _direction(without / t.a_mean_us, noise) == typical:
+                step = table.steps[worst]
+                return (f"{said}: step {step.step} of {side} took {fmt.duration(walls[worst])}, "
+                        f"{walls[worst] / np.median(walls):.1f}x its median (an outlier); without it the mean "
+                        f"changed by {'+' if without > 0 else '-'}{fmt.duration(abs(without))}. The verdict goes by "
+                        "the typical step.")
+    return f"{said}: a few long steps skew the step times, which moves the mean more than the median."
+
+
+def _steps_note(t: StepTimeChange, confidence: float) -> list[str]:
+    """Which minimum a side missed, when one did: the rank test's for the step time, Welch's for the rows."""
+    if t.low is not None:
         return []
-    return [(f"{n_a} against {n_b} step{'s' * (n_b != 1)}: with fewer than {FEW_STEPS} steps on a side the "
-             "intervals are rough and only large, steady changes can be significant; profile more steps (active=10) "
-             "for finer answers.")]
+    rows = ("; the rows' t-test needs 2 a side, so they are not tested either"
+            if min(t.a_steps, t.b_steps) < ROW_MIN_STEPS else "")
+    return [(f"{t.a_steps} against {t.b_steps} step{'s' * (t.b_steps != 1)}: the step-time rank test needs at least "
+             f"{t.min_steps} steps a side at {confidence:.0%} confidence for an interval{rows}; profile more steps "
+             "(active=10) for a verdict.")]
 
 
-def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: float = 0.02, seed: int = 0) -> Diff:
+def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: float = 0.02) -> Diff:
     """Compare B with A: step time, every operator, label, GPU activity and count per step, and the findings.
 
     `a` and `b` are run folders, trace files, `PATH@steps=SPEC` selections (`log/run@steps=2-4,7`), Summaries,
     or `diff_inputs.Input`s (a Summary and its steps: the kprof tab summarizes runs itself). `confidence` sets
-    the intervals and the false discovery rate (1 - confidence); changes under `noise_threshold` (a fraction of
-    A's value) are never significant; `seed` makes the bootstrap repeatable.
+    the step time's interval and the false discovery rate of the rows (1 - confidence); changes under
+    `noise_threshold` (a fraction of A's value) are never significant. The result is deterministic.
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence!r}")
     if isinstance(noise_threshold, bool) or not isinstance(noise_threshold, (int, float)) or not noise_threshold >= 0:
         raise ValueError(f"noise_threshold must be a number >= 0, got {noise_threshold!r}")
     sides = load(a, b)
-    table_a, table_b = select(sides)
-    walls = [np.array([s.wall_us for s in t.steps]) for t in (table_a, table_b)]
-    changes = _rows(table_a, table_b, confidence, noise_threshold, seed)
+    tables = select(sides)
+    changes, row_confidence = _rows(*tables, confidence, noise_threshold)
+    step_time = _step_time(tables, confidence, noise_threshold)
     same_run = sides[0].summary is sides[1].summary
-    notes = _few_steps(walls) + _broad_shift(changes)
+    notes = _steps_note(step_time, confidence) + _broad_shift(changes)
     if same_run:
         notes.append("Both sides are steps of one run: its findings (diagnostics) are per run, so none are compared.")
     a_side, b_side = (Side(side.source, side.summary.name, sorted({s.step for s in t.steps}), len(t.steps))
-                      for side, t in zip(sides, (table_a, table_b)))
+                      for side, t in zip(sides, tables))
     return Diff(
         a=a_side,
         b=b_side,
-        step_time=_step_time(walls, confidence, noise_threshold, seed),
+        step_time=step_time,
         changes=changes,
         diagnostics=[] if same_run else _diagnostic_changes(sides[0].summary, sides[1].summary),
         notes=notes,
-        mean_step_change_us=float(walls[1].mean() - walls[0].mean()),
+        mean_step_change_us=step_time.b_mean_us - step_time.a_mean_us,
         confidence=confidence,
         noise_threshold=noise_threshold,
+        row_confidence=row_confidence,
     )

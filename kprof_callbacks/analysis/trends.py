@@ -1,6 +1,6 @@
-"""Findings over every step of a run, from the scalars the session wrote (``series``): memory that grows from step
-to step, and the throughput / model FLOPs utilization the program reached. With a CUDA memory snapshot
-(``memory_snapshot=True``), a growth finding names the allocation sites that hold the memory.
+"""Findings over every step of a run, from the scalars the session wrote (``series``): what profiling itself cost,
+memory that grows from step to step, and the throughput / model FLOPs utilization the program reached. With a CUDA
+memory snapshot (``memory_snapshot=True``), a growth finding names the allocation sites that hold the memory.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import layout
+from .. import layout, peaks
 from . import fmt
 from .growth import Growth, growth
 from .series import Series
@@ -24,14 +24,17 @@ _LIBRARY = ("/site-packages/", "/dist-packages/", "/torch/", "/lib/python")
 
 
 def findings(series: dict[str, dict[str, Series]], snapshots: list[Path], matmul_flops: float = 0.0,
-             profiled_us: float = 0.0, profiled_steps: int = 0) -> list[Diagnostic]:
-    """Memory growth per worker (CUDA allocated, else the process's RSS), throughput / MFU from the FLOPs the program
-    gave, and from the matrix products of the profiled steps (``matmul_flops`` in ``profiled_steps`` steps that took
-    ``profiled_us``)."""
+             profiled_us: float = 0.0, profiled_steps: int = 0,
+             window_ends: dict[str, list[int]] | None = None) -> list[Diagnostic]:
+    """Profiling's own cost and memory growth per worker (CUDA allocated, else the process's RSS), throughput / MFU
+    from the FLOPs the program gave, and from the matrix products of the profiled steps (``matmul_flops`` in
+    ``profiled_steps`` steps that took ``profiled_us``). ``window_ends``: per worker, the last step of each trace."""
     found = []
     many = len(series) > 1
     for worker, tags in series.items():
         where = f" on {worker}" if many else ""
+        if layout.PROFILER_TAG in tags:
+            found.append(_cost_finding(tags, (window_ends or {}).get(worker, []), where))
         for key, what in (("allocated", "CUDA memory allocated"), ("rss", "the process's resident memory")):
             points = tags.get(layout.MEMORY_TAGS[key])
             trend = growth(points.steps, points.values) if points is not None else None
@@ -42,6 +45,19 @@ def findings(series: dict[str, dict[str, Series]], snapshots: list[Path], matmul
     if matmul_flops and profiled_us and profiled_steps:
         found.append(_matmul_finding(matmul_flops / profiled_steps, matmul_flops / profiled_us / 1e6, _peak(series)))
     return found
+
+
+def _cost_finding(tags: dict[str, Series], window_ends: list[int], where: str) -> Diagnostic:
+    """What kprof and torch.profiler cost the training thread: in all, and at the end of each window."""
+    own, step = tags[layout.PROFILER_TAG], tags.get(layout.STEP_TIME_TAG)
+    total_us = float(own.values.sum()) * 1e3
+    wall = f" ({fmt.share(total_us / (total_us + float(step.values.sum()) * 1e3))} of the wall time)" if step else ""
+    ends = own.values[np.isin(own.steps, window_ends)] * 1e3
+    windows = (f"; a window cost {fmt.duration(float(np.median(ends)))} at its end (median of {ends.size}: torch "
+               "stopping its profiler, the hand-off to the trace writer)" if ends.size else "")
+    return Diagnostic("profiler_cost", "info", (
+        f"Profiling cost the training thread {fmt.duration(total_us)} over {own.steps.size} steps{where}{wall}"
+        f"{windows}. kprof/step_time_ms and every finding leave it out (kprof/profiler_ms has it per step)."))
 
 
 def _peak(series: dict[str, dict[str, Series]]) -> float | None:
@@ -62,9 +78,13 @@ def _growth_finding(trend: Growth, what: str, snapshots: list[Path]) -> Diagnost
     sites = growing_sites(snapshots)
     named = (f" Allocation sites holding memory allocated after warm-up (memory snapshot): {sites}." if sites else
              " Profile with memory_snapshot=True to have the allocation sites named." if not snapshots else "")
+    if trend.mb_per_step >= 0.01:
+        rate, ci = f"{trend.mb_per_step:.2f} MB", f"{trend.low:.2f}-{trend.high:.2f}"
+    else:  # a slow leak over a long run: bytes, not "0.00 MB"
+        rate, ci = fmt.size(trend.mb_per_step * 2**20), f"{fmt.size(trend.low * 2**20)}-{fmt.size(trend.high * 2**20)}"
     return Diagnostic("memory_growth", "warning", (
-        f"Memory grows {trend.mb_per_step:.2f} MB per step over steps {trend.first}-{trend.last} ({what}; Theil-Sen "
-        f"slope, 95% CI {trend.low:.2f}-{trend.high:.2f}; {trend.total_mb:.0f} MB in all): {_LEAK_HINT}.{named}"))
+        f"Memory grows {rate} per step over steps {trend.first}-{trend.last} ({what}; Theil-Sen slope, 95% CI {ci}; "
+        f"{trend.total_mb:.0f} MB in all): {_LEAK_HINT}.{named}"))
 
 
 def _mfu_findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
@@ -77,13 +97,28 @@ def _mfu_findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
     mfu = [tags[layout.MFU_TAG].values for tags in series.values() if layout.MFU_TAG in tags]
     peak = _peak(series)
     if not mfu or peak is None:
+        if tflops > peaks.HIGHEST_TFLOPS:
+            return [_wrong_flops(f"{tflops:.3g} TFLOP/s ({span}) is more than any GPU's dense peak (kprof's table "
+                                 f"tops out at {peaks.HIGHEST_TFLOPS:g} TFLOP/s)")]
         return [Diagnostic("mfu", "info", (
             f"Achieved {tflops:.3g} TFLOP/s ({span}, from the FLOPs the program gave per step). No MFU: the device "
             "is not in kprof's table of dense peaks; pass peak_tflops= (and mfu_dtype=) to kprof.session."))]
     share = float(np.median(np.concatenate(mfu)))
+    if share > 1.0:
+        return [_wrong_flops(f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.3g} TFLOP/s achieved "
+                             f"against a dense peak of {peak:.1f} TFLOP/s")]
     return [Diagnostic("mfu", "info", (
         f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.3g} TFLOP/s achieved of a dense peak of "
         f"{peak:.1f} TFLOP/s (from the FLOPs the program gave per step; dense, not the sparse datasheet figure)."))]
+
+
+def _wrong_flops(what: str) -> Diagnostic:
+    """A rate no device reaches: the FLOPs the program gave (or the peak) are wrong, and so is every MFU figure."""
+    return Diagnostic("mfu_impossible", "warning", (
+        f"{what}: more than the hardware can do, so the FLOPs given per step are likely wrong (a count per sample "
+        "or per token multiplied once too often, forward and backward counted twice), or the peak is (peak_tflops=, "
+        "or mfu_dtype= for a dtype faster than the one MFU is measured against). kprof/tflops and kprof/mfu are "
+        "only as right as those FLOPs."))
 
 
 def growing_sites(snapshots: list[Path], warmup_share: float = 0.2) -> str:

@@ -5,11 +5,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import platform
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from .. import stats
 from ..timing import Timing
+
+if TYPE_CHECKING:
+    from ..analysis import Diff
 
 K = 2.0  # a variant may be this many times as far from float64 as the reference is
 FLOOR_ULPS = 4  # relative error every tensor may have whatever the reference's, in units in the last place
@@ -41,7 +46,7 @@ class VariantResult:
     note: str | None = None  # why the verdict is "noisy measurement"
     first_step_s: float | None = None  # the first step, untimed (it compiles under torch.compile), in seconds
     trace_dir: str | None = None
-    trace_diff: str | None = None  # with a logdir: what changed in the traces against the baseline (kprof.diff)
+    trace_diff: str | None = None  # with a logdir: what changed in the traces against the baseline (trace_summary)
 
     @property
     def check_ok(self) -> bool | None:
@@ -128,7 +133,7 @@ class Comparison:
 
     def __str__(self) -> str:
         s = self.settings
-        head = ["variant", "median ms", "p10", "p90", f"speedup [{100 * s['confidence']:g}% CI]", "verdict",
+        head = ["variant", "median ms", "p10", "p90", f"timed speedup [{100 * s['confidence']:g}% CI]", "verdict",
                 "peak MB", "check err (ref's own)"]
         rows = [head] + [_row(v) for v in self.variants.values()]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -145,8 +150,9 @@ class Comparison:
         ]
         if self.baseline is not None:
             out.append(
-                f"speedup = median({self.baseline}) / median(variant); 'no significant difference' when the CI "
-                f"includes 1.0 or the change is under {100 * s['noise_threshold']:g}%"
+                f"timed speedup = median({self.baseline}) / median(variant) over the timed steps (no profiler); "
+                f"'no significant difference' when the CI includes 1.0 or the change is under "
+                f"{100 * s['noise_threshold']:g}%"
             )
         if any(v.check_basis == "float64" for v in self.variants.values()):
             out.append("check err: max |variant - float64| / max |float64| of the worst output, loss or gradient, against "
@@ -168,6 +174,20 @@ class Comparison:
             out.append(f"torch.compile: the first step of each variant compiles and is not timed ({firsts})")
         out.append("versions: " + ", ".join(f"{k} {val}" for k, val in self.versions.items() if val))
         return "\n".join(out)
+
+
+def trace_summary(v: VariantResult, d: Diff, steps: int) -> str:
+    """What ``kprof.diff`` of the profiled steps says (``d``, baseline against ``v``), labelled as what it measures,
+    and which speedup to believe when it disagrees with the timed one (``steps`` timed steps a variant)."""
+    t = d.step_time
+    text = f"{d.a.samples} against {d.b.samples} profiled steps, with the profiler on. {d.headline()}"
+    if v.verdict in (stats.NOISY, None) or t.verdict == v.verdict:
+        return text
+    return (f"{text} The timed speedup ({v.speedup:.3f}x: {v.verdict}) is the one to go by: it times {steps} steps "
+            f"of each variant without the profiler, interleaved in rounds so that load and clocks hit both alike; "
+            f"the traces hold {d.b.samples} steps of each, recorded one variant after the other, with the "
+            "profiler's own per-operator cost in every step (heaviest where steps are host-bound). The trace diff is "
+            "for where the time went, not how much.")
 
 
 def _row(v: VariantResult) -> list[str]:

@@ -26,7 +26,7 @@ from .. import layout, stats, torch_compat
 from ..timing import Timing
 from ..checks import check_bool
 from .check import check_agreement, float64_copy
-from .result import BASELINE, Comparison, device_name, versions
+from .result import BASELINE, Comparison, device_name, trace_summary, versions
 from .steps import make_sessions, profile as profile_variant, run_steps, timed_rounds
 from .variants import (OptimizerFactory, StepFn, Variant, build_variants, check_options, cycle, device_of,
                        load_same_weights, make_optimizer, take_batches)
@@ -166,6 +166,6 @@ def _diff_traces(result: Comparison) -> None:
         if res is base or base is None or base.trace_dir is None or res.trace_dir is None:
             continue
         try:
-            res.trace_diff = diff(base.trace_dir, res.trace_dir, seed=result.settings["seed"]).headline()
+            res.trace_diff = trace_summary(res, diff(base.trace_dir, res.trace_dir), result.settings["steps"])
         except ValueError as exc:  # a variant whose traces could not be read: the timing still stands
             res.trace_diff = f"no trace diff: {exc}"

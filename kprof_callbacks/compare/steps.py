@@ -93,9 +93,9 @@ def _timed_block(run: Variant, step_fn: StepFn, batches: list, device: torch.dev
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         resident = torch.cuda.memory_allocated(device)
-    timer = StepTimer(cuda=cuda)
+    timer = StepTimer(cuda=cuda, keep=max(1, len(batches)))
     try:
-        timer.mark()
+        timer.start()
         for batch in batches:
             train_step(run, batch, step_fn)
             timer.mark()
@@ -106,7 +106,7 @@ def _timed_block(run: Variant, step_fn: StepFn, batches: list, device: torch.dev
     except RuntimeError as exc:  # an asynchronous CUDA error surfaces at the synchronize in drain()
         run.fail(exc)
         return
-    run.rounds.append(timer.times)
+    run.rounds.append(timer.times())
     run.model.zero_grad(set_to_none=True)
     if cuda:
         run.peak_bytes = max(run.peak_bytes, torch.cuda.max_memory_allocated(device) - resident)

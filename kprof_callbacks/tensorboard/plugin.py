@@ -182,20 +182,22 @@ class KprofPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _steptime_route(self, request: werkzeug.Request) -> werkzeug.Response:
-        """Step time (ms) of every step TensorBoard holds for the run, from the session's scalars."""
+        """Step time (ms, without kprof's own cost) of every step TensorBoard holds for the run, and kprof's own
+        cost per step (`profiler`), from the session's scalars."""
         name = self._run(request).name
-        series = []
+        data = {}
         if self._provider is not None:
             data = self._provider.read_scalars(
                 plugin_util.context(request.environ),
                 experiment_id=plugin_util.experiment_id(request.environ),
                 plugin_name=scalar_metadata.PLUGIN_NAME,
                 downsample=_MAX_POINTS,
-                run_tag_filter=provider.RunTagFilter(runs=[name], tags=[layout.STEP_TIME_TAG]),
-            )
-            series = data.get(name, {}).get(layout.STEP_TIME_TAG, [])
-        return http_util.Respond(request, {"run": name, "tag": layout.STEP_TIME_TAG,
-                                           "points": [[d.step, d.value] for d in series]}, _JSON)
+                run_tag_filter=provider.RunTagFilter(runs=[name], tags=[layout.STEP_TIME_TAG, layout.PROFILER_TAG]),
+            ).get(name, {})
+        step, own = ([[d.step, d.value] for d in data.get(tag, [])] for tag in (layout.STEP_TIME_TAG,
+                                                                                 layout.PROFILER_TAG))
+        return http_util.Respond(request, {"run": name, "tag": layout.STEP_TIME_TAG, "points": step, "profiler": own},
+                                 _JSON)
 
     @wrappers.Request.application
     def _compare_route(self, request: werkzeug.Request) -> werkzeug.Response:

@@ -61,22 +61,29 @@ function spread(ys, gap) {
   return out;
 }
 
+/** The colour of kprof's own cost (kprof/profiler_ms) wherever the tab draws it. */
+export const PROFILER_COLOR = '#9c755f';
+
 /**
- * Step time over a run: `points` is [[step, ms], ...] in step order. The y axis starts at 0. Shaded bands mark
+ * Step time over a run: `points` is [[step, ms], ...] in step order, each step without kprof's own cost, which
+ * `profiler` ([[step, ms], ...]) holds: it is drawn as a band on top of the line, so the band's top edge is the
+ * wall time (step + profiler). The y axis starts at 0. Shaded bands mark
  * `windows` ([[first, last], ...]: the profiled steps), red dots the `slow` steps (step numbers). Dashed lines
  * mark the median of every step and, when there are windows, of the profiled steps; their labels sit in the
  * right margin, outside the plot, so they never cover the line. Steps slower than 4x the 90th percentile (the
  * first step, a checkpoint) would flatten everything else, so the axis stops there and each of them is drawn
  * as a triangle at the top, its real time in its tooltip.
  */
-export function lineChart(points, {windows = [], slow = [], unit = 'ms'} = {}) {
+export function lineChart(points, {windows = [], slow = [], profiler = [], unit = 'ms'} = {}) {
   const width = pageWidth(), height = 190, left = 76, right = 190, top = 22, bottom = 24;
   const chart = frame(width, height, `step time over ${points.length} steps`);
   const steps = points.map((p) => p[0]);
   const values = points.map((p) => p[1]);
+  const own = new Map(profiler);
+  const walls = points.map(([s, v]) => v + (own.get(s) || 0));
   const x0 = Math.min(...steps), x1 = Math.max(...steps);
-  const cap = 4 * quantile(values, 0.9);
-  const max = Math.max(...values);
+  const cap = 4 * quantile(walls, 0.9);
+  const max = Math.max(...walls);
   const yMax = (max > cap ? cap : max * 1.05) || 1;
   const x = (s) => left + (x1 === x0 ? 0.5 : (s - x0) / (x1 - x0)) * (width - left - right);
   const y = (v) => top + (1 - Math.min(v, yMax) / yMax) * (height - top - bottom);
@@ -111,6 +118,7 @@ export function lineChart(points, {windows = [], slow = [], unit = 'ms'} = {}) {
     chart.append(svg('text', {x: width - right + 8, y: labelY[i], class: `tick ${cls}-label`},
       `${text}: ${num(v)} ${unit}`));
   });
+  if (own.size && points.length > 1) chart.append(costBand(points, own, x, y, unit));
   if (points.length === 1) {
     chart.append(svg('circle', {cx: x(steps[0]), cy: y(values[0]), r: 3, class: 'dot'}));
   } else {
@@ -121,12 +129,24 @@ export function lineChart(points, {windows = [], slow = [], unit = 'ms'} = {}) {
     chart.append(svg('circle', {cx: x(s), cy: y(v), r: 3.5, class: 'slow'},
       svg('title', {}, `slow step ${s}: ${num(v)} ${unit}`)));
   }
-  for (const [s, v] of points.filter((p) => p[1] > yMax)) {
+  for (const [s, v] of points.filter((p) => p[1] + (own.get(p[0]) || 0) > yMax)) {
     const [px, py] = [x(s), top];
     chart.append(svg('path', {d: `M${px - 5},${py + 7} L${px + 5},${py + 7} L${px},${py} Z`, class: 'off-scale'},
-      svg('title', {}, `step ${s}: ${num(v)} ${unit}, above the axis`)));
+      svg('title', {}, `step ${s}: ${num(v)} ${unit} + kprof ${num(own.get(s) || 0)} ${unit}, above the axis`)));
   }
   return chart;
+}
+
+/** kprof's own cost as a band from each step's time up to its wall time, with the total and the largest step. */
+function costBand(points, own, x, y, unit) {
+  const top = points.map(([s, v]) => `${x(s)},${y(v + (own.get(s) || 0))}`);
+  const bottom = [...points].reverse().map(([s, v]) => `${x(s)},${y(v)}`);
+  const [worst, most] = [...own].reduce((a, b) => (b[1] > a[1] ? b : a));
+  const total = [...own.values()].reduce((a, b) => a + b, 0);
+  return svg('polygon', {points: [...top, ...bottom].join(' '), fill: PROFILER_COLOR, 'fill-opacity': 0.55,
+    class: 'profiler'},
+  svg('title', {}, `kprof's own cost: ${num(total)} ${unit} over ${own.size} steps, most at step ${worst} `
+    + `(${num(most)} ${unit}); the line below it is the step without it`));
 }
 
 /**

@@ -30,12 +30,12 @@ export async function diffPage(params, {runs, legend, go}) {
   }
   const d = data.diff;
   const rows = d.changes.map((c, i) => ({...c, shown: data.names[i]}));
-  const ci = `${percent(d.settings.confidence)} CI`;
+  const ci = `${+(100 * d.settings.row_confidence).toPrecision(3)}% CI (FDR-adjusted)`;
   head.append(
     h('p', {class: 'meta'}, 'A: ', sideText(d.a), h('br'), 'B: ', sideText(d.b), h('br'),
       `Diffed in ${num(data.seconds)} s at ${new Date(data.computed_at * 1000).toLocaleTimeString()}.`),
     h('p', {class: 'headline', id: 'diff-headline'}, data.headline));
-  return [head, stepSection(d, legend, ci), changesSection(rows, legend),
+  return [head, stepSection(d, legend), changesSection(rows, legend),
     data.groups.map((g) => groupSection(g, rows, legend, ci)), findingsSection(d.diagnostics), rulesSection(d)];
 }
 
@@ -81,7 +81,7 @@ function changeStyle(row, legend) {
   return row.significant ? `color:${legend.changes[row.change > 0 ? 'increased' : 'decreased']}` : null;
 }
 
-function stepSection(d, legend, ci) {
+function stepSection(d, legend) {
   const t = d.step_time;
   const [gpu, , other] = legend.parts.map((p) => p.color);
   const chart = rangeBars([
@@ -90,13 +90,17 @@ function stepSection(d, legend, ci) {
   ]);
   const moved = {faster: 'decreased', slower: 'increased'}[t.verdict];
   const verdict = moved ? `B is ${t.verdict}` : t.verdict;
+  const interval = t.low === null
+    ? ` (${t.a_steps} against ${t.b_steps} steps; the rank test needs ${t.min_steps} a side)`
+    : ` [${percent(d.settings.confidence)} CI ${times(t.low)}–${times(t.high)}]`;
   return section('Step time',
     h('p', {id: 'diff-step-time'}, `Medians ${ms(t.a_median_us)} (A) and ${ms(t.b_median_us)} (B): speedup `
-      + `${times(t.speedup)} [${ci} ${times(t.low)}–${times(t.high)}]: `,
+      + `${times(t.speedup)}${interval}: `,
     h('b', {class: 'verdict', style: moved ? `color:${legend.changes[moved]}` : null}, verdict), '.'),
     h('figure', {}, chart),
-    note(`Speedup = median(A) / median(B), its interval from resampling each side's steps; the mean step time `
-      + `changed by ${signed(d.mean_step_change_us, duration)}.`));
+    note(`Speedup = a typical A step over a typical B step (the median of the A/B ratios over all pairs of steps), `
+      + `its interval from the rank test that gives the verdict; the mean step time changed by `
+      + `${signed(d.mean_step_change_us, duration)}.${t.note ? ` ${t.note}` : ''}`));
 }
 
 /** A row's name as the reports show it, `new` or `gone` marked. */
@@ -131,7 +135,8 @@ function groupSection(group, allRows, legend, ci) {
     {label: 'A', get: (r) => r.a, fmt: unit, keep: true},
     {label: 'B', get: (r) => r.b, fmt: unit, keep: true},
     {label: 'change', get: (r) => r.change, fmt: (x) => signed(x, unit), keep: true},
-    {label: ci, get: (r) => r, fmt: (r) => `[${signed(r.low, unit)}, ${signed(r.high, unit)}]`, cls: 'num', keep: true},
+    {label: ci, get: (r) => r, cls: 'num', keep: true,
+      fmt: (r) => (r.low === null ? '–' : `[${signed(r.low, unit)}, ${signed(r.high, unit)}]`)},
     group.value === 'time' ? {label: 'calls/step', get: (r) => r, fmt: calls, cls: 'num', keep: true} : null,
     {label: 'verdict', get: (r) => r, fmt: (r) => h('span', {style: changeStyle(r, legend)}, r.verdict), cls: 'tag',
       keep: true},
@@ -152,8 +157,9 @@ function findingsSection(diagnostics) {
 function rulesSection(d) {
   const s = d.settings;
   return section('How to read it',
-    note(`Rows: per-step means of A and B, with a bootstrap interval over steps. A change is significant when it `
-      + `passes the test (${s.test}: ${percent(1 - s.confidence)} here), its interval excludes 0 and it `
-      + `exceeds ${percent(s.noise_threshold)} of A's value.`),
+    note(`Rows: per-step means of A and B. A change is significant when it passes the test (${s.test}; false `
+      + `discovery rate ${percent(1 - s.confidence)} here) and exceeds ${percent(s.noise_threshold)} of A's value; `
+      + `each interval is Welch's at the level the false-discovery control used (${percent(s.row_confidence)}), so it `
+      + 'excludes 0 for the rows it kept.'),
     d.notes.map((n) => note(`Note: ${n}`)));
 }

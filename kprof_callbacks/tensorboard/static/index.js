@@ -1,7 +1,7 @@
 // The kprof tab. TensorBoard loads this ES module in the tab's iframe and calls render(); every request
 // goes to this plugin's routes (relative URLs under data/plugin/kprof/), nothing to the network.
 
-import {lineChart, median, num, rangeBars, stackedBars} from './charts.js';
+import {PROFILER_COLOR, lineChart, median, num, rangeBars, stackedBars} from './charts.js';
 import {diffPage, diffView} from './diff.js';
 import {getJSON, h, mb, ms, note, pct, query, section, shorten, table, windowsOf} from './dom.js';
 import {timelineView} from './timeline.js';
@@ -146,7 +146,7 @@ async function runPage(name) {
     parts.push(diagnosticsSection(s.diagnostics));
   }
   const info = state.runs.find((r) => r.run === name);
-  parts.push(stepTimeSection(steptime.points, s ? s.steps : [], info && info.comparison));
+  parts.push(stepTimeSection(steptime, s ? s.steps : [], info && info.comparison));
   if (s) {
     const gpu = s.kernels.length > 0;
     parts.push(stepsSection(s.steps, gpu), timelineSection(name, files, s.files), opsSection(s.ops, gpu));
@@ -176,7 +176,7 @@ function diagnosticsSection(diagnostics) {
   return section('Findings', body);
 }
 
-function stepTimeSection(points, profiledSteps, comparison) {
+function stepTimeSection({points, profiler}, profiledSteps, comparison) {
   if (!points.length) {
     const why = comparison
       ? [`kprof.compare writes no step-time scalars; the step times of its variants are in the comparison `,
@@ -194,8 +194,11 @@ function stepTimeSection(points, profiledSteps, comparison) {
     .filter(Boolean);
   const last = values[values.length - 1];
   return section('Step time over the run',
-    h('figure', {}, lineChart(points, {windows, slow: slow.map(([n]) => n)})),
+    h('figure', {}, lineChart(points, {windows, slow: slow.map(([n]) => n), profiler})),
     h('p', {class: 'legend'},
+      profiler.length ? [h('span', {class: 'swatch', style: `background:${PROFILER_COLOR}`}),
+        `kprof's own cost (kprof/profiler_ms: ${num(profiler.reduce((a, [, v]) => a + v, 0))} ms in all), `
+        + 'above each step: the step time leaves it out '] : null,
       windows.length ? [h('span', {class: 'swatch window'}), 'profiled steps (the trace files) '] : null,
       slow.length ? [h('span', {class: 'swatch slow'}), `slow step (over ${SLOW}x the median) `] : null,
       'a triangle at the top: a step above the axis (hover for its time)'),
@@ -441,7 +444,8 @@ async function comparePage(dir) {
     h('td', {class: 'name'}, v.verdict || v.status),
     h('td', {class: `name ${v.check_ok === false ? 'bad' : ''}`}, check(v)),
     h('td', {class: 'num'}, v.peak_mem_mb === null ? '–' : `${num(v.peak_mem_mb)} MB`)));
-  const head = h('tr', {}, ['variant', 'median', 'p10–p90', `speedup [${conf}]`, 'verdict', 'correctness check', 'peak memory']
+  const head = h('tr', {}, ['variant', 'median', 'p10–p90', `timed speedup [${conf}]`, 'verdict', 'correctness check',
+    'peak memory']
     .map((t, i) => h('th', {class: [0, 4, 5].includes(i) ? 'name' : 'num'}, t)));
   const [gpu, , other] = state.legend.parts.map((p) => p.color);
   const chart = rangeBars(variants.map((v) => ({

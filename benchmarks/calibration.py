@@ -1,0 +1,417 @@
+"""How often is each kprof verdict wrong? False positives on seeded noise-only runs, detection of named effects.
+
+Every detector runs as kprof runs it, on the inputs it reads, drawn from a seeded noise model instead of a trace:
+the findings (``diagnostics.diagnose``) on per-step tables, the growth detector on memory samples taken on the
+session's schedule, ``kprof.diff`` on two Summaries' per-step tables, ``compare``'s verdict on timed rounds, the
+slow-step trigger on a stream of step times. Step-to-step noise is lognormal with sigma 5% (a GPU training step)
+or 15% (a shared CPU); noise-only runs also hold what real runs have and no detector may blame: a window's first
+step 10% slower and its data loading at a quarter of the step, a loss read once, an allocator plateau, warm-up.
+Each injected effect is the smallest one docs/findings.md promises to find. A row meets its targets at <= 5%
+false positives and >= 95% detection; each rate comes with its 95% (Wilson) interval.
+
+``--real`` runs the detectors end to end instead, on the noise of this machine: each trial trains a small MLP
+(on the GPU when there is one) under ``kprof.session``, summarizes its traces and reads the findings, or diffs two
+such runs; the effects are injected into the loop itself (a sleep, a ``data_loading`` region, ``.item()``, tiny
+kernels, memory kept, a longer step). Rows that need a GPU are left out on a CPU.
+
+    python benchmarks/calibration.py                                  # 1000 trials a row, ~15 min on 2 busy cores
+    python benchmarks/calibration.py --quick                          # 40 trials a row (the test)
+    python benchmarks/calibration.py --out benchmarks/results/calibration-cpu.json
+    python benchmarks/calibration.py --real --trials 10 --out calibration-real.json   # ~5 min on an H100
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import mmap
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from kprof_callbacks import stats, triggers
+from kprof_callbacks.analysis import Summary, diagnostics, diff, growth
+from kprof_callbacks.analysis.perstep import PerStep
+from kprof_callbacks.analysis.tables import StepStats
+from kprof_callbacks.config import ProfileConfig
+from kprof_callbacks.session import EARLY_MEMORY_STEPS
+
+NOISE = (0.05, 0.15)
+FP_TARGET, DETECTION_TARGET = 0.05, 0.95
+STEP_US = 100_000.0
+WINDOW = 5  # profiled steps per window: the first of each is a window's first step
+
+
+@dataclasses.dataclass(frozen=True)
+class Detector:
+    """One verdict: what fires it, the run it looks at, and the effect injected to test detection."""
+
+    name: str
+    run: str
+    effect: str
+    fired: Callable[[np.random.Generator, float, bool], bool]
+
+
+def _steps(wall_us: np.ndarray, **columns: np.ndarray) -> list[StepStats]:
+    zero = np.zeros(wall_us.size)
+    values = {k: columns.get(k, zero) for k in ("gpu_busy_us", "gpu_idle_us", "kernel_us", "dataloader_us")}
+    return [StepStats(step=i, rank=None, worker="w", wall_us=float(w), memcpy_us=0.0, memset_us=0.0, comm_us=0.0,
+                      cpu_only_us=float(w - values["gpu_busy_us"][i]), peak_memory=0,
+                      **{k: float(v[i]) for k, v in values.items()})
+            for i, w in enumerate(wall_us)]
+
+
+def _walls(rng: np.random.Generator, sigma: float, n: int) -> np.ndarray:
+    """Noise-only step times; each window's first step 10% slower (the profiler starting)."""
+    first = np.where(np.arange(n) % WINDOW == 0, 1.10, 1.0)
+    return STEP_US * first * rng.lognormal(0.0, sigma, n)
+
+
+def _kinds(found: list) -> set[str]:
+    return {d.kind for d in found}
+
+
+def _findings(steps: list[StepStats], ev: diagnostics.Evidence, rows: tuple[list, list, np.ndarray] | None = None):
+    kind, name, calls = rows or ([], [], np.zeros((0, len(steps))))
+    per_step = PerStep(kind, name, calls * 5.0, calls, steps)
+    return _kinds(diagnostics.diagnose(steps, [], [], ev, per_step))
+
+
+def slow_step(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
+    walls = _walls(rng, sigma, 2 * WINDOW)
+    if inject:
+        walls[rng.integers(walls.size)] = 2.0 * STEP_US
+    return "slow_step" in _findings(_steps(walls), diagnostics.Evidence())
+
+
+def data_loading(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
+    walls = _walls(rng, sigma, 2 * WINDOW)
+    share = np.where(np.arange(walls.size) % WINDOW == 0, 0.25, 0.01)  # a window's first batch: a fresh iterator
+    if inject:
+        share = np.full(walls.size, 0.15)
+    loader = walls * share * rng.lognormal(0.0, sigma, walls.size)
+    return "dataloader" in _findings(_steps(walls, dataloader_us=loader), diagnostics.Evidence())
+
+
+def launch_bound(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
+    walls = _walls(rng, sigma, 2 * WINDOW)
+    idle_share = np.clip((0.5 if inject else 0.15) * rng.lognormal(0.0, sigma, walls.size), 0, 0.95)
+    kernels = 40 * walls.size
+    small = rng.binomial(kernels, 0.7 if inject else 0.3)
+    ev = diagnostics.Evidence(has_gpu=True, kernels=kernels, small_kernels=small, small_kernel_us=small * 5.0)
+    busy = walls * (1 - idle_share)
+    steps = _steps(walls, gpu_busy_us=busy, gpu_idle_us=walls - busy, kernel_us=busy)
+    return "launch_bound" in _findings(steps, ev)
+
+
+def syncs(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
+    walls = _walls(rng, sigma, 2 * WINDOW)
+    per_step = np.zeros(walls.size)
+    if inject:
+        per_step += 1 + rng.binomial(1, 0.2, walls.size)  # a .item() each step, a second one now and then
+    elif rng.random() < 0.5:
+        per_step[rng.integers(walls.size)] = 1  # a loss read once, for a log line
+    ev = diagnostics.Evidence(has_gpu=True, syncs=Counter({"cudaStreamSynchronize": int(per_step.sum())}))
+    steps = _steps(walls, gpu_busy_us=walls * 0.9, gpu_idle_us=walls * 0.1, kernel_us=walls * 0.9)
+    return "sync" in _findings(steps, ev, (["op"], ["cudaStreamSynchronize"], per_step[None]))
+
+
+def memory_growth(rng: np.random.Generator, sigma: float, inject: bool, steps: int = 100) -> bool:
+    """Samples on the session's schedule (every step at first, then every 5), 1 MB of jitter (RSS pages), warm-up
+    growth over the first 10 steps, and half the runs with one allocator plateau (a new 64 MB segment)."""
+    at = np.array([s for s in range(steps) if s < EARLY_MEMORY_STEPS or (s + 1) % 5 == 0])
+    mb = 2000.0 + 50.0 * np.minimum(at, 10) / 10 + rng.normal(0.0, 20.0 * sigma, at.size)
+    if rng.random() < 0.5:
+        mb += 64.0 * (at >= rng.integers(20, steps))
+    if inject:
+        mb += 1.0 * at
+    return growth.growth(at, mb) is not None
+
+
+OPS = np.geomspace(20, 2000, 30)
+KERNELS = np.geomspace(5, 500, 12)
+
+
+def _summary(rng: np.random.Generator, sigma: float, n: int, scale: np.ndarray) -> Summary:
+    """A run of ``n`` steps of 30 operators and 12 kernels (``scale``: each row's factor), as a Summary's table."""
+    base = np.concatenate([OPS, KERNELS]) * scale
+    time_us = base[:, None] * rng.lognormal(0.0, sigma, (base.size, n))
+    calls = np.ones_like(time_us)
+    kinds = ["op"] * OPS.size + ["kernel"] * KERNELS.size
+    names = [f"aten::op{k}" for k in range(OPS.size)] + [f"kernel_{k}" for k in range(KERNELS.size)]
+    steps = _steps(time_us.sum(axis=0))
+    empty = Summary.empty("run", "calibration")
+    table = PerStep(kinds, names, time_us, calls, steps)
+    return dataclasses.replace(empty, diagnostics=[], steps=steps, per_step=table)
+
+
+def _diff(rng: np.random.Generator, sigma: float, scale_b: np.ndarray, n: int = 10):
+    ones = np.ones(OPS.size + KERNELS.size)
+    return diff(_summary(rng, sigma, n, ones), _summary(rng, sigma, n, scale_b))
+
+
+def diff_step_time(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
+    d = _diff(rng, sigma, np.full(OPS.size + KERNELS.size, 1.2 if inject else 1.0))
+    return d.step_time.verdict == stats.SLOWER if inject else d.step_time.verdict != stats.SAME
+
+
+ROW = 20  # the injected row: aten::op20, ~4% of the step
+
+
+def diff_rows(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
+    scale = np.ones(OPS.size + KERNELS.size)
+    scale[ROW] = 1.5 if inject else 1.0
+    significant = {c.name for c in _diff(rng, sigma, scale).significant()}
+    return f"aten::op{ROW}" in significant if inject else bool(significant)
+
+
+def compare_verdict(rng: np.random.Generator, sigma: float, inject: bool, rounds: int = 50) -> bool:
+    """compare's defaults: 50 timed steps a variant in rounds of 1, interleaved."""
+    base = [[STEP_US * rng.lognormal(0.0, sigma)] for _ in range(rounds)]
+    other = [[STEP_US * (1.2 if inject else 1.0) * rng.lognormal(0.0, sigma)] for _ in range(rounds)]
+    speedup, low, high = stats.speedup_interval(base, other, seed=int(rng.integers(2**31)))
+    verdict = stats.verdict(speedup, low, high)
+    if stats.noise(sum(base, []), sum(other, []), low, high, rounds) is not None:
+        verdict = stats.NOISY
+    return verdict == stats.SLOWER if inject else verdict in (stats.FASTER, stats.SLOWER)
+
+
+def slow_step_trigger(rng: np.random.Generator, sigma: float, inject: bool, steps: int = 300) -> bool:
+    """The trigger's defaults (3x the running median, after 20 steps) on 300 steps; the effect: one 4x step."""
+    times = STEP_US / 1e6 * rng.lognormal(0.0, sigma, steps)
+    if inject:
+        times[steps // 2] *= 4.0
+    fired: list[str] = []
+    feed = iter(times.tolist())
+    trigger = triggers.SlowStep(ProfileConfig(), lambda reason: fired.append(reason) or True,
+                                lambda: (0, [next(feed)]))
+    for step in range(steps):
+        trigger.on_step(step)
+    return bool(fired)
+
+
+DETECTORS = (
+    Detector("slow step", "10 profiled steps", "one step 2x the typical", slow_step),
+    Detector("data loading", "10 profiled steps, a window's first batch 25% of its step, others 1%",
+             "data loading 15% of every step", data_loading),
+    Detector("launch-bound", "GPU steps, 30% of kernels under 10 us, GPU idle 15%",
+             "70% of kernels under 10 us, GPU idle 50%", launch_bound),
+    Detector("syncs", "GPU steps, half the runs read a loss once", "a .item() every step", syncs),
+    Detector("memory growth", "100 steps, 1 MB jitter, warm-up, an allocator plateau in half the runs",
+             "a 1 MB-a-step leak over 100 steps", memory_growth),
+    Detector("diff: step time", "10 against 10 steps, 42 rows", "B 20% slower", diff_step_time),
+    Detector("diff: rows", "10 against 10 steps, 42 rows", "one operator (4% of the step) 1.5x", diff_rows),
+    Detector("compare verdict", "50 timed steps a variant, rounds of 1", "a variant 20% slower", compare_verdict),
+    Detector("slow-step trigger", "300 steps, factor 3, after 20 steps", "one step 4x", slow_step_trigger),
+)
+
+
+class RealLoop:
+    """A small MLP's training steps under ``kprof.session`` on this machine; each effect is injected into the loop."""
+
+    def __init__(self, logdir: Path) -> None:
+        import torch
+
+        self.torch = torch
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cpu":
+            torch.set_num_threads(1)  # intra-op threads spin against other processes: a step's time is not its own
+        width, self.batch = (4096, 512) if self.device == "cuda" else (1024, 256)  # ~10-20 ms a step on a CPU
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.ReLU(),
+                                         torch.nn.Linear(2 * width, width)).to(self.device)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-4)
+        self.x = torch.randn(2 * self.batch, width, device=self.device)
+        self.logdir, self.runs = logdir, 0
+        self.step_s = min(self._timed() for _ in range(5))
+
+    def _step(self, item: bool = False) -> None:
+        loss = self.model(self.x[: self.batch]).square().mean()
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if item:
+            loss.item()
+
+    def _timed(self) -> float:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+        start = time.perf_counter()
+        self._step()
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    def _megabyte(self):
+        """1 MB kept: on the GPU a tensor (CUDA allocated); on the CPU new pages (malloc would reuse freed ones)."""
+        if self.device == "cuda":
+            return self.torch.ones(2**18, device=self.device)
+        block = mmap.mmap(-1, 2**20)
+        block.write(b"\1" * len(block))
+        return block
+
+    def _tiny(self) -> None:
+        t = self.x[:8, :8].clone()
+        for _ in range(300):
+            t = t * 1.0001 + 0.0001
+
+    def run(self, steps: int, effect: str = "", schedule: dict | None = None, **options):
+        """A session of ``steps`` steps with ``effect`` injected; returns it, stopped."""
+        import kprof_callbacks as kprof
+
+        self.runs += 1
+        kept = []
+        schedule = schedule or {"wait": 2, "warmup": 1, "active": 5, "repeat": 2}
+        with kprof.session(self.logdir, run=f"r{self.runs}", **schedule, **options) as s:
+            for i in range(steps):
+                if effect == "data":
+                    with s.region("data_loading"):
+                        time.sleep(0.15 / 0.85 * self.step_s)
+                if effect in ("slow", "slower") and i == steps // 2:
+                    time.sleep(self.step_s * (1 if effect == "slow" else 3))
+                if effect == "tiny":
+                    self._tiny()
+                else:
+                    self._step(item=effect == "item")
+                if effect == "longer":
+                    time.sleep(0.2 * self.step_s)
+                if effect == "leak":
+                    kept.append(self._megabyte())
+                s.step()
+        return s
+
+
+def real_detectors(loop: RealLoop) -> tuple[Detector, ...]:
+    """The detectors end to end on ``loop``'s machine: (name, run, effect, fired(rng, sigma, inject))."""
+
+    def finding(kind: str, effect: str, steps: int = 14, **options):
+        def fired(rng, sigma, inject) -> bool:
+            return kind in {d.kind for d in loop.run(steps, effect if inject else "", **options).summary().diagnostics}
+        return fired
+
+    def leak(rng, sigma, inject) -> bool:
+        session = loop.run(100, "leak" if inject else "", {"wait": 97, "warmup": 1, "active": 2, "repeat": 1})
+        return "memory_growth" in {d.kind for d in session.summary().diagnostics}
+
+    def step_time(rng, sigma, inject) -> bool:
+        a, b = loop.run(14), loop.run(14, "longer" if inject else "")
+        verdict = diff(a.run_dir, b.run_dir).step_time.verdict
+        return verdict == stats.SLOWER if inject else verdict != stats.SAME
+
+    def trigger(rng, sigma, inject) -> bool:
+        session = loop.run(120, "slower" if inject else "", {"warmup": 1, "active": 1}, trigger="slow_step",
+                           max_captures=1)
+        return bool(session.captures)
+
+    rows = [
+        Detector("slow step", "10 profiled steps", "one step 2x (a sleep)", finding("slow_step", "slow")),
+        Detector("data loading", "10 profiled steps", "a data_loading region 15% of each step",
+                 finding("dataloader", "data")),
+        Detector("memory growth", "100 steps, memory_every=5", "1 MB kept every step", leak),
+        Detector("diff: step time", "10 against 10 profiled steps", "B's steps 20% longer (a sleep)", step_time),
+        Detector("slow-step trigger", "120 steps, factor 3", "one step 4x (a sleep)", trigger),
+    ]
+    if loop.device == "cuda":
+        rows += [Detector("syncs", "10 profiled steps", "loss.item() every step", finding("sync", "item")),
+                 Detector("launch-bound", "10 profiled steps of a compute-bound MLP", "300 tiny kernels a step",
+                          finding("launch_bound", "tiny"))]
+    return tuple(rows)
+
+
+def wilson(hits: int, n: int) -> tuple[float, float]:
+    """The 95% Wilson interval of a rate of ``hits`` in ``n``."""
+    if n == 0:
+        return 0.0, 1.0
+    z, p = 1.959964, hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def calibrate(trials: int, seed: int = 0, detectors: tuple[Detector, ...] = DETECTORS,
+              noise: tuple[float | None, ...] = NOISE) -> list[dict]:
+    """Every detector at every noise level (None: the machine's own): false-positive and detection rates over
+    ``trials`` seeded runs each."""
+    rows = []
+    for k, det in enumerate(detectors):
+        for sigma in noise:
+            started = time.perf_counter()
+            rates = {}
+            for inject in (False, True):
+                rng = np.random.default_rng([seed, k, int((sigma or 0) * 1000), inject])
+                hits = sum(det.fired(rng, sigma, inject) for _ in range(trials))
+                rates[inject] = (hits / trials, *wilson(hits, trials))
+            rows.append({
+                "detector": det.name, "noise_sigma": sigma, "run": det.run, "effect": det.effect, "trials": trials,
+                "false_positive_rate": rates[False][0], "false_positive_ci": list(rates[False][1:]),
+                "detection_rate": rates[True][0], "detection_ci": list(rates[True][1:]),
+                "meets_targets": rates[False][0] <= FP_TARGET and rates[True][0] >= DETECTION_TARGET,
+                "seconds": round(time.perf_counter() - started, 2),
+            })
+            print(_line(rows[-1]), flush=True)
+    return rows
+
+
+def _line(row: dict) -> str:
+    fp, det = row["false_positive_rate"], row["detection_rate"]
+    sigma = "this machine" if row["noise_sigma"] is None else f"{row['noise_sigma']:.0%}"
+    return (f"| {row['detector']} | {sigma} | {fp:.1%} [{row['false_positive_ci'][0]:.1%}, "
+            f"{row['false_positive_ci'][1]:.1%}] | {det:.1%} [{row['detection_ci'][0]:.1%}, "
+            f"{row['detection_ci'][1]:.1%}] | {row['effect']} | {'met' if row['meets_targets'] else 'MISSED'} |")
+
+
+def environment(real: bool) -> dict:
+    """Where and when: the synthetic numbers do not depend on the device (no kernel runs), the versions might."""
+    import torch
+
+    from kprof_callbacks import __version__
+
+    gpu = real and torch.cuda.is_available()
+    return {"device": torch.cuda.get_device_name() if gpu else f"cpu ({platform.machine()}, {os.cpu_count()} cores)",
+            "mode": "real" if real else "synthetic",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "versions": {"kprof_callbacks": __version__, "python": platform.python_version(), "numpy": np.__version__,
+                         "torch": torch.__version__}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=1000, help="seeded runs per rate (default 1000)")
+    parser.add_argument("--quick", action="store_true", help="40 trials a rate: a smoke test")
+    parser.add_argument("--real", action="store_true", help="end to end on this machine's training noise")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    trials = 40 if args.quick else args.trials
+    print(f"{trials} seeded trials per rate; targets: <= {FP_TARGET:.0%} false positives, "
+          f">= {DETECTION_TARGET:.0%} detection\n")
+    print("| detector | noise | false positives [95% CI] | detection [95% CI] | injected effect | targets |")
+    print("|---|---:|---:|---:|---|---|")
+    started = time.perf_counter()
+    if args.real:
+        with tempfile.TemporaryDirectory() as logdir:
+            rows = calibrate(trials, args.seed, real_detectors(RealLoop(Path(logdir))), (None,))
+    else:
+        rows = calibrate(trials, args.seed)
+    result = {**environment(args.real), "trials": trials, "seed": args.seed,
+              "seconds": round(time.perf_counter() - started, 1),
+              "targets": {"false_positive_rate": FP_TARGET, "detection_rate": DETECTION_TARGET}, "rows": rows}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"\nwritten to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
