@@ -30,6 +30,7 @@ import math
 import mmap
 import os
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -405,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = calibrate(trials, args.seed)
     result = {**environment(args.real), "trials": trials, "seed": args.seed,
               "seconds": round(time.perf_counter() - started, 1),
-              "targets": {"false_positive_rate": FP_TARGET, "detection_rate": DETECTION_TARGET}, "rows": rows}
+              "targets": {"false_positive_rate": FP_TARGET, "detection_rate": DETECTION_TARGET}, "rows": rows,
+              "command": shlex.join(["python", "benchmarks/calibration.py", *(sys.argv[1:] if argv is None else argv)])}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -69,7 +69,7 @@ def run(name: str, quick: bool, out_dir: Path, gpu_trace: Path | None = None) ->
 
 
 def targets(results: dict) -> list[tuple[str, str, bool | None]]:
-    """(target, measured, met) for every target the issues set; None where the run produced no number."""
+    """(target, measured, met) for every target kprof sets itself; None where the run produced no number."""
     rows: list[tuple[str, str, bool | None]] = []
     step = results.get("overhead", {}).get("result", {}).get("step", {})
     for model, row in step.items():
@@ -144,7 +144,7 @@ def _read_targets(results: dict) -> list[tuple[str, str, bool | None]]:
     return rows
 
 
-# Issue 25's targets, forward + backward at each op's largest size: share of copy bandwidth by (op, dtype) (None:
+# The kernels' targets, forward + backward at each op's largest size: share of copy bandwidth by (op, dtype) (None:
 # any dtype), and speedups over eager / torch.compile; every row must also beat the best of eager, torch.compile and
 # Liger-Kernel.
 COPY_SHARE = {("square", None): 0.9, ("add", None): 0.9, ("gelu", None): 0.9, ("gelu-tanh", None): 0.9,

@@ -54,7 +54,7 @@ def breakdown(folded: list[str], depth: int = 2) -> tuple[int, collections.Count
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--active", type=int, default=30, help="steps in the window (default 30, the issue's)")
+    parser.add_argument("--active", type=int, default=30, help="steps in the window (default 30, the target's)")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--folded", type=Path, help="keep py-spy's folded stacks here")
     parser.add_argument("--top", type=int, default=12)

@@ -21,7 +21,7 @@ enum Dtype : int { kHalf = 5, kFloat = 6, kBFloat16 = 15 };
 // A map block: 128 threads, each loading kUnroll packs of every input before it computes (four independent 16-byte
 // loads per input in flight), over a grid as large as the work (one pass; see grid_blocks). On the H100 this shape
 // reaches the device-to-device copy's bandwidth on every map; 256 threads x 2 packs over a grid of resident blocks
-// stayed at 93-95% of it (87% for bf16 GELU, whose erf needs the extra loads in flight): BENCHMARKS.md, section 11.
+// stayed at 93-95% of it (87% for bf16 GELU, whose erf needs the extra loads in flight): CHANGELOG.md, 0.1.0.
 constexpr int kThreads = 128;
 constexpr int kUnroll = 4;
 

@@ -28,7 +28,7 @@ _TRACE_ONLY = torch_compat.trace_only_config()
 
 @dataclasses.dataclass(frozen=True)
 class ProfileConfig:
-    """What to record and when. Numbers follow ``torch.profiler.schedule``; see the README for each option."""
+    """What to record and when. Numbers follow ``torch.profiler.schedule``; each option: docs/options.md."""
 
     logdir: str | os.PathLike = "log"
     run: str | None = None

@@ -32,6 +32,8 @@ COMPARE_FILE = "compare.json"
 PROFILE_FILE = "PROFILE"
 CLAIM_FILE = ".kprof-claim"
 SNAPSHOT_SUFFIX = ".pickle"  # readers take any pickle in a run folder as a memory snapshot, as the tab shows them
+SCALARS_PREFIX = "events.out.tfevents."  # TensorBoard finds event files by this prefix
+TAG_PREFIX = "kprof/"  # every scalar kprof writes
 STEP_TIME_TAG = "kprof/step_time_ms"  # the step without kprof's own cost (the wall time is step + profiler)
 PROFILER_TAG = "kprof/profiler_ms"  # kprof's and torch.profiler's own work on the training thread after the step
 THROUGHPUT_TAG = "kprof/throughput_samples_per_s"
@@ -46,6 +48,7 @@ MEMORY_TAGS = {  # memory at sampled steps, MB
 }
 
 _PARTIAL = re.compile(r"^(?P<final>.+\.pt\.trace\.json(?:\.gz)?)\.partial(?:\..*)?$")
+_SCALARS = re.compile(r"^events\.out\.tfevents\.\d+\.(?P<worker>.+)$")
 _WORKER = re.compile(r"^(?P<worker>.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")
 _RANK = re.compile(r"(?:^|[_.-])rank(\d+)(?:[_.-]|$)")
 
@@ -103,7 +106,12 @@ def raw_json_path(final: Path) -> Path:
 
 def scalars_path(run_dir: Path, worker: str) -> Path:
     """The TensorBoard event file of one session's step-time scalars."""
-    return run_dir / f"events.out.tfevents.{time.time_ns()}.{worker}"
+    return run_dir / f"{SCALARS_PREFIX}{time.time_ns()}.{worker}"
+
+
+def scalar_files(folder: Path) -> list[tuple[str, Path]]:
+    """``(worker, path)`` of every scalars event file directly inside ``folder`` (``scalars_path``'s names), by name."""
+    return [(m["worker"], p) for p in sorted(folder.glob(SCALARS_PREFIX + "*")) if (m := _SCALARS.match(p.name))]
 
 
 def snapshot_path(run_dir: Path, worker: str) -> Path:

@@ -86,6 +86,11 @@ def is_compiled(module: torch.nn.Module) -> bool:
     return isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
 
 
+def original_module(module: torch.nn.Module) -> torch.nn.Module:
+    """The module under ``torch.compile``'s wrapper (its private ``_orig_mod``), or ``module`` when not compiled."""
+    return module._orig_mod if is_compiled(module) else module
+
+
 def has_fake_kernel(qualname: str) -> bool:
     """Whether the operator ``qualname`` (``"kprof::gelu"``) has a fake (meta) kernel registered from Python: a
     second ``register_fake`` for it would raise."""

@@ -28,7 +28,7 @@ def _diagnose(steps: list[StepStats]) -> dict[str, str]:
 
 
 def test_data_loading_of_each_windows_first_step_is_not_a_finding():
-    """The issue's Lightning run on an in-memory TensorDataset: 8.77 and 12.6 ms in the first step of each window,
+    """A Lightning run on an in-memory TensorDataset: 8.77 and 12.6 ms in the first step of each window,
     under 0.7 ms elsewhere; the mean share was 13% ("raise num_workers"), the median share is 2%."""
     loader = [8.77, 0.49, 0.44, 12.6, 0.68, 0.48]
     found = _diagnose(_steps([40.0 + d for d in loader], loader, [3, 4, 5, 9, 10, 11]))

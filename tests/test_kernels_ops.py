@@ -90,8 +90,8 @@ def penalty_grads(fn, x: torch.Tensor, params: dict[str, torch.Tensor], weights:
 
 @pytest.mark.parametrize("name", PENALTY)
 def test_gradient_penalty_matches_torch(name: str) -> None:
-    """Double backward through every layer: the kprof layer's parameter gradients equal torch's (the issue's silent
-    [0.431, None, None] for GELU / bias-GELU / square must be torch's numbers)."""
+    """Double backward through every layer: the kprof layer's parameter gradients equal torch's (GELU, bias-GELU and
+    square once gave a silently wrong [0.431, None, None])."""
     gen = torch.Generator().manual_seed(0)
 
     def param(*shape: int) -> torch.Tensor:

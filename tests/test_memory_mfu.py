@@ -201,7 +201,7 @@ def test_mfu_against_the_peak_given_and_tflops_without_one(tmp_path):
 
 
 def test_mfu_above_100_percent_is_a_warning_that_the_flops_are_wrong(tmp_path):
-    """The issue's case: peak_tflops=1 and FLOPs that are wrong used to read 'Model FLOPs utilization 35887%'."""
+    """peak_tflops=1 and FLOPs that are wrong used to read 'Model FLOPs utilization 35887%'."""
     s = _flops_run(tmp_path, "given", 1e12, sleep=0.002, peak_tflops=1.0)  # ~500 TFLOP/s against a peak of 1
     (finding,) = _mfu_findings(s)
     assert finding.kind == "mfu_impossible" and finding.severity == "warning"

@@ -81,6 +81,12 @@ def test_is_compiled_tells_torch_compiles_wrapper_from_a_module():
     assert torch_compat.is_compiled(torch.compile(module))
 
 
+def test_original_module_is_the_module_under_torch_compiles_wrapper():
+    module = torch.nn.Linear(2, 2)
+    assert torch_compat.original_module(torch.compile(module)) is module
+    assert torch_compat.original_module(module) is module
+
+
 def test_has_fake_kernel_follows_register_fake():
     lib = torch.library.Library("kprof_compat_test", "FRAGMENT")
     lib.define("twice(Tensor x) -> Tensor")

@@ -1,5 +1,5 @@
 """Random schema-valid traces never raise out of ``summarize``: a file it cannot use is a listed problem, and one bad
-file never takes down the summary of the others (the README's promise, in the CLI and the TensorBoard tab alike)."""
+file never takes down the summary of the others (docs/summary.md's promise, in the CLI and the kprof tab alike)."""
 
 from __future__ import annotations
 

@@ -8,14 +8,12 @@ without TensorBoard's loaders, and a file cut short (a run still writing, or kil
 from __future__ import annotations
 
 import dataclasses
-import re
 import struct
 from pathlib import Path
 
 import numpy as np
 
-_EVENTS = re.compile(r"^events\.out\.tfevents\.\d+\.(?P<worker>.+)$")
-_PREFIX = "kprof/"
+from .. import layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +37,7 @@ def _records(data: bytes):
 
 def read_series(folder: Path) -> dict[str, dict[str, Series]]:
     """``worker -> tag -> Series`` for every kprof scalar in the event files directly inside ``folder``."""
-    files = [(m["worker"], p) for p in sorted(folder.glob("events.out.tfevents.*")) if (m := _EVENTS.match(p.name))]
+    files = layout.scalar_files(folder)
     if not files:
         return {}
     from tensorboard.compat.proto.event_pb2 import Event
@@ -57,7 +55,7 @@ def read_series(folder: Path) -> dict[str, dict[str, Series]]:
             except Exception:  # a damaged record: the rest of the file still counts (protobuf raises its own type)
                 continue
             for value in event.summary.value:
-                if value.tag.startswith(_PREFIX):
+                if value.tag.startswith(layout.TAG_PREFIX):
                     points.setdefault(value.tag, []).append((event.step, value.simple_value))
         for tag, pairs in points.items():
             pairs.sort()

@@ -23,9 +23,10 @@ import warnings
 import torch
 from torch import nn
 
+from .. import torch_compat
 from .result import FLOOR_ULPS, K, VariantResult
 from .steps import train_step
-from .variants import StepFn, Variant, VariantFailed, flat_tensors, map_tensors, unwrapped
+from .variants import StepFn, Variant, VariantFailed, flat_tensors, map_tensors
 
 # Largest accepted max relative error against the reference per dtype, where no float64 run is possible.
 TOLERANCES = {torch.float64: 1e-7, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -47,7 +48,7 @@ class Truth:
 
 def float64_copy(model: nn.Module) -> nn.Module:
     """An eager float64 copy of ``model`` (of the module under ``torch.compile``'s wrapper, if compiled)."""
-    return copy.deepcopy(unwrapped(model)).double()
+    return copy.deepcopy(torch_compat.original_module(model)).double()
 
 
 def check_agreement(runs: list[Variant], step_fn: StepFn, seed: int, tol: float | None, mode, truth_model) -> None:
@@ -110,7 +111,7 @@ def _observe(run: Variant, step_fn: StepFn, batch, seed: int) -> Observed | None
     for i, out in enumerate(outputs):
         seen.update((label, t.detach().clone()) for label, t in flat_tensors(out, f"output#{i}"))
     seen["loss"] = loss.detach().clone()
-    for name, param in unwrapped(run.model).named_parameters():
+    for name, param in torch_compat.original_module(run.model).named_parameters():
         seen[f"grad of {name}"] = None if param.grad is None else param.grad.detach().clone()
     run.model.zero_grad(set_to_none=True)
     return seen

@@ -126,19 +126,16 @@ def load_same_weights(runs: list[Variant]) -> None:
     if not healthy:
         return
     ref = healthy[0]
-    state = unwrapped(ref.model).state_dict()
+    source = torch_compat.original_module(ref.model)
+    state = source.state_dict()
     for run in healthy[1:]:
-        if unwrapped(run.model) is unwrapped(ref.model):
+        target = torch_compat.original_module(run.model)
+        if target is source:
             continue
-        mismatch = _first_mismatch(state, unwrapped(run.model).state_dict(), ref.name, run.name)
+        mismatch = _first_mismatch(state, target.state_dict(), ref.name, run.name)
         if mismatch:
             raise ValueError(f"variants {ref.name!r} and {run.name!r} cannot share weights: {mismatch}")
-        unwrapped(run.model).load_state_dict(state)
-
-
-def unwrapped(model: nn.Module) -> nn.Module:
-    """The module itself under ``torch.compile``'s wrapper (whose state_dict keys gain an ``_orig_mod.`` prefix)."""
-    return model._orig_mod if torch_compat.is_compiled(model) else model
+        target.load_state_dict(state)
 
 
 def _first_mismatch(ref: Mapping, other: Mapping, ref_name: str, other_name: str) -> str | None:
