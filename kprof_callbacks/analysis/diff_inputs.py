@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 
+from ..progress import ProgressArg
 from . import fmt, perstep
 from .perstep import PerStep
 from .summary import Summary, runs_of, summarize_runs
@@ -62,7 +62,7 @@ def _parse(x: Source, label: str) -> Input:
     return Input(text, path, steps)
 
 
-def load(a: Source, b: Source, *, jobs: int = 1, progress: bool | Callable[[int, int], None] = False) -> list[Input]:
+def load(a: Source, b: Source, *, jobs: int = 1, progress: ProgressArg = False) -> list[Input]:
     """Check both sides (before reading anything), then summarize each distinct path once (two selections of one
     run share one Summary), both sides' files together (``jobs``, ``progress``: as for `summarize`)."""
     sides = [_parse(a, "a"), _parse(b, "b")]

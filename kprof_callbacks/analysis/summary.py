@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from .. import layout
+from ..progress import Progress, ProgressArg
 from . import comm, diagnostics, html, ops, perstep, ranks, reader, report, stacks, steps, trends
 from .reader import TraceError, TraceFile
 from .series import Series, read_series
@@ -188,33 +188,6 @@ PROGRESS_BYTES = 100 << 20  # runs bigger than this show a progress bar (summari
 _POOL_BYTES = 2 * reader.CHUNK_BYTES  # smaller runs are read in this process: starting workers would cost more
 
 
-class _Progress:
-    """Bytes read so far, reported to a callback ``(done, total)`` or as a tqdm bar on stderr (a run over
-    PROGRESS_BYTES); thread-safe (worker results arrive on their own threads)."""
-
-    def __init__(self, progress: bool | Callable[[int, int], None], total: int, label: str) -> None:
-        self.total, self.done = total, 0
-        self._lock = threading.Lock()
-        self._callback = progress if callable(progress) else None
-        self._bar = None
-        if progress is True and total > PROGRESS_BYTES:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr)
-
-    def add(self, n: int) -> None:
-        with self._lock:
-            self.done += n
-            if self._bar is not None:
-                self._bar.update(n)
-            if self._callback is not None:
-                self._callback(self.done, self.total)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
 def _guarded(path: Path, work: Callable[[], _FileResult]) -> _FileResult | Problem:
     """``work()``, or the Problem that says why the file could not be used."""
     try:
@@ -226,11 +199,11 @@ def _guarded(path: Path, work: Callable[[], _FileResult]) -> _FileResult | Probl
         return Problem(path, f"could not be analyzed ({type(exc).__name__}: {exc}); please report it")
 
 
-def _read_here(path: Path, progress: _Progress) -> _FileResult:
+def _read_here(path: Path, progress: Progress) -> _FileResult:
     return _analyze(reader.read_trace(path, progress.add))
 
 
-def _read_in(workers: Workers, path: Path, progress: _Progress) -> Callable[[], TraceFile]:
+def _read_in(workers: Workers, path: Path, progress: Progress) -> Callable[[], TraceFile]:
     """Start decoding ``path``'s pieces in the workers; returns the call that waits for them and merges them."""
     found = reader.plan(path)
     futures = []
@@ -249,7 +222,7 @@ def _read_in(workers: Workers, path: Path, progress: _Progress) -> Callable[[], 
     return merged
 
 
-def _analyze_files(paths: list[Path], workers: Workers | None, progress: _Progress) -> list[_FileResult | Problem]:
+def _analyze_files(paths: list[Path], workers: Workers | None, progress: Progress) -> list[_FileResult | Problem]:
     """Each file's analysis, or the Problem that kept it out. With workers, every file's pieces are decoded in
     parallel; then each file is analyzed (in a worker when there are several files) as soon as its pieces are in."""
     if workers is None:
@@ -286,11 +259,12 @@ def _size(path: Path) -> int:
 
 
 def summarize_runs(runs: list[tuple[str, layout.RunContents]], *,
-                   progress: bool | Callable[[int, int], None] = False, jobs: int = 1) -> list[Summary | ValueError]:
+                   progress: ProgressArg = False, jobs: int = 1) -> list[Summary | ValueError]:
     """One Summary per (name, files) pair, in order, all runs' files read together: ``jobs`` worker processes decode
     and analyze them in parallel. A run with nothing readable gives the ValueError that says why."""
     paths = [p for _, found in runs for p in found.traces]
-    meter = _Progress(progress, sum(_size(p) for p in paths), f"summarizing {', '.join(n for n, _ in runs)}"[:60])
+    meter = Progress(progress, sum(_size(p) for p in paths), f"summarizing {', '.join(n for n, _ in runs)}"[:60],
+                     in_bytes=True, min_total=PROGRESS_BYTES)
     try:
         with _workers(jobs, paths) as workers:
             results = dict(zip(paths, _analyze_files(paths, workers, meter)))
@@ -305,7 +279,7 @@ def summarize_runs(runs: list[tuple[str, layout.RunContents]], *,
     return out
 
 
-def summarize_contents(name: str, found: layout.RunContents, progress: bool | Callable[[int, int], None] = False,
+def summarize_contents(name: str, found: layout.RunContents, progress: ProgressArg = False,
                        jobs: int = 1) -> Summary:
     """One Summary of the files ``found`` lists, for a caller that listed (and vetted) a run folder itself."""
     (result,) = summarize_runs([(name, found)], progress=progress, jobs=jobs)
@@ -391,7 +365,7 @@ def runs_of(path: str | Path) -> tuple[bool, dict[str, layout.RunContents]]:
     return True, {name: layout.contents(folder) for name, folder in runs.items()}
 
 
-def summarize(path: str | Path, *, progress: bool | Callable[[int, int], None] = False,
+def summarize(path: str | Path, *, progress: ProgressArg = False,
               jobs: int = 1) -> Summary | dict[str, Summary]:
     """Summarize torch.profiler traces on disk.
 
