@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import layout
 from ..progress import Progress, ProgressArg
-from . import comm, diagnostics, html, ops, perstep, ranks, reader, report, stacks, steps, trends
+from . import comm, diagnostics, html, ops, perstep, ranks, reader, report, saved, stacks, steps, trends
 from .reader import TraceError, TraceFile
 from .series import Series, read_series
 from .tables import (SORT_KEYS, CommStats, Diagnostic, FsdpStep, KernelStats, LabelStats, OpStats, Problem, RankStats,
@@ -82,12 +82,14 @@ class Summary:
         print(self.render(top=top, sort=sort), file=file or sys.stdout)
 
     def to_dict(self) -> dict[str, Any]:
-        """All tables as JSON-safe lists of dicts."""
+        """All tables as JSON-safe lists of dicts, with the per-step rows `kprof.diff` tests (`from_dict` reads it
+        back: a saved summary can be a side of a diff)."""
 
         def rows(items: Iterable[Any]) -> list[dict[str, Any]]:
             return [dataclasses.asdict(r) for r in items]
 
         return {
+            saved.FORMAT_KEY: saved.VERSION,
             "name": self.name,
             "files": [str(p) for p in self.files],
             "steps": rows(self.steps),
@@ -102,7 +104,38 @@ class Summary:
             "diagnostics": rows(self.diagnostics),
             "problems": [{"path": str(p.path), "reason": p.reason} for p in self.problems],
             "memory_snapshots": [str(p) for p in self.memory_snapshots],
+            "per_step": self.per_step.to_dict(self.steps),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Summary:
+        """The Summary `to_dict` wrote (parsed JSON): every table, the findings and the per-step rows; its call
+        stacks and scalar series stay with the trace files."""
+        saved.check_version(data)
+
+        def rows(row: type, items: Iterable[dict[str, Any]]) -> list[Any]:
+            names = {f.name for f in dataclasses.fields(row)}
+            return [row(**{k: v for k, v in item.items() if k in names}) for item in items]
+
+        steps = rows(StepStats, data["steps"])
+        return cls(
+            name=data["name"],
+            files=[Path(p) for p in data["files"]],
+            steps=steps,
+            ops=rows(OpStats, data["ops"]),
+            ops_by_shape=rows(OpStats, data["ops_by_shape"]),
+            kernels=rows(KernelStats, data["kernels"]),
+            labels=[dataclasses.replace(label, contains=tuple(label.contains))
+                    for label in rows(LabelStats, data["labels"])],
+            ranks=rows(RankStats, data["ranks"]),
+            step_skew=rows(StepSkew, data["step_skew"]),
+            diagnostics=rows(Diagnostic, data["diagnostics"]),
+            problems=[Problem(Path(p["path"]), p["reason"]) for p in data["problems"]],
+            memory_snapshots=[Path(p) for p in data["memory_snapshots"]],
+            per_step=perstep.PerStep.from_dict(data["per_step"], steps),
+            comm=rows(CommStats, data["comm"]),
+            fsdp=rows(FsdpStep, data["fsdp"]),
+        )
 
     def to_pandas(self) -> dict[str, pandas.DataFrame]:
         """One DataFrame per table (steps, ops, ops_by_shape, kernels, labels, ranks, step_skew, comm, fsdp,
@@ -375,7 +408,10 @@ def summarize(path: str | Path, *, progress: ProgressArg = False,
     a missing path raises FileNotFoundError, and nothing readable at all raises ValueError.
     `jobs` > 1 reads big runs in that many worker processes (fresh interpreters, never forks of this one);
     `progress=True` shows a bar on stderr for runs over 100 MB, a callable gets (bytes done, bytes in all).
+    A summary saved as JSON (`kprof summary --json`) is read back as it was saved (`Summary.from_dict`).
     """
+    if isinstance(path, (str, os.PathLike)) and saved.is_saved(Path(path)):
+        return saved.read(Path(path))
     many, runs = runs_of(path)
     results = summarize_runs(list(runs.items()), progress=progress, jobs=jobs)
     if not many:
