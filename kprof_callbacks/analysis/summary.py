@@ -149,6 +149,12 @@ class Summary:
         return {key: pd.DataFrame(data[key], columns=[f.name for f in dataclasses.fields(row)] if not data[key] else None)
                 for key, row in tables.items()}
 
+    def to_markdown(self, top: int = 10, sort: str = "cuda") -> str:
+        """The report as GitHub-flavoured Markdown (a pull-request comment): the findings and the tables of
+        `render(top, sort)`."""
+        _check_report_options(top, sort)
+        return report.markdown(self, top=top, sort=sort)
+
     def to_html(self, path: str | Path, top: int = 20, sort: str = "cuda") -> Path:
         """Write a self-contained HTML report (inline SVG plots and timelines, no scripts, no network): the tables of
         `render(top, sort)`."""
