@@ -1,7 +1,9 @@
-"""Markdown for pull requests (summary, diff, compare) parses as tables."""
+"""Markdown for pull requests (summary, diff, compare) parses as tables; the notebook views (`_repr_html_`) fetch
+nothing, run nothing, restyle nothing around them and escape names."""
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 
 from kprof_callbacks.analysis import diff, report, summarize
+from kprof_callbacks.analysis.fmt import row_name
 from test_ci_gate import timed_comparison
 from test_diff import write_trace
 
@@ -99,3 +102,51 @@ def test_compare_markdown_parses_as_a_table():
     (rows,) = markdown_tables(result.to_markdown())
     assert [r[0] for r in rows] == ["variant", "base", "same", "slow"]
     assert rows[3][5] == "slower" and rows[1][5] == "baseline"
+
+
+def _views(runs) -> dict[str, str]:
+    return {"summary": summarize(runs[0])._repr_html_(), "diff": diff(*runs)._repr_html_(),
+            "compare": timed_comparison(0, slower=1.3)._repr_html_()}
+
+
+class _Tags(HTMLParser):
+    """Every element and attribute of a page, and its text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: set[str] = set()
+        self.attrs: dict[str, set[str]] = {}
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        for name, value in attrs:
+            self.attrs.setdefault(name, set()).add(value or "")
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_notebook_views_fetch_and_run_nothing_and_escape_names(runs):
+    for kind, html in _views(runs).items():
+        assert html.startswith('<div class="kprof"><style>') and html.endswith("</div>"), kind
+        page = _Tags()
+        page.feed(html)
+        assert page.tags <= {"div", "style", "section", "h1", "h2", "h3", "p", "b", "br", "ul", "li", "table", "tr",
+                             "th", "td", "svg", "g", "rect", "line", "text", "title", "path", "i", "span", "figure",
+                             "figcaption"}, (kind, page.tags)
+        assert not {"src", "href", "xlink:href", "srcset", "action"} & set(page.attrs), kind
+        assert not [a for a in page.attrs if a.startswith("on")], kind
+        assert "url(" not in html and "@import" not in html, kind
+        if kind != "compare":
+            text = "".join(page.text)
+            shown = (SCRIPT, IMG) if kind == "summary" else (row_name("kernel", SCRIPT), row_name("kernel", IMG))
+            assert all(name in text for name in (*shown, ODD)), kind  # the names, shown as text
+
+
+def test_notebook_views_style_only_themselves(runs):
+    """Every rule of the view's style is scoped to its div: a notebook page around it keeps its own look."""
+    for kind, html in _views(runs).items():
+        style = re.search(r"<style>(.*?)</style>", html).group(1)
+        selectors = [sel.strip() for rule in style.split("}") if rule for sel in rule.split("{")[0].split(",")]
+        assert selectors and all(sel == ".kprof" or sel.startswith(".kprof ") for sel in selectors), kind

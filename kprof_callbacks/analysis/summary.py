@@ -155,6 +155,10 @@ class Summary:
         _check_report_options(top, sort)
         return report.markdown(self, top=top, sort=sort)
 
+    def _repr_html_(self) -> str:
+        """The HTML report as a notebook shows it: no page around it, no scripts, nothing fetched."""
+        return html.fragment(html.summary_body(self, 10, "cuda"))
+
     def to_html(self, path: str | Path, top: int = 20, sort: str = "cuda") -> Path:
         """Write a self-contained HTML report (inline SVG plots and timelines, no scripts, no network): the tables of
         `render(top, sort)`."""

@@ -28,6 +28,7 @@ from .. import stats
 from . import diff_report, fmt
 from .diagnostics import SCALAR_READ, SYNC_CALLS
 from .diff_inputs import Source, load, select
+from .html import fragment
 from .perstep import PerStep
 from .summary import Summary
 
@@ -192,6 +193,10 @@ class Diff:
             raise ValueError(f"top must be >= 1, got {top}")
         gate = None if fail_if_slower is None else diff_report.gate(self, fail_if_slower)
         return diff_report.markdown(self, top, gate)
+
+    def _repr_html_(self) -> str:
+        """The HTML report as a notebook shows it: no page around it, no scripts, nothing fetched."""
+        return fragment(diff_report.body(self, 10))
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as JSON-safe dicts and lists."""

@@ -1,17 +1,19 @@
-"""What ``kprof.compare`` returns: one ``VariantResult`` per variant inside a ``Comparison``, as text and Markdown,
-and which variants regressed."""
+"""What ``kprof.compare`` returns: one ``VariantResult`` per variant inside a ``Comparison``, as text, Markdown and
+HTML, and which variants regressed."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import platform
+from html import escape
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .. import stats
+from ..analysis.html import fragment, table
 from ..analysis.report import markdown_table, md_text, text_table
 from ..timing import Timing
 
@@ -190,6 +192,12 @@ class Comparison:
         """The table as GitHub-flavoured Markdown (a pull-request comment), its notes as a list below it."""
         return "\n\n".join([f"### {md_text(self._heading())}", markdown_table(*self._table()),
                               "\n".join(f"- {md_text(n)}" for n in self._notes())])
+
+    def _repr_html_(self) -> str:
+        """The table as a notebook shows it (the HTML reports' style, no scripts, nothing fetched)."""
+        notes = "".join(f'<p class="info">{escape(n)}</p>' for n in self._notes())
+        return fragment(f"<section><h2>{escape(self._heading())}</h2>{table(*self._table())}{notes}</section>")
+
 
 def trace_summary(v: VariantResult, d: Diff, steps: int) -> str:
     """What ``kprof.diff`` of the profiled steps says (``d``, baseline against ``v``), labelled as what it measures,
