@@ -125,19 +125,24 @@ def _change_word(c: Change) -> str:
 
 
 def _grew(d: Diff, top: int) -> str:
-    """The significant rows that grew (new, or up), largest first, per group: GPU activities, operators, labels."""
+    """The significant rows that grew (new, or up), largest first, per group (GPU activities, operators, labels), the
+    group with the largest growth first."""
     groups = []
     for title, kinds in (("GPU activities", DEVICE_KINDS), ("operators", ("op",)), ("labels", ("label",))):
         rows = sorted((c for c in d.significant(kinds) if c.change > 0), key=lambda c: -c.change)[:top]
-        share = lambda c: (f", {fmt.share(d.share_of_step_change(c))} of the change in mean step time"
-                           if d.mean_step_change_us > 0 else "")
         if rows:
-            groups.append(f"{title}: " + ", ".join(f"{fmt.row_label(c.kind, c.name)} {_signed(c.change, fmt.duration)}"
-                                                   f" per step ({c.status}{share(c)})" for c in rows))
+            groups.append((rows[0].change, f"{title}: " + ", ".join(_grown(d, c) for c in rows)))
     if not groups:
         return ("No operator, label or GPU activity grew significantly: the time went between them (host overhead, "
                 "waits), or the rows vary too much for their steps.")
-    return "What grew: " + "; ".join(groups) + "."
+    return "What grew: " + "; ".join(text for _, text in sorted(groups, key=lambda g: -g[0])) + "."
+
+
+def _grown(d: Diff, c: Change) -> str:
+    """A row that grew: by how much per step, and its share of the change in mean step time (when that grew)."""
+    share = (f", {fmt.share(d.share_of_step_change(c))} of the change in mean step time"
+             if d.mean_step_change_us > 0 else "")
+    return f"{fmt.row_label(c.kind, c.name)} {_signed(c.change, fmt.duration)} per step ({c.status}{share})"
 
 
 def gate(d: Diff, pct: float, top: int = HEADLINE_ROWS) -> str:
