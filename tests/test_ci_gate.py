@@ -4,6 +4,11 @@ grew, passes two runs of the same code, and every exit status means one thing.""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -228,3 +233,41 @@ def test_compare_cli_bad_arguments_exit_2(capsys):
             main(["compare", "--device", "cpu", *argv])
         assert exc.value.code == 2, argv
     assert "--model must be 'builtin' or MODULE:ATTR" in capsys.readouterr().err
+
+
+# --- the recipe: examples/ci_gate -------------------------------------------------------------------------------------
+
+GATE = Path(__file__).resolve().parent.parent / "examples" / "ci_gate"
+
+
+def _gate(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    train = f"{shlex.quote(sys.executable)} {shlex.quote(str(GATE / 'train.py'))} --logdir {{logdir}}"
+    argv = [sys.executable, str(GATE / "gate.py"), *(a.replace("TRAIN", train) for a in args)]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_the_gate_script_fails_a_slower_pull_request_and_passes_a_faster_one(tmp_path):
+    """Main against a pull request that sleeps 30 ms a step in a label: exit 3, naming the label; its saved summary
+    as the baseline of a pull request without the sleep: exit 0."""
+    done = _gate(tmp_path, "--base", "TRAIN", "--pr", "TRAIN --extra-ms 30", "--steps", "6", "--fail-if-slower", "5",
+                 "--workdir", "one", "--save-summary", "slow.json")
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "What grew: labels: label 'extra' +" in done.stdout.split("Regression (limit +5%)")[1]
+    done = _gate(tmp_path, "--base-summary", "slow.json", "--pr", "TRAIN", "--steps", "6", "--workdir", "two",
+                 "--markdown")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.startswith("### kprof diff: B against A") and "**No regression (limit +5%)" in done.stdout
+    assert not (tmp_path / "two" / "base").exists()  # the saved summary stood in for main's run
+    assert _gate(tmp_path, "--base", "TRAIN", "--pr", "TRAIN", "--workdir", "two").returncode == 2  # not empty
+
+
+def test_the_workflow_runs_the_gate_with_options_it_has():
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load((GATE / "kprof-gate.yml").read_text())
+    (script,) = [s["run"] for s in workflow["jobs"]["step-time"]["steps"] if "kprof_gate.py" in s.get("run", "")]
+    options = set(re.findall(r"(--[a-z-]+)", script))
+    assert {"--base", "--pr", "--fail-if-slower", "--markdown"} <= options
+    helped = subprocess.run([sys.executable, str(GATE / "gate.py"), "--help"], capture_output=True, text=True).stdout
+    assert all(option in helped for option in options), options
+    assert "{logdir}" in script and "$GITHUB_STEP_SUMMARY" in script and "exit $status" in script
