@@ -130,6 +130,9 @@ def test_two_runs_of_the_same_code_pass_the_gate(tmp_path):
         at_0 += d.regressed(0)
     assert at_5 == 0
     assert at_0 <= 0.08 * trials
+    same = diff(tmp_path / "a.pt.trace.json", tmp_path / "a.pt.trace.json").render(fail_if_slower=5)
+    assert same.endswith("]; the gate fails only when B is significantly slower and the whole interval lies above the "
+                         "limit.") and "No regression (limit +5%): B's typical step is as long as A's [95% CI " in same
 
 
 def test_too_few_steps_give_no_verdict_and_exit_1(tmp_path, capsys):

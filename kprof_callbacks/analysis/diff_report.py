@@ -155,8 +155,9 @@ def gate(d: Diff, pct: float, top: int = HEADLINE_ROWS) -> str:
         return f"No verdict (limit +{pct:g}%): {exc}."
     t = d.step_time
     low, high = t.change_interval
-    change = (f"B's typical step is {abs(t.change):.1%} {'slower' if t.change > 0 else 'faster'} than A's "
-              f"[{100 * d.confidence:g}% CI {low:+.1%} to {high:+.1%}]")
+    moved = (f"{abs(t.change):.1%} {'slower' if t.change > 0 else 'faster'} than A's"
+             if round(abs(t.change), 3) else "as long as A's")
+    change = f"B's typical step is {moved} [{100 * d.confidence:g}% CI {low:+.1%} to {high:+.1%}]"
     if failed:
         return f"Regression (limit +{pct:g}%): {change}, all of the interval above the limit. {_grew(d, top)}"
     return (f"No regression (limit +{pct:g}%): {change}; the gate fails only when B is significantly slower and the "
