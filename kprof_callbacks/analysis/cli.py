@@ -114,12 +114,12 @@ def run_diff(
     from .diff_report import gate
     from .tracediff import diff
 
+    bad = _bad_output(html, "--html")
     try:
-        bad = _bad_output(html, "--html")
         for side in (a, b):
-            split(side)
+            split(side)  # a malformed step selection is a bad argument, said before any trace is read
     except ValueError as exc:
-        bad = str(exc)
+        bad = bad or str(exc)
     if bad:
         print(f"kprof diff: {bad}", file=sys.stderr)
         return 2
