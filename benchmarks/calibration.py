@@ -2,7 +2,7 @@
 
 Every detector runs as kprof runs it, on the inputs it reads, drawn from a seeded noise model instead of a trace:
 the findings (``diagnostics.diagnose``) on per-step tables, the growth detector on memory samples taken on the
-session's schedule, ``kprof.diff`` on two Summaries' per-step tables, ``compare``'s verdict on timed rounds, the
+session's schedule, ``kprof.diff`` (and its regression gate) on two Summaries' per-step tables, ``compare``'s verdict on timed rounds, the
 slow-step trigger on a stream of step times. Step-to-step noise is lognormal with sigma 5% (a GPU training step)
 or 15% (a shared CPU); noise-only runs also hold what real runs have and no detector may blame: a window's first
 step 10% slower and its data loading at a quarter of the step, a loss read once, an allocator plateau, warm-up.
@@ -166,6 +166,11 @@ def diff_step_time(rng: np.random.Generator, sigma: float, inject: bool) -> bool
     return d.step_time.verdict == stats.SLOWER if inject else d.step_time.verdict != stats.SAME
 
 
+def diff_gate(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
+    """``kprof diff --fail-if-slower 5`` (``Diff.regressed(5)``): B exactly at the limit must pass, 15% slower fail."""
+    return _diff(rng, sigma, np.full(OPS.size + KERNELS.size, 1.15 if inject else 1.05)).regressed(5)
+
+
 ROW = 20  # the injected row: aten::op20, ~4% of the step
 
 
@@ -212,6 +217,7 @@ DETECTORS = (
              "a 1 MB-a-step leak over 100 steps", memory_growth),
     Detector("diff: step time", "10 against 10 steps, 42 rows", "B 20% slower", diff_step_time),
     Detector("diff: rows", "10 against 10 steps, 42 rows", "one operator (4% of the step) 1.5x", diff_rows),
+    Detector("diff: gate at 5%", "10 against 10 steps, B 5% slower (at the limit)", "B 15% slower", diff_gate),
     Detector("compare verdict", "50 timed steps a variant, rounds of 1", "a variant 20% slower", compare_verdict),
     Detector("slow-step trigger", "300 steps, factor 3, after 20 steps", "one step 4x", slow_step_trigger),
 )
@@ -309,6 +315,10 @@ def real_detectors(loop: RealLoop) -> tuple[Detector, ...]:
         verdict = diff(a.run_dir, b.run_dir).step_time.verdict
         return verdict == stats.SLOWER if inject else verdict != stats.SAME
 
+    def gate(rng, sigma, inject) -> bool:
+        a, b = loop.run(14), loop.run(14, "longer" if inject else "")
+        return diff(a.run_dir, b.run_dir).regressed(5)
+
     def trigger(rng, sigma, inject) -> bool:
         session = loop.run(120, "slower" if inject else "", {"warmup": 1, "active": 1}, trigger="slow_step",
                            max_captures=1)
@@ -320,6 +330,8 @@ def real_detectors(loop: RealLoop) -> tuple[Detector, ...]:
                  finding("dataloader", "data")),
         Detector("memory growth", "100 steps, memory_every=5", "1 MB kept every step", leak),
         Detector("diff: step time", "10 against 10 profiled steps", "B's steps 20% longer (a sleep)", step_time),
+        Detector("diff: gate at 5%", "10 against 10 profiled steps, the same code", "B's steps 20% longer (a sleep)",
+                 gate),
         Detector("slow-step trigger", "120 steps, factor 3", "one step 4x (a sleep)", trigger),
     ]
     if loop.device == "cuda":

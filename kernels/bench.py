@@ -40,6 +40,7 @@ import torch.nn.functional as F
 import kprof_callbacks as kprof
 from kprof_callbacks import kernels, peaks
 from kprof_callbacks.kernels import _triton
+from kprof_callbacks.progress import Progress, ProgressArg
 
 Inputs = list[torch.Tensor]
 
@@ -204,15 +205,17 @@ def copy_ms(nbytes: int, device: str, timer: Callable) -> float:
 
 
 def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, triton: bool, warmup: int,
-                   iters: int, on_row: Callable[[list[dict]], None]) -> list[dict]:
+                   iters: int, on_row: Callable[[list[dict]], None], progress: ProgressArg = False) -> list[dict]:
     """Time every op at every size (and its Triton twin when ``triton``, and Liger-Kernel's where it can run);
-    ``on_row(rows so far)`` runs after each row (so a cut-short run keeps its rows)."""
+    ``on_row(rows so far)`` runs after each row (so a cut-short run keeps its rows). Each row is printed on stderr
+    as it is measured, under a progress bar with ``progress=True`` (``kprof_callbacks.progress``)."""
 
     def timer(fn, *args, **kwargs) -> float:
         return kprof.time_cuda(fn, *args, warmup=warmup, iters=iters, device=device, **kwargs).median_ms
 
     spec_tbps = peaks.memory_tbps(torch.cuda.get_device_name()) if device == "cuda" else None
     rows = []
+    meter = Progress(progress, 2 * sum(len(sizes[family(op)]) for op in ops), "kprof bench", unit="row")
     for op in ops:
         for dtype, shape in sizes[family(op)]:
             inputs = op.make(shape, dtype, device)
@@ -239,9 +242,11 @@ def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, t
                     "spec_gbps": spec_tbps * 1e3 if spec_tbps and op.memory_bound else None,
                 }
                 rows.append(row)
-                print(f"[kprof bench] {format_row(row)}", file=sys.stderr, flush=True)
+                meter.write(f"[kprof bench] {format_row(row)}")
+                meter.add()
                 on_row(rows)
             torch.compiler.reset()
+    meter.close()
     return rows
 
 
@@ -348,7 +353,8 @@ def run(*, quick: bool = False, check_only: bool = False, compile_ref: bool = Tr
         raise ValueError(f"--shapes must be one of {tuple(SHAPES)}, got {shapes!r}")
     sizes = QUICK_SIZES if quick else largest(SHAPES[shapes]) if largest_only else SHAPES[shapes]
     rows = run_benchmarks(chosen, sizes, device, compile_ref=compile_ref and not quick, triton=triton,
-                          warmup=2 if quick else 10, iters=5 if quick else 50, on_row=save)
+                          warmup=2 if quick else 10, iters=5 if quick else 50, on_row=save,
+                          progress=sys.stderr.isatty())
     liger_note = f", Liger-Kernel {env['liger_kernel']}" if env["liger_kernel"] else ""
     print(f"# kprof kernels on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}{liger_note}, {env['date']})\n")
     print("\n".join([TABLE_HEADER, *map(format_row, rows)]), flush=True)

@@ -69,6 +69,27 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _percent(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a percentage >= 0, got {text}")
+    return value
+
+
+def _formats(p: argparse.ArgumentParser, what: str) -> None:
+    """--json and --markdown: one of them, or neither (text)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--json", action="store_true", help=f"print the {what} as JSON instead of text")
+    group.add_argument("--markdown", action="store_true",
+                       help=f"print the {what} as GitHub-flavoured Markdown (a pull-request comment)")
+
+
+def _gate(p: argparse.ArgumentParser, against: str) -> None:
+    p.add_argument("--fail-if-slower", type=_percent, metavar="PCT",
+                   help=f"exit status 3 when {against} significantly slower by more than PCT percent: the whole "
+                   "confidence interval of the slowdown lies above PCT (docs/ci.md)")
+
+
 def _demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train a small model under the profiler and print where the time went")
     p.add_argument("--logdir", default="log", help="where traces go (default: log)")
@@ -86,8 +107,9 @@ def _jobs(p: argparse.ArgumentParser) -> None:
 def _summary(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("summary", help="summarize torch.profiler traces (a file, a run folder or a logdir)",
                        description=analysis_cli.SUMMARY_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("logdir", type=Path, help="trace file (.pt.trace.json[.gz]), run folder, or logdir of runs")
-    p.add_argument("--json", action="store_true", help="print the tables as JSON instead of text")
+    p.add_argument("logdir", type=Path, help="trace file (.pt.trace.json[.gz]), run folder, logdir of runs, or a "
+                   "summary saved with --json")
+    _formats(p, "tables (JSON: with the per-step rows kprof diff needs)")
     p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
     p.add_argument("--top", type=_positive, default=10, metavar="N", help="rows per table (default 10)")
     p.add_argument("--sort", choices=SORT_KEYS, default="cuda",
@@ -97,23 +119,27 @@ def _summary(sub: argparse._SubParsersAction) -> None:
                    help="write flamegraph folded stacks of self CPU time (one file per run when several)")
     _jobs(p)
     p.set_defaults(func=lambda a: analysis_cli.run_summary(
-        a.logdir, as_json=a.json, html=a.html, top=a.top, sort=a.sort, stacks=a.stacks, jobs=a.jobs))
+        a.logdir, as_json=a.json, markdown=a.markdown, html=a.html, top=a.top, sort=a.sort, stacks=a.stacks,
+        jobs=a.jobs))
 
 
 def _diff(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diff", help="what changed between two runs, trace files or step selections (with CIs and "
                        "verdicts)", description=analysis_cli.DIFF_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("a", help="the baseline: run folder, trace file or PATH@steps=SPEC")
+    p.add_argument("a", help="the baseline: run folder, trace file, saved summary (kprof summary --json) or "
+                   "PATH@steps=SPEC")
     p.add_argument("b", help="the run compared with it (same forms)")
-    p.add_argument("--json", action="store_true", help="print the diff as JSON instead of text")
+    _formats(p, "diff")
+    _gate(p, "B's step time is")
     p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
     p.add_argument("--top", type=_positive, default=10, metavar="N", help="rows per table (default 10)")
     p.add_argument("--confidence", type=_fraction, default=0.95,
                    help="interval level; 1 - confidence is the false discovery rate (default 0.95)")
     _jobs(p)
     p.set_defaults(func=lambda a: analysis_cli.run_diff(
-        a.a, a.b, as_json=a.json, html=a.html, top=a.top, confidence=a.confidence, jobs=a.jobs))
+        a.a, a.b, as_json=a.json, markdown=a.markdown, html=a.html, top=a.top, confidence=a.confidence, jobs=a.jobs,
+        fail_if_slower=a.fail_if_slower))
 
 
 def _tensorboard(sub: argparse._SubParsersAction) -> None:
@@ -129,7 +155,8 @@ def _compare(sub: argparse._SubParsersAction) -> None:
         help="time a model with and without kprof.swap (custom kernels) and check they agree",
         description="Train a model and its kprof.swap copy (or one copy per --impls choice: CUDA, C++, Triton or "
         "torch's own ops in the kprof layers) on the same batches, check that outputs and gradients agree, and print "
-        "step times with a bootstrap confidence interval on the speedup.",
+        "step times with a bootstrap confidence interval on the speedup. Exit status 0, 1 when a variant failed (its "
+        "code raised, or the check), 2 for bad arguments, 3 for a regression (--fail-if-slower).",
     )
     p.add_argument("--model", default="builtin", help="'builtin' (the demo ToyModel) or MODULE:ATTR naming a "
                    "function f(device) that returns (model, step_fn, batches) (default: builtin)")
@@ -141,6 +168,9 @@ def _compare(sub: argparse._SubParsersAction) -> None:
                    help="numerical check (default: raise)")
     p.add_argument("--impls", default="", help="comma-separated kprof.swap impls, one variant each beside the torch "
                    "model, e.g. cuda,triton,torch (default: one swap whose kernels follow the device)")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the table as GitHub-flavoured Markdown (a pull-request comment)")
+    _gate(p, "a variant's timed steps are, against the baseline's,")
     builtin = p.add_argument_group("builtin model size")
     builtin.add_argument("--width", type=int, default=128, help="hidden width (default: 128)")
     builtin.add_argument("--depth", type=int, default=4, help="number of blocks (default: 4)")
@@ -190,7 +220,8 @@ def _run_compare(a: argparse.Namespace) -> int:
     from .compare.cli import run_cli
 
     return run_cli(a.model, steps=a.steps, warmup=a.warmup, device=a.device, logdir=a.logdir, check=a.check,
-                   impls=a.impls, width=a.width, depth=a.depth, batch_size=a.batch_size)
+                   impls=a.impls, width=a.width, depth=a.depth, batch_size=a.batch_size, markdown=a.markdown,
+                   fail_if_slower=a.fail_if_slower)
 
 
 def _bench_description() -> str:

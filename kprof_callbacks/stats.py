@@ -101,6 +101,24 @@ def verdict(speedup: float, low: float, high: float, *, threshold: float = 0.02)
     return SAME
 
 
+def regression_limit(pct: float) -> float:
+    """``pct`` percent as a fraction, checked: the slowdown a regression gate allows (``--fail-if-slower PCT``)."""
+    if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not 0.0 <= pct < math.inf:
+        raise ValueError(f"the allowed slowdown must be a percentage >= 0, got {pct!r}")
+    return pct / 100.0
+
+
+def regressed(speedup: float, low: float, high: float, limit: float, *, threshold: float = 0.02) -> bool:
+    """The regression gate: ``other`` is slower than ``base`` by more than ``limit`` (a fraction) with significance.
+
+    The verdict (``verdict``, at ``threshold``) is "slower", and the whole interval of the slowdown lies above
+    ``limit``: its lower bound, ``1 / high - 1`` (``high`` bounds the speedup base / other), exceeds it. A change
+    that large is real at the interval's confidence; a smaller one, or one the steps cannot pin down, passes, so
+    the gate does not fail on noise (more steps narrow the interval and catch smaller regressions).
+    """
+    return verdict(speedup, low, high, threshold=threshold) == SLOWER and 1.0 / high - 1.0 > limit
+
+
 TOO_FEW = "too few steps"
 _EXACT_PAIRS = 2500  # up to this many pairs (n x m), the rank test's null distribution is counted exactly
 _MAX_SIDE = 1000  # steps a side used by the rank interval: more are thinned to this many quantiles

@@ -88,9 +88,17 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.St
     assert main(["summary", str(run)]) == 0
     assert main(["summary", str(run.parent), "--json", "--html", str(out / "s.html")]) == 0
     assert main(["diff", str(run), f"{run}@steps=2-3", "--html", str(out / "d.html")]) == 0
+saved = io.StringIO()
+with contextlib.redirect_stdout(saved):
+    assert main(["summary", str(run), "--json"]) == 0
+(out / "base.json").write_text(saved.getvalue())
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    assert main(["summary", str(out / "base.json"), "--markdown"]) == 0
+    assert main(["diff", str(out / "base.json"), str(run), "--markdown", "--fail-if-slower", "5"]) == 1  # 3 steps
 
 import kprof_callbacks as kprof
 assert kprof.diff(kprof.summarize(run), run).to_dict()
+assert kprof.summarize(run)._repr_html_() and kprof.diff(out / "base.json", run)._repr_html_()
 
 from tensorboard.plugins import base_plugin
 from werkzeug.test import Client

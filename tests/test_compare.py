@@ -402,9 +402,10 @@ def test_cli_runs_a_user_setup_and_profiles_both_variants(tmp_path, monkeypatch,
     assert [v["name"] for v in json.loads((logdir / "compare.json").read_text())["variants"]] == ["torch", "kprof.swap"]
 
 
-def test_cli_rejects_a_model_spec_without_attribute():
-    with pytest.raises(SystemExit, match="MODULE:ATTR"):
+def test_cli_rejects_a_model_spec_without_attribute(capsys):
+    with pytest.raises(SystemExit) as exc:
         main(["compare", "--model", "my_setup", "--device", "cpu"])
+    assert exc.value.code == 2 and "MODULE:ATTR" in capsys.readouterr().err
 
 
 # -- examples --------------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`kprof summary LOGDIR` and `kprof diff A B`: the analysis in the terminal, as JSON or HTML (arguments: ../cli.py).
+"""`kprof summary LOGDIR` and `kprof diff A B`: the analysis in the terminal, as JSON, Markdown or HTML (arguments:
+../cli.py).
 
 The analysis is imported when a command runs, not with this module, so ``kprof --help`` stays quick.
 """
@@ -16,18 +17,25 @@ if TYPE_CHECKING:
 
 SUMMARY_HELP = """\
 Summarize torch.profiler traces: where the time went, per step, operator, kernel and label, with findings.
+LOGDIR may also be a summary saved with --json (read back as it was saved).
 
 Exit status 0 when at least one trace was summarized (unreadable files are listed under
 "Problems"), 1 when nothing could be read or a report could not be written, 2 for bad arguments.
 Big runs are read by --jobs worker processes, with a progress bar on stderr (a terminal) for runs over 100 MB.
+--json keeps the per-step rows kprof diff tests: the file can be side A of a diff (kprof summary --json > base.json).
 """
 DIFF_HELP = """\
-What changed from A to B, with intervals and verdicts. A and B: a run folder, a trace file, or PATH@steps=SPEC for
-some steps of a run (SPEC: numbers and ranges, e.g. log/run@steps=2-4,7).
+What changed from A to B, with intervals and verdicts. A and B: a run folder, a trace file, a summary saved with
+kprof summary --json, or PATH@steps=SPEC for some steps of a run (SPEC: numbers and ranges, e.g. log/run@steps=2-4,7).
 
-Exit status 0 when both sides were read, 1 when one could not be (or a step selection does not match the run, or the
-report could not be written), 2 for bad arguments.
+--fail-if-slower PCT gates on the step time: exit status 3 when B's typical step is significantly slower than A's
+and the whole confidence interval of the slowdown lies above PCT percent; the report then says what grew.
+
+Exit status 0 when both sides were read (and no regression), 1 when one could not be (or a step selection does not
+match the run, or a side has too few steps for --fail-if-slower, or the report could not be written), 2 for bad
+arguments (a malformed step selection included), 3 for a regression (it wins over a report that could not be written).
 """
+REGRESSION = 3  # the exit status of kprof diff --fail-if-slower (and kprof compare's) on a regression
 
 
 def _per_run(path: Path, run: str, many: bool) -> Path:
@@ -64,8 +72,8 @@ def _written(out: Path, write: Callable[[Path], object], command: str, what: str
 
 
 def run_summary(
-    path: Path, *, as_json: bool = False, html: Path | None = None, top: int = 10, sort: str = "cuda",
-    stacks: Path | None = None, jobs: int = 1,
+    path: Path, *, as_json: bool = False, markdown: bool = False, html: Path | None = None, top: int = 10,
+    sort: str = "cuda", stacks: Path | None = None, jobs: int = 1,
 ) -> int:
     """Run `kprof summary`; returns the exit status."""
     from .html import write_html
@@ -84,6 +92,8 @@ def run_summary(
     if as_json:
         doc = {name: s.to_dict() for name, s in runs.items()} if isinstance(result, dict) else result.to_dict()
         print(json.dumps(doc, indent=1))
+    elif markdown:
+        print("\n\n".join(s.to_markdown(top=top, sort=sort) for s in runs.values()))
     else:
         print("\n\n".join(s.render(top=top, sort=sort) for s in runs.values()))
     ok = True
@@ -96,14 +106,20 @@ def run_summary(
 
 
 def run_diff(
-    a: str, b: str, *, as_json: bool = False, html: Path | None = None, top: int = 10, confidence: float = 0.95,
-    jobs: int = 1,
+    a: str, b: str, *, as_json: bool = False, markdown: bool = False, html: Path | None = None, top: int = 10,
+    confidence: float = 0.95, jobs: int = 1, fail_if_slower: float | None = None,
 ) -> int:
     """Run `kprof diff`; returns the exit status."""
-    from .diff_inputs import load
+    from .diff_inputs import load, split
+    from .diff_report import gate
     from .tracediff import diff
 
     bad = _bad_output(html, "--html")
+    try:
+        for side in (a, b):
+            split(side)  # a malformed step selection is a bad argument, said before any trace is read
+    except ValueError as exc:
+        bad = bad or str(exc)
     if bad:
         print(f"kprof diff: {bad}", file=sys.stderr)
         return 2
@@ -112,7 +128,25 @@ def run_diff(
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof diff: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(result.to_dict(), indent=1) if as_json else result.render(top=top))
-    if html and not _written(html, lambda out: result.to_html(out, top=max(top, 30)), "diff", "HTML report"):
-        return 1
-    return 0
+    regressed, no_verdict = None, None
+    if fail_if_slower is not None:
+        try:
+            regressed = result.regressed(fail_if_slower)
+        except ValueError as exc:  # too few steps: the report says so too
+            no_verdict = str(exc)
+    if as_json:
+        doc = result.to_dict()
+        if fail_if_slower is not None:
+            doc["gate"] = {"fail_if_slower_pct": fail_if_slower, "regressed": regressed,
+                           "report": gate(result, fail_if_slower)}
+        print(json.dumps(doc, indent=1))
+    elif markdown:
+        print(result.to_markdown(top=top, fail_if_slower=fail_if_slower))
+    else:
+        print(result.render(top=top, fail_if_slower=fail_if_slower))
+    written = not html or _written(html, lambda out: result.to_html(out, top=max(top, 30)), "diff", "HTML report")
+    if regressed:
+        return REGRESSION
+    if no_verdict:
+        print(f"kprof diff: --fail-if-slower: {no_verdict}", file=sys.stderr)
+    return 0 if written and not no_verdict else 1

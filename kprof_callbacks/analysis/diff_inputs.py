@@ -1,14 +1,15 @@
-"""The two sides of `kprof.diff`: parse `PATH@steps=SPEC`, summarize each run once, pick the selected steps."""
+"""The two sides of `kprof.diff`: parse `PATH@steps=SPEC`, summarize each run once (or read its saved summary),
+pick the selected steps."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 
-from . import fmt, perstep
+from ..progress import ProgressArg
+from . import fmt, perstep, saved
 from .perstep import PerStep
 from .summary import Summary, runs_of, summarize_runs
 
@@ -52,29 +53,37 @@ def _parse(x: Source, label: str) -> Input:
     if isinstance(x, Summary):
         return Input(x.name, None, None, x)
     if not isinstance(x, (str, os.PathLike)):
-        raise TypeError(f"{label} must be a run folder, trace file, 'PATH@steps=2-4' or a Summary, "
+        raise TypeError(f"{label} must be a run folder, trace file, saved summary, 'PATH@steps=2-4' or a Summary, "
                         f"got {type(x).__name__}")
     text = os.fspath(x)
-    match = SELECTION.match(text) if isinstance(x, str) else None
-    path, steps = (Path(match["path"]), parse_steps(match["spec"])) if match else (Path(text), None)
+    path, steps = split(text) if isinstance(x, str) else (Path(text), None)
     if not path.exists():
-        raise FileNotFoundError(f"{label}: no such trace file or run folder: {path}")
+        raise FileNotFoundError(f"{label}: no such trace file, run folder or saved summary: {path}")
     return Input(text, path, steps)
 
 
-def load(a: Source, b: Source, *, jobs: int = 1, progress: bool | Callable[[int, int], None] = False) -> list[Input]:
+def split(text: str) -> tuple[Path, list[int] | None]:
+    """``PATH@steps=SPEC`` -> (PATH, its step numbers); a plain path -> (path, None). ValueError for a bad SPEC."""
+    match = SELECTION.match(text)
+    return (Path(match["path"]), parse_steps(match["spec"])) if match else (Path(text), None)
+
+
+def load(a: Source, b: Source, *, jobs: int = 1, progress: ProgressArg = False) -> list[Input]:
     """Check both sides (before reading anything), then summarize each distinct path once (two selections of one
-    run share one Summary), both sides' files together (``jobs``, ``progress``: as for `summarize`)."""
+    run share one Summary), both sides' files together (``jobs``, ``progress``: as for `summarize`); a saved summary
+    (`kprof summary --json`) is read back instead."""
     sides = [_parse(a, "a"), _parse(b, "b")]
     paths = {side.path.resolve(): side.path for side in sides if side.summary is None}
+    files = {key: path for key, path in paths.items() if saved.is_saved(path)}
+    traces = {key: path for key, path in paths.items() if key not in files}
     runs = []
-    for path in paths.values():
+    for path in traces.values():
         many, found = runs_of(path)
         if many:
-            raise ValueError(f"{path} holds {len(found)} runs ({', '.join(list(found)[:5])}): "
-                             "diff one run folder or trace file against another")
+            raise _several(path, list(found))
         runs += found.items()
-    done = dict(zip(paths, summarize_runs(runs, progress=progress, jobs=jobs)))
+    done: dict[Path, Summary | ValueError] = {key: _one_run(path) for key, path in files.items()}
+    done.update(zip(traces, summarize_runs(runs, progress=progress, jobs=jobs)))
     for side in sides:
         if side.summary is None:
             result = done[side.path.resolve()]
@@ -82,6 +91,21 @@ def load(a: Source, b: Source, *, jobs: int = 1, progress: bool | Callable[[int,
                 raise result
             side.summary = result
     return sides
+
+
+def _several(path: Path, names: list[str]) -> ValueError:
+    return ValueError(f"{path} holds {len(names)} runs ({', '.join(names[:5])}): "
+                      "diff one run folder, trace file or saved summary against another")
+
+
+def _one_run(path: Path) -> Summary:
+    """The one run's Summary saved in ``path`` (`kprof summary --json`)."""
+    found = saved.read(path)
+    if isinstance(found, dict):
+        if len(found) != 1:
+            raise _several(path, list(found))
+        (found,) = found.values()
+    return found
 
 
 def _columns(side: Input, label: str) -> list[int]:

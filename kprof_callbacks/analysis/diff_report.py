@@ -1,4 +1,5 @@
-"""A Diff as text, as one headline paragraph, and as a self-contained HTML page (shared tables of strings)."""
+"""A Diff as text, as one headline paragraph, as Markdown, and as HTML (shared tables of strings); the regression
+gate's answer in words."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from . import fmt
 from .breakdown import CHANGE_COLORS
 from .fmt import clip
 from .html import page, table
-from .report import NAME_WIDTH, Table, text_table
+from .report import NAME_WIDTH, Table, markdown_table, md_text, text_table
 from .timeline import DEVICE_KINDS
 
 if TYPE_CHECKING:
@@ -123,6 +124,46 @@ def _change_word(c: Change) -> str:
     return f"({c.status})" if c.presence_changed else f"{_signed(c.change, fmt.duration)} per step"
 
 
+def _grew(d: Diff, top: int) -> str:
+    """The significant rows that grew (new, or up), largest first, per group (GPU activities, operators, labels), the
+    group with the largest growth first."""
+    groups = []
+    for title, kinds in (("GPU activities", DEVICE_KINDS), ("operators", ("op",)), ("labels", ("label",))):
+        rows = sorted((c for c in d.significant(kinds) if c.change > 0), key=lambda c: -c.change)[:top]
+        if rows:
+            groups.append((rows[0].change, f"{title}: " + ", ".join(_grown(d, c) for c in rows)))
+    if not groups:
+        return ("No operator, label or GPU activity grew significantly: the time went between them (host overhead, "
+                "waits), or the rows vary too much for their steps.")
+    return "What grew: " + "; ".join(text for _, text in sorted(groups, key=lambda g: -g[0])) + "."
+
+
+def _grown(d: Diff, c: Change) -> str:
+    """A row that grew: by how much per step, and its share of the change in mean step time (when that grew)."""
+    share = (f", {fmt.share(d.share_of_step_change(c))} of the change in mean step time"
+             if d.mean_step_change_us > 0 else "")
+    return f"{fmt.row_label(c.kind, c.name)} {_signed(c.change, fmt.duration)} per step ({c.status}{share})"
+
+
+def gate(d: Diff, pct: float, top: int = HEADLINE_ROWS) -> str:
+    """The regression gate's answer (``Diff.regressed(pct)``) in words: B's slowdown with its interval, against the
+    limit; when it failed, what grew; with too few steps, why there is no answer."""
+    stats.regression_limit(pct)
+    try:
+        failed = d.regressed(pct)
+    except ValueError as exc:
+        return f"No verdict (limit +{pct:g}%): {exc}."
+    t = d.step_time
+    low, high = t.change_interval
+    moved = (f"{abs(t.change):.1%} {'slower' if t.change > 0 else 'faster'} than A's"
+             if round(abs(t.change), 3) else "as long as A's")
+    change = f"B's typical step is {moved} [{100 * d.confidence:g}% CI {low:+.1%} to {high:+.1%}]"
+    if failed:
+        return f"Regression (limit +{pct:g}%): {change}, all of the interval above the limit. {_grew(d, top)}"
+    return (f"No regression (limit +{pct:g}%): {change}; the gate fails only when B is significantly slower and the "
+            "whole interval lies above the limit.")
+
+
 def _rule(d: Diff) -> str:
     return ("Step time: the typical step, the median of the A/B ratios over all pairs of steps, with the Mann-Whitney "
             "rank test's interval (it excludes 1 exactly when the test finds a shift). Rows: per-step means; a change "
@@ -142,6 +183,19 @@ def render(d: Diff, top: int) -> str:
         parts.append("\n".join(["Findings"] + [f"{'+' if x.change == 'appeared' else '-'} {x.change}: {x.message}"
                                                for x in d.diagnostics]))
     parts.append("\n".join([f"{_rule(d)}."] + [f"Note: {n}" for n in d.notes]))
+    return "\n\n".join(parts)
+
+
+def markdown(d: Diff, top: int, gate_text: str | None = None) -> str:
+    """The report as GitHub-flavoured Markdown for a pull request: the gate (when given), the headline, the tables."""
+    parts = ["### kprof diff: B against A", f"A: {md_text(_side(d.a))}  \nB: {md_text(_side(d.b))}"]
+    if gate_text:
+        parts.append(f"**{md_text(gate_text)}**")
+    parts.append(md_text(headline(d, HEADLINE_ROWS)))
+    parts += [f"**{md_text(t.title)}**\n\n{markdown_table(t.headers, t.rows)}" for t in tables(d, top)]
+    if d.diagnostics:
+        parts.append("\n".join(f"- {x.change}: {md_text(x.message)}" for x in d.diagnostics))
+    parts.append("\n".join([f"<sub>{md_text(_rule(d))}.</sub>"] + [f"- Note: {md_text(n)}" for n in d.notes]))
     return "\n\n".join(parts)
 
 
@@ -170,8 +224,8 @@ def _signed_bars(rows: Sequence[Change], width: int = 900) -> str:
     return "".join(out) + "</svg>"
 
 
-def write_html(d: Diff, path: Path, top: int) -> Path:
-    """Write the report as one HTML page."""
+def body(d: Diff, top: int) -> str:
+    """The report's HTML without the page around it (the file's body, a notebook's view)."""
     timed = [c for c in d.significant() if c.kind != "count"][:top]
     parts = [f"<h1>kprof diff: B against A</h1><p>A: {escape(_side(d.a))}<br>B: {escape(_side(d.b))}</p>",
              f"<p><b>{escape(headline(d, HEADLINE_ROWS))}</b></p>"]
@@ -185,6 +239,10 @@ def write_html(d: Diff, path: Path, top: int) -> Path:
             f"{escape(x.message)}</li>" for x in d.diagnostics) + "</ul>")
     parts.append(f"<p class=\"info\">{escape(_rule(d))}.</p>")
     parts += [f'<p class="info">Note: {escape(n)}</p>' for n in d.notes]
-    path.write_text(page(f"kprof diff: {d.a.source} vs {d.b.source}", "<section>" + "".join(parts) + "</section>"),
-                    encoding="utf-8")
+    return "<section>" + "".join(parts) + "</section>"
+
+
+def write_html(d: Diff, path: Path, top: int) -> Path:
+    """Write the report as one HTML page."""
+    path.write_text(page(f"kprof diff: {d.a.source} vs {d.b.source}", body(d, top)), encoding="utf-8")
     return path

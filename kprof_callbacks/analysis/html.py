@@ -1,6 +1,7 @@
 """A self-contained HTML report: inline CSS and SVG plots, no scripts, nothing fetched.
 
-It opens from disk in any browser (or as a CI artifact) without a server or network. It holds the tables the
+It opens from disk in any browser (or as a CI artifact) without a server or network; its body, with the style
+scoped to it (`fragment`), is what a notebook shows for a Summary, Diff or Comparison. It holds the tables the
 terminal prints (the same `top` and `sort`), their plots, and the timeline of the median and the slowest profiled
 step.
 """
@@ -32,6 +33,7 @@ tr:nth-child(even){background:#f6f6f6}th{border-bottom:1px solid #999}
 figure{margin:1em 0}figcaption{font-size:13px;color:#555;margin-bottom:4px}
 """
 _NAME_WIDTH = 300  # the page wraps long kernel names; the terminal clips them
+_SCOPE = "kprof"  # the class of a fragment's div, which its style is limited to
 _BAR = breakdown.PARTS[0].color
 
 
@@ -142,7 +144,8 @@ def _chart(s: Summary, key: str, top: int, sort: str) -> str:
     return ""
 
 
-def _summary_html(s: Summary, top: int, sort: str) -> str:
+def summary_body(s: Summary, top: int, sort: str) -> str:
+    """One run's report without the page around it (a section of the file, a notebook's view)."""
     names = ", ".join(escape(p.name) for p in s.files[:8]) + (" ..." if len(s.files) > 8 else "")
     parts = [f"<h1>{escape(s.name)}</h1><p>{len(s.files)} trace file(s): {names}</p>"]
     if s.diagnostics:
@@ -164,7 +167,7 @@ def write_html(summaries: dict[str, Summary], path: Path, top: int = 20, sort: s
     """Write one page holding every run's report: `top` rows per table, operators sorted by `sort`, as the
     terminal report does."""
     title = "kprof summary: " + ", ".join(summaries)
-    body = "".join(_summary_html(s, top, sort) for s in summaries.values())
+    body = "".join(summary_body(s, top, sort) for s in summaries.values())
     path.write_text(page(title, body), encoding="utf-8")
     return path
 
@@ -173,3 +176,21 @@ def page(title: str, body: str) -> str:
     """A whole HTML document around `body`, with the report's inline style."""
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
             f"<style>{_CSS}{svgtimeline.CSS}</style></head><body>{body}</body></html>")
+
+
+def fragment(body: str) -> str:
+    """`body` for embedding in another page (a notebook's output): in a ``<div class="kprof">`` with the report's
+    style scoped to it, so it restyles nothing around it; no scripts and nothing fetched, as in the file."""
+    return f'<div class="{_SCOPE}"><style>{_scoped(_CSS + svgtimeline.CSS)}</style>{body}</div>'
+
+
+def _scoped(css: str) -> str:
+    """Every rule of `css` limited to the fragment's div (``body`` becomes the div itself)."""
+    rules = []
+    for rule in css.replace("\n", "").split("}"):
+        if rule.strip():
+            selectors, declarations = rule.split("{", 1)
+            scoped = (f".{_SCOPE}" if sel.strip() == "body" else f".{_SCOPE} {sel.strip()}"
+                      for sel in selectors.split(","))
+            rules.append(f"{','.join(scoped)}{{{declarations}}}")
+    return "".join(rules)

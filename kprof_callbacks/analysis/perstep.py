@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +39,20 @@ class PerStep:
         """The same rows over a subset of the steps (rows absent from all of them are kept, as zeros)."""
         cols = np.asarray(columns, dtype=np.int64)
         return PerStep(self.kind, self.name, self.time_us[:, cols], self.calls[:, cols], [self.steps[i] for i in cols])
+
+    def to_dict(self, steps: Sequence[StepStats]) -> dict[str, Any]:
+        """JSON-safe columns: each column's step as its index in ``steps`` (the Summary's step rows), times rounded
+        to nanoseconds, calls as integers."""
+        index = {s: i for i, s in reversed(list(enumerate(steps)))}
+        return {"kind": list(self.kind), "name": list(self.name), "steps": [index[s] for s in self.steps],
+                "time_us": np.round(self.time_us, 3).tolist(), "calls": self.calls.astype(np.int64).tolist()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], steps: Sequence[StepStats]) -> PerStep:
+        """The table `to_dict` wrote, its columns' steps taken from ``steps``."""
+        shape = (len(data["kind"]), len(data["steps"]))
+        return cls(list(data["kind"]), list(data["name"]), np.array(data["time_us"], np.float64).reshape(shape),
+                   np.array(data["calls"], np.float64).reshape(shape), [steps[i] for i in data["steps"]])
 
     def column(self, step: StepStats) -> int:
         """The column of one step (matched on rank, worker and step number)."""

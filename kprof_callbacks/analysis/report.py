@@ -206,6 +206,51 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
 
 
+_MD_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", "|": "\\|", "\\": "\\\\", "`": "\\`", "*": "\\*",
+                             "_": "\\_", "[": "\\[", "\n": " "})  # no tags, emphasis, links, code or cell breaks
+_MD_CODE_ESCAPES = str.maketrans({"|": "\\|", "\n": " "})  # a pipe ends a table cell even in a code span
+
+
+def md_text(text: str) -> str:
+    """``text`` for GitHub-flavoured Markdown, shown as written: no emphasis, links, HTML tags or table breaks."""
+    return text.translate(_MD_ESCAPES)
+
+
+def md_code(text: str) -> str:
+    """``text`` as a code span (names: kernel templates keep their ``<...>``), with table pipes escaped."""
+    fence = "``" if "`" in text else "`"
+    pad = " " if fence == "``" else ""
+    return f"{fence}{pad}{text.translate(_MD_CODE_ESCAPES)}{pad}{fence}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], code: Sequence[int] = (0,)) -> str:
+    """A GitHub-flavoured Markdown table: the first column left-aligned, the others right-aligned (numbers), the
+    columns in ``code`` as code spans."""
+
+    def line(cells: Sequence[str], header: bool = False) -> str:
+        return "| " + " | ".join(md_code(c) if i in code and not header and c else md_text(c)
+                                 for i, c in enumerate(cells)) + " |"
+
+    align = "|" + "|".join(":---" if i == 0 else "---:" for i in range(len(headers))) + "|"
+    return "\n".join([line(headers, header=True), align, *(line(r) for r in rows)])
+
+
+_NAMED = {"ops": (0,), "ops_by_shape": (0, 1), "kernels": (0,), "labels": (0,)}  # tables whose first cells are names
+
+
+def markdown(s: Summary, *, top: int, sort: str) -> str:
+    """The report as GitHub-flavoured Markdown: a heading, the findings, each table under its title."""
+    parts = [f"### kprof summary: {md_text(s.name)}", f"{len(s.files)} trace file{'s' * (len(s.files) != 1)}"]
+    if s.diagnostics:
+        parts.append("\n".join(f"- {'**warning**: ' if d.severity == 'warning' else ''}{md_text(d.message)}"
+                                for d in s.diagnostics))
+    parts += [f"**{md_text(t.title)}**\n\n{markdown_table(t.headers, t.rows, _NAMED.get(t.key, ()))}"
+              for t in tables(s, top, sort)]
+    if s.problems:
+        parts.append("\n".join(f"- could not read {md_text(str(p))}" for p in s.problems))
+    return "\n\n".join(parts)
+
+
 def render(s: Summary, *, top: int, sort: str) -> str:
     """The whole text report."""
     head = f"kprof summary: {s.name}: {len(s.files)} trace file{'s' * (len(s.files) != 1)}"

@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -20,7 +19,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from .. import layout
-from . import comm, diagnostics, html, ops, perstep, ranks, reader, report, stacks, steps, trends
+from ..progress import Progress, ProgressArg
+from . import comm, diagnostics, html, ops, perstep, ranks, reader, report, saved, stacks, steps, trends
 from .reader import TraceError, TraceFile
 from .series import Series, read_series
 from .tables import (SORT_KEYS, CommStats, Diagnostic, FsdpStep, KernelStats, LabelStats, OpStats, Problem, RankStats,
@@ -82,12 +82,14 @@ class Summary:
         print(self.render(top=top, sort=sort), file=file or sys.stdout)
 
     def to_dict(self) -> dict[str, Any]:
-        """All tables as JSON-safe lists of dicts."""
+        """All tables as JSON-safe lists of dicts, with the per-step rows `kprof.diff` tests (`from_dict` reads it
+        back: a saved summary can be a side of a diff)."""
 
         def rows(items: Iterable[Any]) -> list[dict[str, Any]]:
             return [dataclasses.asdict(r) for r in items]
 
         return {
+            saved.FORMAT_KEY: saved.VERSION,
             "name": self.name,
             "files": [str(p) for p in self.files],
             "steps": rows(self.steps),
@@ -102,7 +104,38 @@ class Summary:
             "diagnostics": rows(self.diagnostics),
             "problems": [{"path": str(p.path), "reason": p.reason} for p in self.problems],
             "memory_snapshots": [str(p) for p in self.memory_snapshots],
+            "per_step": self.per_step.to_dict(self.steps),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Summary:
+        """The Summary `to_dict` wrote (parsed JSON): every table, the findings and the per-step rows; its call
+        stacks and scalar series stay with the trace files."""
+        saved.check_version(data)
+
+        def rows(row: type, items: Iterable[dict[str, Any]]) -> list[Any]:
+            names = {f.name for f in dataclasses.fields(row)}
+            return [row(**{k: v for k, v in item.items() if k in names}) for item in items]
+
+        steps = rows(StepStats, data["steps"])
+        return cls(
+            name=data["name"],
+            files=[Path(p) for p in data["files"]],
+            steps=steps,
+            ops=rows(OpStats, data["ops"]),
+            ops_by_shape=rows(OpStats, data["ops_by_shape"]),
+            kernels=rows(KernelStats, data["kernels"]),
+            labels=[dataclasses.replace(label, contains=tuple(label.contains))
+                    for label in rows(LabelStats, data["labels"])],
+            ranks=rows(RankStats, data["ranks"]),
+            step_skew=rows(StepSkew, data["step_skew"]),
+            diagnostics=rows(Diagnostic, data["diagnostics"]),
+            problems=[Problem(Path(p["path"]), p["reason"]) for p in data["problems"]],
+            memory_snapshots=[Path(p) for p in data["memory_snapshots"]],
+            per_step=perstep.PerStep.from_dict(data["per_step"], steps),
+            comm=rows(CommStats, data["comm"]),
+            fsdp=rows(FsdpStep, data["fsdp"]),
+        )
 
     def to_pandas(self) -> dict[str, pandas.DataFrame]:
         """One DataFrame per table (steps, ops, ops_by_shape, kernels, labels, ranks, step_skew, comm, fsdp,
@@ -115,6 +148,16 @@ class Summary:
         data = self.to_dict()
         return {key: pd.DataFrame(data[key], columns=[f.name for f in dataclasses.fields(row)] if not data[key] else None)
                 for key, row in tables.items()}
+
+    def to_markdown(self, top: int = 10, sort: str = "cuda") -> str:
+        """The report as GitHub-flavoured Markdown (a pull-request comment): the findings and the tables of
+        `render(top, sort)`."""
+        _check_report_options(top, sort)
+        return report.markdown(self, top=top, sort=sort)
+
+    def _repr_html_(self) -> str:
+        """The HTML report as a notebook shows it: no page around it, no scripts, nothing fetched."""
+        return html.fragment(html.summary_body(self, 10, "cuda"))
 
     def to_html(self, path: str | Path, top: int = 20, sort: str = "cuda") -> Path:
         """Write a self-contained HTML report (inline SVG plots and timelines, no scripts, no network): the tables of
@@ -188,33 +231,6 @@ PROGRESS_BYTES = 100 << 20  # runs bigger than this show a progress bar (summari
 _POOL_BYTES = 2 * reader.CHUNK_BYTES  # smaller runs are read in this process: starting workers would cost more
 
 
-class _Progress:
-    """Bytes read so far, reported to a callback ``(done, total)`` or as a tqdm bar on stderr (a run over
-    PROGRESS_BYTES); thread-safe (worker results arrive on their own threads)."""
-
-    def __init__(self, progress: bool | Callable[[int, int], None], total: int, label: str) -> None:
-        self.total, self.done = total, 0
-        self._lock = threading.Lock()
-        self._callback = progress if callable(progress) else None
-        self._bar = None
-        if progress is True and total > PROGRESS_BYTES:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr)
-
-    def add(self, n: int) -> None:
-        with self._lock:
-            self.done += n
-            if self._bar is not None:
-                self._bar.update(n)
-            if self._callback is not None:
-                self._callback(self.done, self.total)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
 def _guarded(path: Path, work: Callable[[], _FileResult]) -> _FileResult | Problem:
     """``work()``, or the Problem that says why the file could not be used."""
     try:
@@ -226,11 +242,11 @@ def _guarded(path: Path, work: Callable[[], _FileResult]) -> _FileResult | Probl
         return Problem(path, f"could not be analyzed ({type(exc).__name__}: {exc}); please report it")
 
 
-def _read_here(path: Path, progress: _Progress) -> _FileResult:
+def _read_here(path: Path, progress: Progress) -> _FileResult:
     return _analyze(reader.read_trace(path, progress.add))
 
 
-def _read_in(workers: Workers, path: Path, progress: _Progress) -> Callable[[], TraceFile]:
+def _read_in(workers: Workers, path: Path, progress: Progress) -> Callable[[], TraceFile]:
     """Start decoding ``path``'s pieces in the workers; returns the call that waits for them and merges them."""
     found = reader.plan(path)
     futures = []
@@ -249,7 +265,7 @@ def _read_in(workers: Workers, path: Path, progress: _Progress) -> Callable[[], 
     return merged
 
 
-def _analyze_files(paths: list[Path], workers: Workers | None, progress: _Progress) -> list[_FileResult | Problem]:
+def _analyze_files(paths: list[Path], workers: Workers | None, progress: Progress) -> list[_FileResult | Problem]:
     """Each file's analysis, or the Problem that kept it out. With workers, every file's pieces are decoded in
     parallel; then each file is analyzed (in a worker when there are several files) as soon as its pieces are in."""
     if workers is None:
@@ -286,11 +302,12 @@ def _size(path: Path) -> int:
 
 
 def summarize_runs(runs: list[tuple[str, layout.RunContents]], *,
-                   progress: bool | Callable[[int, int], None] = False, jobs: int = 1) -> list[Summary | ValueError]:
+                   progress: ProgressArg = False, jobs: int = 1) -> list[Summary | ValueError]:
     """One Summary per (name, files) pair, in order, all runs' files read together: ``jobs`` worker processes decode
     and analyze them in parallel. A run with nothing readable gives the ValueError that says why."""
     paths = [p for _, found in runs for p in found.traces]
-    meter = _Progress(progress, sum(_size(p) for p in paths), f"summarizing {', '.join(n for n, _ in runs)}"[:60])
+    meter = Progress(progress, sum(_size(p) for p in paths), f"summarizing {', '.join(n for n, _ in runs)}"[:60],
+                     in_bytes=True, min_total=PROGRESS_BYTES)
     try:
         with _workers(jobs, paths) as workers:
             results = dict(zip(paths, _analyze_files(paths, workers, meter)))
@@ -305,7 +322,7 @@ def summarize_runs(runs: list[tuple[str, layout.RunContents]], *,
     return out
 
 
-def summarize_contents(name: str, found: layout.RunContents, progress: bool | Callable[[int, int], None] = False,
+def summarize_contents(name: str, found: layout.RunContents, progress: ProgressArg = False,
                        jobs: int = 1) -> Summary:
     """One Summary of the files ``found`` lists, for a caller that listed (and vetted) a run folder itself."""
     (result,) = summarize_runs([(name, found)], progress=progress, jobs=jobs)
@@ -391,7 +408,7 @@ def runs_of(path: str | Path) -> tuple[bool, dict[str, layout.RunContents]]:
     return True, {name: layout.contents(folder) for name, folder in runs.items()}
 
 
-def summarize(path: str | Path, *, progress: bool | Callable[[int, int], None] = False,
+def summarize(path: str | Path, *, progress: ProgressArg = False,
               jobs: int = 1) -> Summary | dict[str, Summary]:
     """Summarize torch.profiler traces on disk.
 
@@ -401,7 +418,10 @@ def summarize(path: str | Path, *, progress: bool | Callable[[int, int], None] =
     a missing path raises FileNotFoundError, and nothing readable at all raises ValueError.
     `jobs` > 1 reads big runs in that many worker processes (fresh interpreters, never forks of this one);
     `progress=True` shows a bar on stderr for runs over 100 MB, a callable gets (bytes done, bytes in all).
+    A summary saved as JSON (`kprof summary --json`) is read back as it was saved (`Summary.from_dict`).
     """
+    if isinstance(path, (str, os.PathLike)) and saved.is_saved(Path(path)):
+        return saved.read(Path(path))
     many, runs = runs_of(path)
     results = summarize_runs(list(runs.items()), progress=progress, jobs=jobs)
     if not many:

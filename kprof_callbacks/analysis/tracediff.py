@@ -28,6 +28,7 @@ from .. import stats
 from . import diff_report, fmt
 from .diagnostics import SCALAR_READ, SYNC_CALLS
 from .diff_inputs import Source, load, select
+from .html import fragment
 from .perstep import PerStep
 from .summary import Summary
 
@@ -158,11 +159,25 @@ class Diff:
         """One paragraph: the step-time verdict and the GPU activities (else operators) that account for it."""
         return diff_report.headline(self, top)
 
-    def render(self, top: int = 10) -> str:
-        """The report as text, `top` rows per table."""
+    def regressed(self, pct: float) -> bool:
+        """Whether B's step time is slower than A's by more than `pct` percent, with significance: the step-time
+        verdict is "slower" and the lower bound of B's relative change (``step_time.change_interval``) is above
+        `pct` / 100 (``stats.regressed``). ValueError when a side has too few steps for an interval."""
+        limit = stats.regression_limit(pct)
+        t = self.step_time
+        if t.low is None:
+            raise ValueError(f"too few steps to tell a regression: {t.a_steps} against {t.b_steps}; the step-time "
+                             f"rank test needs {t.min_steps} a side at {self.confidence:.0%} confidence: profile more "
+                             "steps (active=10)")
+        return stats.regressed(t.speedup, t.low, t.high, limit, threshold=self.noise_threshold)
+
+    def render(self, top: int = 10, fail_if_slower: float | None = None) -> str:
+        """The report as text, `top` rows per table; with `fail_if_slower` (percent), the regression gate's answer
+        (`regressed`, and what grew when it failed) at the end."""
         if top < 1:
             raise ValueError(f"top must be >= 1, got {top}")
-        return diff_report.render(self, top)
+        text = diff_report.render(self, top)
+        return text if fail_if_slower is None else f"{text}\n\n{diff_report.gate(self, fail_if_slower)}"
 
     def __str__(self) -> str:
         return self.render()
@@ -170,6 +185,18 @@ class Diff:
     def print(self, top: int = 10, file: TextIO | None = None) -> None:
         """Print the text report (to stdout unless `file` is given)."""
         print(self.render(top=top), file=file or sys.stdout)
+
+    def to_markdown(self, top: int = 10, fail_if_slower: float | None = None) -> str:
+        """The report as GitHub-flavoured Markdown (a pull-request comment), with the regression gate's answer on
+        top when `fail_if_slower` (percent) is given."""
+        if top < 1:
+            raise ValueError(f"top must be >= 1, got {top}")
+        gate = None if fail_if_slower is None else diff_report.gate(self, fail_if_slower)
+        return diff_report.markdown(self, top, gate)
+
+    def _repr_html_(self) -> str:
+        """The HTML report as a notebook shows it: no page around it, no scripts, nothing fetched."""
+        return fragment(diff_report.body(self, 10))
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as JSON-safe dicts and lists."""

@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from ..analysis.cli import REGRESSION
 from .check import ComparisonError
 from .run import compare
 
 
 def run_cli(
     model: str, *, steps: int, warmup: int, device: str | None, logdir: str | None, check: str, impls: str = "",
-    width: int, depth: int, batch_size: int,
+    width: int, depth: int, batch_size: int, markdown: bool = False, fail_if_slower: float | None = None,
 ) -> int:
     """Compare ``model`` ('builtin' or MODULE:ATTR) with its ``kprof.swap`` copies (one per impl in the comma-separated
-    ``impls``, or one choosing by device) and print the table; exit status."""
+    ``impls``, or one choosing by device) and print the table (as Markdown with ``markdown``); exit status 0, 1 when
+    a variant failed (its code raised, or the check), 2 for bad arguments, 3 when ``fail_if_slower`` is given and a
+    variant is slower than the baseline by more than that many percent (``Comparison.regressed``)."""
     from ..tensorboard.launch import open_hint
 
     swapped = _swapped_variants(impls)
@@ -38,14 +42,21 @@ def run_cli(
             check={"raise": True, "warn": "warn", "off": False}[check],
             logdir=logdir,
             optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+            progress=sys.stderr.isatty(),
         )
     except ComparisonError as exc:
         print(f"kprof compare: check failed, nothing timed: {exc}")
         return 1
-    print(result)
+    print(result.to_markdown() if markdown else result)
     if logdir:
-        print(open_hint(result.settings["logdir"]))
-        print("  the kprof tab shows this comparison, and each variant's profiled run")
+        print(open_hint(result.settings["logdir"]), file=sys.stderr if markdown else sys.stdout)
+        print("  the kprof tab shows this comparison, and each variant's profiled run",
+              file=sys.stderr if markdown else sys.stdout)
+    slower = [] if fail_if_slower is None else result.regressed(fail_if_slower)
+    if slower:
+        print(f"kprof compare: slower than {result.baseline} by more than {fail_if_slower:g}%: {', '.join(slower)}",
+              file=sys.stderr)
+        return REGRESSION
     return 0 if all(v.status == "ok" for v in result.variants.values()) else 1
 
 
@@ -59,7 +70,7 @@ def _swapped_variants(impls: str) -> dict[str, Callable[[nn.Module], nn.Module]]
         for name in names:
             check_impl(name)
     except ValueError as exc:
-        raise SystemExit(f"kprof compare: --impls: {exc}") from None
+        raise _bad_argument(f"--impls: {exc}") from None
     if not names:
         return {"kprof.swap": swap}
     return {f"kprof.swap-{name}": functools.partial(swap, impl=name) for name in names}
@@ -83,11 +94,17 @@ def _user_setup(spec: str, device: str):
     """Import MODULE:ATTR and call it with the device; it must return (model, step_fn, batches)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise SystemExit(f"kprof compare: --model must be 'builtin' or MODULE:ATTR, got {spec!r}")
+        raise _bad_argument(f"--model must be 'builtin' or MODULE:ATTR, got {spec!r}")
     obj = importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
     setup = obj(device)
     if not (isinstance(setup, tuple) and len(setup) == 3 and isinstance(setup[0], nn.Module)):
-        raise SystemExit(f"kprof compare: {spec}(device) must return (model, step_fn, batches)")
+        raise _bad_argument(f"--model: {spec}(device) must return (model, step_fn, batches)")
     return setup
+
+
+def _bad_argument(message: str) -> SystemExit:
+    """Exit status 2 (bad arguments, as argparse's), after saying why on stderr."""
+    print(f"kprof compare: {message}", file=sys.stderr)
+    return SystemExit(2)

@@ -1,16 +1,20 @@
-"""What ``kprof.compare`` returns: one ``VariantResult`` per variant inside a ``Comparison``, and their text form."""
+"""What ``kprof.compare`` returns: one ``VariantResult`` per variant inside a ``Comparison``, as text, Markdown and
+HTML, and which variants regressed."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import platform
+from html import escape
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .. import stats
+from ..analysis.html import fragment, table
+from ..analysis.report import markdown_table, md_text, text_table
 from ..timing import Timing
 
 if TYPE_CHECKING:
@@ -131,23 +135,29 @@ class Comparison:
         rows = [{k: v for k, v in r.to_dict().items() if k != "times_ms"} for r in self.variants.values()]
         return pd.DataFrame(rows).set_index("name")
 
-    def __str__(self) -> str:
+    def regressed(self, pct: float) -> list[str]:
+        """The variants slower than the baseline by more than `pct` percent with significance (empty: none): the
+        timed verdict at the noise threshold is "slower" and the whole bootstrap interval of the slowdown lies above
+        `pct` (``stats.regressed``, the rule of ``kprof.diff(a, b).regressed``)."""
+        limit = stats.regression_limit(pct)
+        threshold = self.settings["noise_threshold"]
+        return [v.name for v in self.variants.values() if v.name != self.baseline and v.ci is not None
+                and stats.regressed(v.speedup, *v.ci, limit, threshold=threshold)]
+
+    def _heading(self) -> str:
         s = self.settings
-        head = ["variant", "median ms", "p10", "p90", f"timed speedup [{100 * s['confidence']:g}% CI]", "verdict",
-                "peak MB", "check err (ref's own)"]
-        rows = [head] + [_row(v) for v in self.variants.values()]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        return (f"kprof compare on {self.device}: {s['steps']} timed steps per variant after {s['warmup']} warm-up, "
+                f"in rounds of {s['block']} step(s) per variant, in a random order per round (seed {s['seed']})")
 
-        def line(cells: list[str]) -> str:
-            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    def _table(self) -> tuple[list[str], list[list[str]]]:
+        head = ["variant", "median ms", "p10", "p90", f"timed speedup [{100 * self.settings['confidence']:g}% CI]",
+                "verdict", "peak MB", "check err (ref's own)"]
+        return head, [_row(v) for v in self.variants.values()]
 
-        out = [
-            f"kprof compare on {self.device}: {s['steps']} timed steps per variant after {s['warmup']} warm-up, "
-            f"in rounds of {s['block']} step(s) per variant, in a random order per round (seed {s['seed']})",
-            line(head),
-            line(["-" * w for w in widths]),
-            *(line(r) for r in rows[1:]),
-        ]
+    def _notes(self) -> list[str]:
+        """What the table's columns mean, each variant's errors and notes, and the versions."""
+        s = self.settings
+        out = []
         if self.baseline is not None:
             out.append(
                 f"timed speedup = median({self.baseline}) / median(variant) over the timed steps (no profiler); "
@@ -173,7 +183,20 @@ class Comparison:
             firsts = ", ".join(f"{v.name} {v.first_step_s:.1f} s" for v in self.variants.values() if v.first_step_s)
             out.append(f"torch.compile: the first step of each variant compiles and is not timed ({firsts})")
         out.append("versions: " + ", ".join(f"{k} {val}" for k, val in self.versions.items() if val))
-        return "\n".join(out)
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join([self._heading(), text_table(*self._table()), *self._notes()])
+
+    def to_markdown(self) -> str:
+        """The table as GitHub-flavoured Markdown (a pull-request comment), its notes as a list below it."""
+        return "\n\n".join([f"### {md_text(self._heading())}", markdown_table(*self._table()),
+                              "\n".join(f"- {md_text(n)}" for n in self._notes())])
+
+    def _repr_html_(self) -> str:
+        """The table as a notebook shows it (the HTML reports' style, no scripts, nothing fetched)."""
+        notes = "".join(f'<p class="info">{escape(n)}</p>' for n in self._notes())
+        return fragment(f"<section><h2>{escape(self._heading())}</h2>{table(*self._table())}{notes}</section>")
 
 
 def trace_summary(v: VariantResult, d: Diff, steps: int) -> str:

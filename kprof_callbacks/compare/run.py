@@ -25,9 +25,10 @@ from torch import nn
 from .. import layout, stats, torch_compat
 from ..timing import Timing
 from ..checks import check_bool
+from ..progress import Progress, ProgressArg
 from .check import check_agreement, float64_copy
 from .result import BASELINE, Comparison, device_name, trace_summary, versions
-from .steps import make_sessions, profile as profile_variant, run_steps, timed_rounds
+from .steps import make_sessions, profile as profile_variant, profiled_steps, run_steps, timed_rounds
 from .variants import (OptimizerFactory, StepFn, Variant, build_variants, check_options, cycle, device_of,
                        load_same_weights, make_optimizer, take_batches)
 
@@ -49,6 +50,7 @@ def compare(
     confidence: float = 0.95,
     noise_threshold: float = 0.02,
     compile: bool = False,
+    progress: ProgressArg = False,
 ) -> Comparison:
     """Time model variants on the same batches and check that they agree.
 
@@ -80,7 +82,9 @@ def compare(
     ``logdir`` also profiles each variant into ``logdir/<name>/`` with a short ``kprof.session`` schedule
     (``profile`` overrides its options; the ``KPROF_<NAME>`` schedule variables do not apply, ``KPROF=0`` turns the
     profiling off) and writes ``logdir/compare.json``. A logdir an earlier comparison (or session) holds is left
-    alone: this one goes to ``<logdir>-2`` (``settings["logdir"]`` names the folder used).
+    alone: this one goes to ``<logdir>-2`` (``settings["logdir"]`` names the folder used). ``progress=True`` shows
+    a bar of the variants' training steps (warm-up, timed and profiled; on stderr, or a notebook's widget), a
+    callable gets ``(steps done, steps in all)``.
     """
     check_options(step_fn, steps, warmup, block, seed, check, tol, confidence, noise_threshold, optimizer)
     if check_bool("compile", compile) and warmup < 1:
@@ -100,15 +104,20 @@ def compare(
         run.data = copy.deepcopy(data)
     logdir, sessions = make_sessions(runs, logdir, profile)
 
-    with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+    total = sum(warmup + steps + profiled_steps(sess) for run, sess in zip(runs, sessions) if run.ok)
+    with (torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext(),
+          Progress(progress, total, "kprof compare", unit="step") as meter):
         if check:
             check_agreement(runs, step_fn, seed, tol, check, truth_model)
             del truth_model
         for run in runs:
             run_steps(run, step_fn, cycle(run.data, 0, warmup))
-        timed_rounds(runs, step_fn, steps=steps, warmup=warmup, block=block, seed=seed, device=device)
+            meter.add(warmup)
+        timed_rounds(runs, step_fn, steps=steps, warmup=warmup, block=block, seed=seed, device=device,
+                     on_block=meter.add)
         for run, sess in zip(runs, sessions):
             profile_variant(run, sess, step_fn)
+            meter.add(profiled_steps(sess))
 
     settings = dict(
         steps=steps, warmup=warmup, block=block, seed=seed, confidence=confidence, noise_threshold=noise_threshold,

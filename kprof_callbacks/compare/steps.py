@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -75,15 +75,17 @@ def run_steps(run: Variant, step_fn: StepFn, batches: Iterable, **kwargs) -> Non
         run.fail(failed.__cause__)
 
 
-def timed_rounds(runs, step_fn, *, steps, warmup, block, seed, device) -> None:
+def timed_rounds(runs, step_fn, *, steps, warmup, block, seed, device,
+                 on_block: Callable[[int], None] = lambda steps: None) -> None:
     """Each round, every variant runs one block of steps on its own batches; the order of variants is shuffled per
-    round."""
+    round. ``on_block(steps)`` after each block (the progress bar)."""
     order = random.Random(seed)
     for start in range(0, steps, block):
         count = min(block, steps - start)
         for run in order.sample(runs, len(runs)):
             if run.ok:
                 _timed_block(run, step_fn, list(cycle(run.data, warmup + start, count)), device)
+                on_block(count)
 
 
 def _timed_block(run: Variant, step_fn: StepFn, batches: list, device: torch.device) -> None:
@@ -112,15 +114,21 @@ def _timed_block(run: Variant, step_fn: StepFn, batches: list, device: torch.dev
         run.peak_bytes = max(run.peak_bytes, torch.cuda.max_memory_allocated(device) - resident)
 
 
+def profiled_steps(sess) -> int:
+    """The steps a variant's session schedule runs (0 without a session)."""
+    if sess is None:
+        return 0
+    cfg = sess.config
+    return cfg.skip_first + (cfg.wait + cfg.warmup + cfg.active) * cfg.repeat
+
+
 def profile(run: Variant, sess, step_fn: StepFn) -> None:
     """Profile a few more steps of ``run`` through its kprof session (schedule from its config)."""
     if sess is None or not run.ok:
         return
-    cfg = sess.config
-    count = cfg.skip_first + (cfg.wait + cfg.warmup + cfg.active) * cfg.repeat
     with sess:
         try:
-            for batch in cycle(run.data, 0, count):
+            for batch in cycle(run.data, 0, profiled_steps(sess)):
                 train_step(run, batch, step_fn, region=sess.region)
                 sess.step()
         except VariantFailed as failed:
