@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import kprof_callbacks as kprof
 from kprof_callbacks import kernels
-from kprof_callbacks.kernels import bench
+from kprof_callbacks import bench
 
 
 def eager(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

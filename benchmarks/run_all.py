@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from kprof_callbacks.kernels import bench
+from kprof_callbacks import bench
 
 from _isolated import change_cell
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .analysis import cli as analysis_cli
+from .analysis import commands as analysis_commands
 from .analysis.tables import SORT_KEYS
 from .analysis.workers import default_jobs
 
@@ -106,7 +106,7 @@ def _jobs(p: argparse.ArgumentParser) -> None:
 
 def _summary(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("summary", help="summarize torch.profiler traces (a file, a run folder or a logdir)",
-                       description=analysis_cli.SUMMARY_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=analysis_commands.SUMMARY_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("logdir", type=Path, help="trace file (.pt.trace.json[.gz]), run folder, logdir of runs, or a "
                    "summary saved with --json")
     _formats(p, "tables (JSON: with the per-step rows kprof diff needs)")
@@ -118,14 +118,14 @@ def _summary(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stacks", type=Path, metavar="OUT.folded",
                    help="write flamegraph folded stacks of self CPU time (one file per run when several)")
     _jobs(p)
-    p.set_defaults(func=lambda a: analysis_cli.run_summary(
+    p.set_defaults(func=lambda a: analysis_commands.run_summary(
         a.logdir, as_json=a.json, markdown=a.markdown, html=a.html, top=a.top, sort=a.sort, stacks=a.stacks,
         jobs=a.jobs))
 
 
 def _diff(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diff", help="what changed between two runs, trace files or step selections (with CIs and "
-                       "verdicts)", description=analysis_cli.DIFF_HELP,
+                       "verdicts)", description=analysis_commands.DIFF_HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("a", help="the baseline: run folder, trace file, saved summary (kprof summary --json) or "
                    "PATH@steps=SPEC")
@@ -137,7 +137,7 @@ def _diff(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--confidence", type=_fraction, default=0.95,
                    help="interval level; 1 - confidence is the false discovery rate (default 0.95)")
     _jobs(p)
-    p.set_defaults(func=lambda a: analysis_cli.run_diff(
+    p.set_defaults(func=lambda a: analysis_commands.run_diff(
         a.a, a.b, as_json=a.json, markdown=a.markdown, html=a.html, top=a.top, confidence=a.confidence, jobs=a.jobs,
         fail_if_slower=a.fail_if_slower))
 
@@ -193,7 +193,7 @@ def _bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="write the results as JSON here")
 
     def run(a: argparse.Namespace) -> int:
-        from .kernels import bench
+        from . import bench
 
         try:
             return bench.run(quick=a.quick, check_only=a.check, compile_ref=not a.no_compile, triton=not a.no_triton,
@@ -217,7 +217,7 @@ def _run_tensorboard(a: argparse.Namespace) -> int:
 
 
 def _run_compare(a: argparse.Namespace) -> int:
-    from .compare.cli import run_cli
+    from .compare.command import run_cli
 
     return run_cli(a.model, steps=a.steps, warmup=a.warmup, device=a.device, logdir=a.logdir, check=a.check,
                    impls=a.impls, width=a.width, depth=a.depth, batch_size=a.batch_size, markdown=a.markdown,
@@ -225,7 +225,7 @@ def _run_compare(a: argparse.Namespace) -> int:
 
 
 def _bench_description() -> str:
-    from .kernels import bench
+    from . import bench
 
     return f"{bench.__doc__}\nops: {', '.join(op.name for op in bench.OPS)}\n"
 

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA")])]
@@ -131,3 +133,34 @@ def assert_errors(lines: list[str], expected: list[tuple[str, str]]) -> None:
     assert len(lines) == len(expected), lines
     for line, (error, text) in zip(lines, expected, strict=True):
         assert line.startswith(f"{error} |") and text in line, (line, error, text)
+
+
+# Relative error ||out - ref|| / ||ref|| allowed per output dtype (bf16/fp16 outputs are rounded once).
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor, terms: torch.Tensor | None = None) -> float:
+    """||out - ref|| / (||ref|| + ||terms||). ``terms`` are what a result is a difference or sum of (a norm's dx:
+    rstd * weight * dy; its dweight: dy), so results that cancel to ~0 (hidden size 1) are judged against the
+    size of those terms rather than against rounding noise."""
+    assert torch.isfinite(out).all(), "non-finite values in the output (an unwritten or poisoned element)"
+    scale = ref.norm() + (terms.double().norm() if terms is not None else 0.0)
+    return ((out.double() - ref).norm() / scale.clamp_min(1e-300)).item()
+
+
+def cases(device: str) -> list[tuple[torch.dtype, torch.dtype]]:
+    """(x dtype, parameter dtype) pairs the kernels support on `device`."""
+    pairs = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+             (torch.float16, torch.float16), (torch.float16, torch.float32)]
+    return pairs + [(torch.float64, torch.float64)] if device == "cpu" else pairs
+
+
+class LlamaMLP(nn.Module):
+    """A Llama-style MLP, the module SwiGLUMLP.from_module takes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w_gate, self.w_up, self.w_down = nn.Linear(12, 20), nn.Linear(12, 20), nn.Linear(20, 12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))

@@ -35,7 +35,7 @@ sys.path.insert(0, str(RUN_ALL.parent))
 import _isolated  # noqa: E402
 from _isolated import Isolated, rounds  # noqa: E402
 
-from kprof_callbacks.kernels import bench  # noqa: E402
+from kprof_callbacks import bench  # noqa: E402
 
 
 def test_isolated_calls_run_each_in_a_new_pinned_process_with_their_own_environment(monkeypatch):

@@ -210,7 +210,7 @@ def test_compare_cli_exits_3_on_a_slower_variant_and_names_it(monkeypatch, capsy
     import copy
     import time
 
-    from kprof_callbacks.compare import cli as compare_cli
+    from kprof_callbacks.compare import command as compare_cli
 
     class Slow(torch.nn.Module):
         def __init__(self, net):

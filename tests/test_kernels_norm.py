@@ -1,6 +1,7 @@
-"""LayerNorm, RMSNorm and SwiGLU operators against float64 PyTorch references, on the CPU (C++ kernels) and,
-where a GPU is present, on CUDA. Operators allocate their outputs; under ``poisoned_outputs()`` every allocation
-starts as NaN, so an element the kernels fail to write shows up; inputs are fresh random draws every time."""
+"""LayerNorm and RMSNorm operators against float64 PyTorch references, on the CPU (C++ kernels) and, where a GPU
+is present, on CUDA, and what the norms share with SwiGLU (modules, errors, the profiler). Operators allocate
+their outputs; under ``poisoned_outputs()`` every allocation starts as NaN, so an element the kernels fail to write
+shows up; inputs are fresh random draws every time."""
 
 from __future__ import annotations
 
@@ -15,22 +16,12 @@ from torch import nn
 from kprof_callbacks import kernels
 from kprof_callbacks.kernels._norm import stats_dtype
 
-from kernel_checks import DEVICES, HAS_CUDA, assert_errors, errors_in_child, poisoned_outputs, reference_grads
+from kernel_checks import (DEVICES, HAS_CUDA, TOL, LlamaMLP, assert_errors, cases, errors_in_child, poisoned_outputs,
+                           reference_grads, rel_err)
 
 ops = torch.ops.kprof
-# Relative error ||out - ref|| / ||ref|| allowed per output dtype (bf16/fp16 outputs are rounded once).
-TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 # (rows..., hidden): hidden 1, odd sizes off every pack and block width, 3-D, many rows, the CUDA maximum.
 SHAPES = [(3, 1), (7, 1000), (5, 1030), (4, 4097), (2, 3, 64), (4099, 8), (2, 8192)]
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor, terms: torch.Tensor | None = None) -> float:
-    """||out - ref|| / (||ref|| + ||terms||). ``terms`` are what a result is a difference or sum of (a norm's dx:
-    rstd * weight * dy; its dweight: dy), so results that cancel to ~0 (hidden size 1) are judged against the
-    size of those terms rather than against rounding noise."""
-    assert torch.isfinite(out).all(), "non-finite values in the output (an unwritten or poisoned element)"
-    scale = ref.norm() + (terms.double().norm() if terms is not None else 0.0)
-    return ((out.double() - ref).norm() / scale.clamp_min(1e-300)).item()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,13 +29,6 @@ def libraries() -> None:
     """The operators are registered (built or loaded from the cache) before the tests call torch.ops.kprof."""
     for module in ("layernorm", "rmsnorm", "swiglu"):
         importlib.import_module(f"kprof_callbacks.kernels.{module}").LIBRARY.load()
-
-
-def cases(device: str) -> list[tuple[torch.dtype, torch.dtype]]:
-    """(x dtype, parameter dtype) pairs the kernels support on `device`."""
-    pairs = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
-             (torch.float16, torch.float16), (torch.float16, torch.float32)]
-    return pairs + [(torch.float64, torch.float64)] if device == "cpu" else pairs
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -96,49 +80,6 @@ def test_rmsnorm_kernels_match_float64(device: str, shape: tuple[int, ...]) -> N
         dx_terms = rstd[:, None] * w * dy.reshape(-1, n)
         assert rel_err(dx.reshape(-1, n), gx.reshape(-1, n), dx_terms) < tol, (dtype, wdtype)
         assert rel_err(dw, gw, dy) < max(tol, TOL[wdtype]), (dtype, wdtype)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", [(1,), (7, 1000), (3, 4097), (2, 3, 129), (1 << 17) + 3], ids=str)
-def test_swiglu_kernels_match_float64(device: str, shape) -> None:
-    for dtype, _ in cases(device):
-        gate, up, dy = (torch.randn(shape, device=device).mul_(3).to(dtype) for _ in range(3))
-        with poisoned_outputs():
-            y = ops.swiglu(gate, up)
-            dgate, dup = ops.swiglu_backward(dy, gate, up)
-
-        ref, (gg, gu) = reference_grads(lambda g, u: F.silu(g) * u, [gate, up], dy)
-        tol = TOL[dtype]
-        assert rel_err(y, ref) < tol, dtype
-        assert rel_err(dgate, gg) < tol, dtype
-        assert rel_err(dup, gu) < tol, dtype
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_swiglu_saturates_without_nan(device: str) -> None:
-    """Gates past where exp(-gate) overflows a float (gate < -88.7): silu and its gradients go to 0, never NaN, and
-    at large positive gates silu(g) * u = g * u. The 2-byte CUDA kernels take the hardware's fast exp and division,
-    whose edge cases these are. Absolute error 1e-6 covers the reference's tiny values that the kernels give as 0
-    once exp(-gate) overflows (silu(-88.8) * 1.5 is -3.6e-37)."""
-    g = torch.tensor([-1e4, -200.0, -100.0, -88.8, -88.0, -20.0, -0.5, 0.0, 0.5, 20.0, 88.0, 100.0, 200.0, 1e4])
-    for dtype, _ in cases(device):
-        gate = g.to(device, dtype)
-        up, dy = torch.full_like(gate, 1.5), torch.full_like(gate, 0.75)
-        with poisoned_outputs():
-            y = ops.swiglu(gate, up)
-            dgate, dup = ops.swiglu_backward(dy, gate, up)
-        ref, (gg, gu) = reference_grads(lambda a, b: F.silu(a) * b, [gate, up], dy)
-        for out, want in ((y, ref), (dgate, gg), (dup, gu)):
-            torch.testing.assert_close(out.double(), want, rtol=TOL[dtype], atol=1e-6, msg=lambda m: f"{dtype}: {m}")
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_swiglu_packed_and_unaligned_views_agree(device: str) -> None:
-    """An input starting one element into its storage takes the one-element path; same numbers."""
-    base = torch.randn(2, 4097, device=device)
-    gate, up = base[0, 1:], base[1, 1:]
-    assert gate.data_ptr() % 16 != 0
-    assert rel_err(kernels.swiglu(gate, up), kernels.swiglu(gate.clone(), up.clone()).double()) < 1e-6
 
 
 def test_gradcheck_float64_cpu() -> None:
@@ -242,29 +183,6 @@ def test_from_module_keeps_parameters_and_state_dict() -> None:
     assert not kernels.RMSNorm.from_module(nn.RMSNorm(5).eval()).training
 
 
-class _LlamaMLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w_gate, self.w_up, self.w_down = nn.Linear(12, 20), nn.Linear(12, 20), nn.Linear(20, 12)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
-
-
-def test_swiglu_mlp_from_module() -> None:
-    src = _LlamaMLP()
-    mlp = kernels.SwiGLUMLP.from_module(src)
-    assert list(mlp.state_dict()) == list(src.state_dict())
-    assert mlp.w_gate is src.w_gate
-    x = torch.randn(3, 5, 12, requires_grad=True)
-    out, ref = mlp(x), src(x)
-    assert rel_err(out, ref.double()) < 1e-5
-    dy = torch.randn_like(out)
-    for got, want in zip(torch.autograd.grad(out, [x, *mlp.parameters()], dy),
-                         torch.autograd.grad(ref, [x, *src.parameters()], dy), strict=True):
-        assert rel_err(got, want.double()) < 1e-4
-
-
 def test_bad_inputs_raise_clear_errors() -> None:
     x, w = torch.randn(4, 8), torch.randn(8)
     cases = [
@@ -328,7 +246,7 @@ def test_operators_reject_bad_input_with_python_errors(device: str) -> None:
 
 
 def _bad_mlp() -> nn.Module:
-    mlp = _LlamaMLP()
+    mlp = LlamaMLP()
     mlp.w_down = nn.Linear(20, 11)
     return mlp
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from kprof_callbacks.compare import compare
-from kprof_callbacks.kernels import bench
+from kprof_callbacks import bench
 from kprof_callbacks.progress import Progress
 
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from .. import torch_compat
 from .result import FLOOR_ULPS, K, VariantResult
-from .steps import train_step
+from .rounds import train_step
 from .variants import StepFn, Variant, VariantFailed, flat_tensors, map_tensors
 
 # Largest accepted max relative error against the reference per dtype, where no float64 run is possible.

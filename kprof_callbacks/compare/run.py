@@ -28,7 +28,7 @@ from ..checks import check_bool
 from ..progress import Progress, ProgressArg
 from .check import check_agreement, float64_copy
 from .result import BASELINE, Comparison, device_name, trace_summary, versions
-from .steps import make_sessions, profile as profile_variant, profiled_steps, run_steps, timed_rounds
+from .rounds import make_sessions, profile as profile_variant, profiled_steps, run_steps, timed_rounds
 from .variants import (OptimizerFactory, StepFn, Variant, build_variants, check_options, cycle, device_of,
                        load_same_weights, make_optimizer, take_batches)
 
