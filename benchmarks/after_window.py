@@ -23,9 +23,9 @@ os.environ.setdefault("TEARDOWN_CUPTI", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import Loop  # noqa: E402
-
 import kprof_callbacks as kprof  # noqa: E402
+
+from overhead import Loop  # noqa: E402
 
 STEPS, ROUNDS = 100, 5
 
@@ -93,7 +93,11 @@ def warm_calls(calls: int = 3000) -> dict[str, float]:
         return statistics.median(times) * 1e6
 
     schedule = dict(wait=1, warmup=1, active=1, repeat=1)
-    out = {"record_function enter+exit": median_us(lambda: torch.profiler.record_function("x").__enter__().__exit__(None, None, None))}
+    out = {
+        "record_function enter+exit": median_us(
+            lambda: torch.profiler.record_function("x").__enter__().__exit__(None, None, None)
+        )
+    }
     with torch.profiler.profile(schedule=torch.profiler.schedule(**schedule), on_trace_ready=lambda prof: None) as prof:
         for _ in range(5):
             prof.step()
@@ -124,8 +128,10 @@ def main() -> None:
     for name, values in steps.items():
         median = statistics.median(values)
         cells = ", ".join(f"{v:.2f}" for v in values)
-        print(f"| {name} | {median:.3f} | {cells} | {(median / base - 1) * 100:+.1f}% | "
-              f"{statistics.median(hooks[name]):.1f} |")
+        print(
+            f"| {name} | {median:.3f} | {cells} | {(median / base - 1) * 100:+.1f}% | "
+            f"{statistics.median(hooks[name]):.1f} |"
+        )
     print("\n| the per-step call alone, 3,000 times after the window | us |\n|---|---:|")
     for name, us in warm_calls().items():
         print(f"| {name} | {us:.1f} |")

@@ -2,10 +2,11 @@
 
 Every detector runs as kprof runs it, on the inputs it reads, drawn from a seeded noise model instead of a trace:
 the findings (``diagnostics.diagnose``) on per-step tables, the growth detector on memory samples taken on the
-session's schedule, ``kprof.diff`` (and its regression gate) on two Summaries' per-step tables, ``compare``'s verdict on timed rounds, the
-slow-step trigger on a stream of step times. Step-to-step noise is lognormal with sigma 5% (a GPU training step)
-or 15% (a shared CPU); noise-only runs also hold what real runs have and no detector may blame: a window's first
-step 10% slower and its data loading at a quarter of the step, a loss read once, an allocator plateau, warm-up.
+session's schedule, ``kprof.diff`` (and its regression gate) on two Summaries' per-step tables, ``compare``'s
+verdict on timed rounds, the slow-step trigger on a stream of step times. Step-to-step noise is lognormal with sigma
+5% (a GPU training step) or 15% (a shared CPU); noise-only runs also hold what real runs have and no detector may
+blame: a window's first step 10% slower and its data loading at a quarter of the step, a loss read once, an
+allocator plateau, warm-up.
 Each injected effect is the smallest one docs/findings.md promises to find. A row meets its targets at <= 5%
 false positives and >= 95% detection; each rate comes with its 95% (Wilson) interval.
 
@@ -66,10 +67,21 @@ class Detector:
 def _steps(wall_us: np.ndarray, **columns: np.ndarray) -> list[StepStats]:
     zero = np.zeros(wall_us.size)
     values = {k: columns.get(k, zero) for k in ("gpu_busy_us", "gpu_idle_us", "kernel_us", "dataloader_us")}
-    return [StepStats(step=i, rank=None, worker="w", wall_us=float(w), memcpy_us=0.0, memset_us=0.0, comm_us=0.0,
-                      cpu_only_us=float(w - values["gpu_busy_us"][i]), peak_memory=0,
-                      **{k: float(v[i]) for k, v in values.items()})
-            for i, w in enumerate(wall_us)]
+    return [
+        StepStats(
+            step=i,
+            rank=None,
+            worker="w",
+            wall_us=float(w),
+            memcpy_us=0.0,
+            memset_us=0.0,
+            comm_us=0.0,
+            cpu_only_us=float(w - values["gpu_busy_us"][i]),
+            peak_memory=0,
+            **{k: float(v[i]) for k, v in values.items()},
+        )
+        for i, w in enumerate(wall_us)
+    ]
 
 
 def _walls(rng: np.random.Generator, sigma: float, n: int) -> np.ndarray:
@@ -199,8 +211,7 @@ def slow_step_trigger(rng: np.random.Generator, sigma: float, inject: bool, step
         times[steps // 2] *= 4.0
     fired: list[str] = []
     feed = iter(times.tolist())
-    trigger = triggers.SlowStep(ProfileConfig(), lambda reason: fired.append(reason) or True,
-                                lambda: (0, [next(feed)]))
+    trigger = triggers.SlowStep(ProfileConfig(), lambda reason: fired.append(reason) or True, lambda: (0, [next(feed)]))
     for step in range(steps):
         trigger.on_step(step)
     return bool(fired)
@@ -208,13 +219,25 @@ def slow_step_trigger(rng: np.random.Generator, sigma: float, inject: bool, step
 
 DETECTORS = (
     Detector("slow step", "10 profiled steps", "one step 2x the typical", slow_step),
-    Detector("data loading", "10 profiled steps, a window's first batch 25% of its step, others 1%",
-             "data loading 15% of every step", data_loading),
-    Detector("launch-bound", "GPU steps, 30% of kernels under 10 us, GPU idle 15%",
-             "70% of kernels under 10 us, GPU idle 50%", launch_bound),
+    Detector(
+        "data loading",
+        "10 profiled steps, a window's first batch 25% of its step, others 1%",
+        "data loading 15% of every step",
+        data_loading,
+    ),
+    Detector(
+        "launch-bound",
+        "GPU steps, 30% of kernels under 10 us, GPU idle 15%",
+        "70% of kernels under 10 us, GPU idle 50%",
+        launch_bound,
+    ),
     Detector("syncs", "GPU steps, half the runs read a loss once", "a .item() every step", syncs),
-    Detector("memory growth", "100 steps, 1 MB jitter, warm-up, an allocator plateau in half the runs",
-             "a 1 MB-a-step leak over 100 steps", memory_growth),
+    Detector(
+        "memory growth",
+        "100 steps, 1 MB jitter, warm-up, an allocator plateau in half the runs",
+        "a 1 MB-a-step leak over 100 steps",
+        memory_growth,
+    ),
     Detector("diff: step time", "10 against 10 steps, 42 rows", "B 20% slower", diff_step_time),
     Detector("diff: rows", "10 against 10 steps, 42 rows", "one operator (4% of the step) 1.5x", diff_rows),
     Detector("diff: gate at 5%", "10 against 10 steps, B 5% slower (at the limit)", "B 15% slower", diff_gate),
@@ -235,8 +258,9 @@ class RealLoop:
             torch.set_num_threads(1)  # intra-op threads spin against other processes: a step's time is not its own
         width, self.batch = (4096, 512) if self.device == "cuda" else (1024, 256)  # ~10-20 ms a step on a CPU
         torch.manual_seed(0)
-        self.model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.ReLU(),
-                                         torch.nn.Linear(2 * width, width)).to(self.device)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(width, 2 * width), torch.nn.ReLU(), torch.nn.Linear(2 * width, width)
+        ).to(self.device)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-4)
         self.x = torch.randn(2 * self.batch, width, device=self.device)
         self.logdir, self.runs = logdir, 0
@@ -304,6 +328,7 @@ def real_detectors(loop: RealLoop) -> tuple[Detector, ...]:
     def finding(kind: str, effect: str, steps: int = 14, **options):
         def fired(rng, sigma, inject) -> bool:
             return kind in {d.kind for d in loop.run(steps, effect if inject else "", **options).summary().diagnostics}
+
         return fired
 
     def leak(rng, sigma, inject) -> bool:
@@ -320,24 +345,33 @@ def real_detectors(loop: RealLoop) -> tuple[Detector, ...]:
         return diff(a.run_dir, b.run_dir).regressed(5)
 
     def trigger(rng, sigma, inject) -> bool:
-        session = loop.run(120, "slower" if inject else "", {"warmup": 1, "active": 1}, trigger="slow_step",
-                           max_captures=1)
+        session = loop.run(
+            120, "slower" if inject else "", {"warmup": 1, "active": 1}, trigger="slow_step", max_captures=1
+        )
         return bool(session.captures)
 
     rows = [
         Detector("slow step", "10 profiled steps", "one step 2x (a sleep)", finding("slow_step", "slow")),
-        Detector("data loading", "10 profiled steps", "a data_loading region 15% of each step",
-                 finding("dataloader", "data")),
+        Detector(
+            "data loading", "10 profiled steps", "a data_loading region 15% of each step", finding("dataloader", "data")
+        ),
         Detector("memory growth", "100 steps, memory_every=5", "1 MB kept every step", leak),
         Detector("diff: step time", "10 against 10 profiled steps", "B's steps 20% longer (a sleep)", step_time),
-        Detector("diff: gate at 5%", "10 against 10 profiled steps, the same code", "B's steps 20% longer (a sleep)",
-                 gate),
+        Detector(
+            "diff: gate at 5%", "10 against 10 profiled steps, the same code", "B's steps 20% longer (a sleep)", gate
+        ),
         Detector("slow-step trigger", "120 steps, factor 3", "one step 4x (a sleep)", trigger),
     ]
     if loop.device == "cuda":
-        rows += [Detector("syncs", "10 profiled steps", "loss.item() every step", finding("sync", "item")),
-                 Detector("launch-bound", "10 profiled steps of a compute-bound MLP", "300 tiny kernels a step",
-                          finding("launch_bound", "tiny"))]
+        rows += [
+            Detector("syncs", "10 profiled steps", "loss.item() every step", finding("sync", "item")),
+            Detector(
+                "launch-bound",
+                "10 profiled steps of a compute-bound MLP",
+                "300 tiny kernels a step",
+                finding("launch_bound", "tiny"),
+            ),
+        ]
     return tuple(rows)
 
 
@@ -351,8 +385,9 @@ def wilson(hits: int, n: int) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def calibrate(trials: int, seed: int = 0, detectors: tuple[Detector, ...] = DETECTORS,
-              noise: tuple[float | None, ...] = NOISE) -> list[dict]:
+def calibrate(
+    trials: int, seed: int = 0, detectors: tuple[Detector, ...] = DETECTORS, noise: tuple[float | None, ...] = NOISE
+) -> list[dict]:
     """Every detector at every noise level (None: the machine's own): false-positive and detection rates over
     ``trials`` seeded runs each."""
     rows = []
@@ -364,13 +399,21 @@ def calibrate(trials: int, seed: int = 0, detectors: tuple[Detector, ...] = DETE
                 rng = np.random.default_rng([seed, k, int((sigma or 0) * 1000), inject])
                 hits = sum(det.fired(rng, sigma, inject) for _ in range(trials))
                 rates[inject] = (hits / trials, *wilson(hits, trials))
-            rows.append({
-                "detector": det.name, "noise_sigma": sigma, "run": det.run, "effect": det.effect, "trials": trials,
-                "false_positive_rate": rates[False][0], "false_positive_ci": list(rates[False][1:]),
-                "detection_rate": rates[True][0], "detection_ci": list(rates[True][1:]),
-                "meets_targets": rates[False][0] <= FP_TARGET and rates[True][0] >= DETECTION_TARGET,
-                "seconds": round(time.perf_counter() - started, 2),
-            })
+            rows.append(
+                {
+                    "detector": det.name,
+                    "noise_sigma": sigma,
+                    "run": det.run,
+                    "effect": det.effect,
+                    "trials": trials,
+                    "false_positive_rate": rates[False][0],
+                    "false_positive_ci": list(rates[False][1:]),
+                    "detection_rate": rates[True][0],
+                    "detection_ci": list(rates[True][1:]),
+                    "meets_targets": rates[False][0] <= FP_TARGET and rates[True][0] >= DETECTION_TARGET,
+                    "seconds": round(time.perf_counter() - started, 2),
+                }
+            )
             print(_line(rows[-1]), flush=True)
     return rows
 
@@ -378,9 +421,11 @@ def calibrate(trials: int, seed: int = 0, detectors: tuple[Detector, ...] = DETE
 def _line(row: dict) -> str:
     fp, det = row["false_positive_rate"], row["detection_rate"]
     sigma = "this machine" if row["noise_sigma"] is None else f"{row['noise_sigma']:.0%}"
-    return (f"| {row['detector']} | {sigma} | {fp:.1%} [{row['false_positive_ci'][0]:.1%}, "
-            f"{row['false_positive_ci'][1]:.1%}] | {det:.1%} [{row['detection_ci'][0]:.1%}, "
-            f"{row['detection_ci'][1]:.1%}] | {row['effect']} | {'met' if row['meets_targets'] else 'MISSED'} |")
+    return (
+        f"| {row['detector']} | {sigma} | {fp:.1%} [{row['false_positive_ci'][0]:.1%}, "
+        f"{row['false_positive_ci'][1]:.1%}] | {det:.1%} [{row['detection_ci'][0]:.1%}, "
+        f"{row['detection_ci'][1]:.1%}] | {row['effect']} | {'met' if row['meets_targets'] else 'MISSED'} |"
+    )
 
 
 def environment(real: bool) -> dict:
@@ -390,11 +435,17 @@ def environment(real: bool) -> dict:
     from kprof_callbacks import __version__
 
     gpu = real and torch.cuda.is_available()
-    return {"device": torch.cuda.get_device_name() if gpu else f"cpu ({platform.machine()}, {os.cpu_count()} cores)",
-            "mode": "real" if real else "synthetic",
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "versions": {"kprof_callbacks": __version__, "python": platform.python_version(), "numpy": np.__version__,
-                         "torch": torch.__version__}}
+    return {
+        "device": torch.cuda.get_device_name() if gpu else f"cpu ({platform.machine()}, {os.cpu_count()} cores)",
+        "mode": "real" if real else "synthetic",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": {
+            "kprof_callbacks": __version__,
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "torch": torch.__version__,
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,8 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     trials = 40 if args.quick else args.trials
-    print(f"{trials} seeded trials per rate; targets: <= {FP_TARGET:.0%} false positives, "
-          f">= {DETECTION_TARGET:.0%} detection\n")
+    print(
+        f"{trials} seeded trials per rate; targets: <= {FP_TARGET:.0%} false positives, "
+        f">= {DETECTION_TARGET:.0%} detection\n"
+    )
     print("| detector | noise | false positives [95% CI] | detection [95% CI] | injected effect | targets |")
     print("|---|---:|---:|---:|---|---|")
     started = time.perf_counter()
@@ -416,10 +469,15 @@ def main(argv: list[str] | None = None) -> int:
             rows = calibrate(trials, args.seed, real_detectors(RealLoop(Path(logdir))), (None,))
     else:
         rows = calibrate(trials, args.seed)
-    result = {**environment(args.real), "trials": trials, "seed": args.seed,
-              "seconds": round(time.perf_counter() - started, 1),
-              "targets": {"false_positive_rate": FP_TARGET, "detection_rate": DETECTION_TARGET}, "rows": rows,
-              "command": shlex.join(["python", "benchmarks/calibration.py", *(sys.argv[1:] if argv is None else argv)])}
+    result = {
+        **environment(args.real),
+        "trials": trials,
+        "seed": args.seed,
+        "seconds": round(time.perf_counter() - started, 1),
+        "targets": {"false_positive_rate": FP_TARGET, "detection_rate": DETECTION_TARGET},
+        "rows": rows,
+        "command": shlex.join(["python", "benchmarks/calibration.py", *(sys.argv[1:] if argv is None else argv)]),
+    }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")

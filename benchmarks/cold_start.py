@@ -27,8 +27,12 @@ TARGETS = {"help": 0.3, "summary": 1.0}
 
 def demo_run(folder: Path) -> Path:
     """The run `kprof demo` writes (60 steps: two traces, ~6 MB)."""
-    done = subprocess.run([sys.executable, "-m", "kprof_callbacks", "demo", "--logdir", str(folder)],
-                          capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    done = subprocess.run(
+        [sys.executable, "-m", "kprof_callbacks", "demo", "--logdir", str(folder)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     if done.returncode != 0:
         raise RuntimeError(f"kprof demo failed: {done.stderr[-2000:]}")
     (run,) = folder.iterdir()
@@ -51,20 +55,28 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         run = demo_run(Path(tmp))
         mb = sum(f.stat().st_size for f in run.glob("*.pt.trace.json*")) / 2**20
-        times = {"help": [timed("--help")["wall_s"] for _ in range(runs)],
-                 "summary": [timed("summary", str(run))["wall_s"] for _ in range(runs)],
-                 "import torch": [import_torch() for _ in range(runs)]}
+        times = {
+            "help": [timed("--help")["wall_s"] for _ in range(runs)],
+            "summary": [timed("summary", str(run))["wall_s"] for _ in range(runs)],
+            "import torch": [import_torch() for _ in range(runs)],
+        }
     load = os.getloadavg()[0]
     print(f"{runs} fresh processes each; load average {load:.1f}\n")
     print("| command | median s | min-max s | target |\n|---|---:|---:|---|")
-    for what, label in (("help", "kprof --help"), ("summary", f"kprof summary RUN ({mb:.1f} MB, the demo's)"),
-                        ("import torch", 'python -c "import torch" (for scale)')):
+    for what, label in (
+        ("help", "kprof --help"),
+        ("summary", f"kprof summary RUN ({mb:.1f} MB, the demo's)"),
+        ("import torch", 'python -c "import torch" (for scale)'),
+    ):
         values = times[what]
         target = f"<= {TARGETS[what]} s" if what in TARGETS else ""
         print(f"| {label} | {statistics.median(values):.2f} | {min(values):.2f}-{max(values):.2f} | {target} |")
     if args.out:
-        args.out.write_text(json.dumps({"runs": runs, "trace_mb": mb, "load_average": load, "seconds": times,
-                                        "targets": TARGETS}, indent=1))
+        args.out.write_text(
+            json.dumps(
+                {"runs": runs, "trace_mb": mb, "load_average": load, "seconds": times, "targets": TARGETS}, indent=1
+            )
+        )
     return 0
 
 

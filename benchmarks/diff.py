@@ -21,11 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-from summary import rows_by_size, size_parser, train_steps, write_results
-
 from kprof_callbacks.analysis import diff, summarize
 from kprof_callbacks.analysis.diff_inputs import load
 from kprof_callbacks.analysis.workers import default_jobs
+
+from summary import rows_by_size, size_parser, train_steps, write_results
 
 
 def _timed(fn) -> tuple[float, float, object]:
@@ -65,14 +65,18 @@ def measure(n_steps: int, folder: Path) -> dict:
 def main() -> int:
     args = size_parser(__doc__, [50]).parse_args()
     rows = rows_by_size(args, measure)
-    print("| trace MB (A, B) | steps | summarize A s | summarize B s | diff of Summaries s | kprof.diff s "
-          "| kprof.diff CPU s | jobs=N s | rows | significant | step time B vs A | load avg |")
+    print(
+        "| trace MB (A, B) | steps | summarize A s | summarize B s | diff of Summaries s | kprof.diff s "
+        "| kprof.diff CPU s | jobs=N s | rows | significant | step time B vs A | load avg |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
-        print(f"| {r['trace_mb'][0]:.1f}, {r['trace_mb'][1]:.1f} | {r['steps']} | {r['summarize_a_s']:.3f} | "
-              f"{r['summarize_b_s']:.3f} | {r['diff_summaries_s']:.3f} | {r['diff_s']:.3f} | {r['diff_cpu_s']:.3f} | "
-              f"{r['diff_jobs_s']:.3f} (N={r['jobs']}) | {r['rows']} | {len(r['significant'])} | {r['step_time']} | "
-              f"{r['load_average']:.1f} |")
+        print(
+            f"| {r['trace_mb'][0]:.1f}, {r['trace_mb'][1]:.1f} | {r['steps']} | {r['summarize_a_s']:.3f} | "
+            f"{r['summarize_b_s']:.3f} | {r['diff_summaries_s']:.3f} | {r['diff_s']:.3f} | {r['diff_cpu_s']:.3f} | "
+            f"{r['diff_jobs_s']:.3f} (N={r['jobs']}) | {r['rows']} | {len(r['significant'])} | {r['step_time']} | "
+            f"{r['load_average']:.1f} |"
+        )
     for r in rows:
         print(f"\nsignificant in the {r['trace_mb'][0]:.0f} MB pair: " + "; ".join(r["significant"]))
     if args.out:

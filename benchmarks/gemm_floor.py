@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import kprof_callbacks as kprof
-from kprof_callbacks import kernels
-from kprof_callbacks import bench
+from kprof_callbacks import bench, kernels
 
 
 def eager(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -54,8 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     linear = next(op for op in bench.OPS if op.name == "linear_gelu")
     x, w, b = linear.make((rows, k, n), dtype, args.device)
     dy = torch.randn(rows, n, dtype=dtype, device=args.device)
-    times = {name: [kprof.time_cuda(fn, warmup=1 if args.quick else 10, iters=iters, device=args.device).median_ms
-                    for fn in pair] for name, pair in variants(x, w, b, dy).items()}
+    times = {
+        name: [
+            kprof.time_cuda(fn, warmup=1 if args.quick else 10, iters=iters, device=args.device).median_ms
+            for fn in pair
+        ]
+        for name, pair in variants(x, w, b, dy).items()
+    }
     floor = times["GEMMs alone"][1]
     print(f"{rows} x {k} x {n} {str(dtype).removeprefix('torch.')} on {args.device}, median of {iters} calls")
     print("| | fwd ms | fwd+bwd ms | fwd+bwd / GEMMs alone |\n|---|---:|---:|---:|")

@@ -7,7 +7,8 @@ Rows, each `kprof summary` in a fresh process as a user runs it (imports and wor
   - 1 GB: the trace's events repeated to 1 GB (`traces.py scale`), --jobs <cores>;
   - 8 ranks: the trace copied as 8 rank files of one run, --jobs <cores>, against the one file's time.
 Peak memory is sampled every 10 ms: the process's own RSS, and the sum over the process and its workers. (The
-kernel's high-water mark of a child would count the benchmark's own pages, shared with it until exec.) In-process `summarize()` of the trace (median of 3) is given too: the analysis without start-up.
+kernel's high-water mark of a child would count the benchmark's own pages, shared with it until exec.)
+In-process `summarize()` of the trace (median of 3) is given too: the analysis without start-up.
 
     python benchmarks/gpu_traces.py --trace gpt.pt.trace.json.gz --out gpu_traces.json
     python benchmarks/gpu_traces.py --quick        # CI smoke: small sizes
@@ -31,9 +32,10 @@ from pathlib import Path
 
 import psutil
 
-import traces
 from kprof_callbacks.analysis import summarize
 from kprof_callbacks.analysis.workers import default_jobs
+
+import traces
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "gpu_small.pt.trace.json.gz"
 TARGETS = {"trace_mbps": 200.0, "cold_s": 1.0, "big_mbps": 150.0, "rss_ratio": 2.0, "ranks_ratio": 2.0}
@@ -43,8 +45,7 @@ def timed(*args: str) -> dict:
     """`kprof ARGS` in a fresh process: wall seconds, peak RSS of the process and of its tree (with its workers)."""
     with tempfile.TemporaryFile() as err:
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "kprof_callbacks", *args], stdout=subprocess.DEVNULL,
-                                stderr=err)
+        proc = subprocess.Popen([sys.executable, "-m", "kprof_callbacks", *args], stdout=subprocess.DEVNULL, stderr=err)
         peaks, done, watch = [0, 0], threading.Event(), psutil.Process(proc.pid)
 
         def sample() -> None:
@@ -125,27 +126,40 @@ def measure(source: Path, scaled_mb: float | None, big_mb: float, n_ranks: int, 
 
 def table(r: dict, label: str) -> str:
     mb, big_mb = r["trace_mb"], r["big_mb"]
-    lines = ["| what | MB | jobs | wall s | MB/s | peak RSS MB (the process) | peak RSS MB (with its workers) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    lines.append(f"| summarize() in-process, {label} | {mb:.0f} | 1 | {r['in_process_1_s']:.3f} | "
-                 f"{mb / r['in_process_1_s']:.0f} | | |")
-    lines.append(f"| summarize() in-process, {label} | {mb:.0f} | {r['jobs']} | {r['in_process_n_s']:.3f} | "
-                 f"{mb / r['in_process_n_s']:.0f} | | |")
-    for what, key, size in ((f"kprof summary, {label}", "trace_1", mb), (f"kprof summary, {label}", "trace_n", mb),
-                            (f"kprof summary, {r['ranks']['files']} rank files of it", "ranks",
-                             mb * r["ranks"]["files"]), (f"kprof summary, its events to {big_mb:.0f} MB", "big",
-                                                         big_mb)):
+    lines = [
+        "| what | MB | jobs | wall s | MB/s | peak RSS MB (the process) | peak RSS MB (with its workers) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines.append(
+        f"| summarize() in-process, {label} | {mb:.0f} | 1 | {r['in_process_1_s']:.3f} | "
+        f"{mb / r['in_process_1_s']:.0f} | | |"
+    )
+    lines.append(
+        f"| summarize() in-process, {label} | {mb:.0f} | {r['jobs']} | {r['in_process_n_s']:.3f} | "
+        f"{mb / r['in_process_n_s']:.0f} | | |"
+    )
+    for what, key, size in (
+        (f"kprof summary, {label}", "trace_1", mb),
+        (f"kprof summary, {label}", "trace_n", mb),
+        (f"kprof summary, {r['ranks']['files']} rank files of it", "ranks", mb * r["ranks"]["files"]),
+        (f"kprof summary, its events to {big_mb:.0f} MB", "big", big_mb),
+    ):
         row = r[key]
         jobs = 1 if key == "trace_1" else r["jobs"]
-        lines.append(f"| {what} | {size:.0f} | {jobs} | {row['wall_s']:.2f} | {size / row['wall_s']:.0f} | "
-                     f"{row['rss_mb']:.0f} | {row['tree_rss_mb']:.0f} |")
+        lines.append(
+            f"| {what} | {size:.0f} | {jobs} | {row['wall_s']:.2f} | {size / row['wall_s']:.0f} | "
+            f"{row['rss_mb']:.0f} | {row['tree_rss_mb']:.0f} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trace", type=Path, help="a real GPU trace (.json or .json.gz); default: the tracked "
-                        "H100 fixture scaled to --trace-mb")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help="a real GPU trace (.json or .json.gz); default: the tracked H100 fixture scaled to --trace-mb",
+    )
     parser.add_argument("--trace-mb", type=float, default=100.0, help="size the fixture is scaled to (default 100)")
     parser.add_argument("--big-mb", type=float, default=1000.0, help="the big trace's size (default 1000)")
     parser.add_argument("--ranks", type=int, default=8, help="rank files in the multi-rank run (default 8)")
@@ -157,10 +171,17 @@ def main() -> int:
     scaled = None if args.trace else (2.0 if args.quick else args.trace_mb)
     label = f"{source.name}" + (f" scaled to {scaled:g} MB" if scaled else "")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = measure(source, scaled, 6.0 if args.quick else args.big_mb, 3 if args.quick else args.ranks,
-                       args.jobs, Path(tmp))
-    rows.update(source=label, targets=TARGETS, load_average=os.getloadavg()[0], cpus=default_jobs(),
-                machine=platform.platform(), python=platform.python_version())
+        rows = measure(
+            source, scaled, 6.0 if args.quick else args.big_mb, 3 if args.quick else args.ranks, args.jobs, Path(tmp)
+        )
+    rows.update(
+        source=label,
+        targets=TARGETS,
+        load_average=os.getloadavg()[0],
+        cpus=default_jobs(),
+        machine=platform.platform(),
+        python=platform.python_version(),
+    )
     print(f"\n{label}; {default_jobs()} cores, load average {rows['load_average']:.1f}\n")
     print(table(rows, "the trace"))
     if args.out:

@@ -62,8 +62,11 @@ def pairs(device: str, grad: bool, impl: str | None = None) -> list[Pair]:
     ln, rms, linear, act = (nn.LayerNorm(WIDTH), nn.RMSNorm(WIDTH), nn.Linear(WIDTH, WIDTH), nn.GELU())
     for module in (ln, rms, linear):
         module.to(device).requires_grad_(grad)
-    gelu, k_ln, k_rms = (kernels.GELU(impl=impl), kernels.LayerNorm.from_module(ln, impl=impl),
-                         kernels.RMSNorm.from_module(rms, impl=impl))
+    gelu, k_ln, k_rms = (
+        kernels.GELU(impl=impl),
+        kernels.LayerNorm.from_module(ln, impl=impl),
+        kernels.RMSNorm.from_module(rms, impl=impl),
+    )
     linear_gelu = kernels.LinearGELU.from_module(linear, act, impl=impl)
     every = [
         Pair("nn.GELU -> kernels.GELU", lambda: act(x), lambda: gelu(x)),
@@ -71,10 +74,16 @@ def pairs(device: str, grad: bool, impl: str | None = None) -> list[Pair]:
         Pair("nn.RMSNorm -> kernels.RMSNorm", lambda: rms(x), lambda: k_rms(x)),
         Pair("Linear+GELU -> kernels.LinearGELU", lambda: act(linear(x)), lambda: linear_gelu(x)),
         Pair("F.gelu -> kernels.gelu", lambda: F.gelu(x), lambda: kernels.gelu(x, impl=impl)),
-        Pair("F.layer_norm -> kernels.layer_norm", lambda: F.layer_norm(x, (WIDTH,), ln.weight, ln.bias),
-             lambda: kernels.layer_norm(x, WIDTH, ln.weight, ln.bias, impl=impl)),
-        Pair("F.rms_norm -> kernels.rms_norm", lambda: F.rms_norm(x, (WIDTH,), rms.weight),
-             lambda: kernels.rms_norm(x, WIDTH, rms.weight, impl=impl)),
+        Pair(
+            "F.layer_norm -> kernels.layer_norm",
+            lambda: F.layer_norm(x, (WIDTH,), ln.weight, ln.bias),
+            lambda: kernels.layer_norm(x, WIDTH, ln.weight, ln.bias, impl=impl),
+        ),
+        Pair(
+            "F.rms_norm -> kernels.rms_norm",
+            lambda: F.rms_norm(x, (WIDTH,), rms.weight),
+            lambda: kernels.rms_norm(x, WIDTH, rms.weight, impl=impl),
+        ),
         Pair("F.gelu(x + b) -> kernels.bias_gelu", lambda: F.gelu(x + b), lambda: kernels.bias_gelu(x, b, impl=impl)),
         Pair("F.silu(g) * u -> kernels.swiglu", lambda: F.silu(x) * up, lambda: kernels.swiglu(x, up, impl=impl)),
         Pair("torch.square -> kernels.square", lambda: torch.square(x), lambda: kernels.square(x, impl=impl)),
@@ -106,26 +115,40 @@ def measure(pair: Pair, rounds: int, calls: int, device: str, rng: random.Random
         for side, call in order:
             times[side].append(per_call_us(call, calls, device))
     ratios = [k / t for k, t in zip(times["kprof"], times["torch"], strict=True)]
-    return {"layer": pair.name, "torch_us": statistics.median(times["torch"]),
-            "kprof_us": statistics.median(times["kprof"]), "ratio": statistics.median(ratios),
-            "ratio_min": min(ratios), "ratio_max": max(ratios)}
+    return {
+        "layer": pair.name,
+        "torch_us": statistics.median(times["torch"]),
+        "kprof_us": statistics.median(times["kprof"]),
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+    }
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"| layer | autograd | torch us/call | kprof us/call | kprof / torch (range over rounds) | <= {TARGET}x |",
-             "|---|---|---:|---:|---:|---|"]
+    lines = [
+        f"| layer | autograd | torch us/call | kprof us/call | kprof / torch (range over rounds) | <= {TARGET}x |",
+        "|---|---|---:|---:|---:|---|",
+    ]
     for r in rows:
         met = "met" if r["ratio"] <= TARGET else "missed"
-        lines.append(f"| {r['layer']} | {r['mode']} | {r['torch_us']:.2f} | {r['kprof_us']:.2f} | "
-                     f"{r['ratio']:.2f} ({r['ratio_min']:.2f} .. {r['ratio_max']:.2f}) | {met} |")
+        lines.append(
+            f"| {r['layer']} | {r['mode']} | {r['torch_us']:.2f} | {r['kprof_us']:.2f} | "
+            f"{r['ratio']:.2f} ({r['ratio_min']:.2f} .. {r['ratio_max']:.2f}) | {met} |"
+        )
     return "\n".join(lines)
 
 
 def environment(device: str) -> dict:
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
-    return {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-            "threads": torch.get_num_threads(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "device": name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30, help="paired rounds per layer (default: 30)")
     parser.add_argument("--calls", type=int, default=2000, help="calls per block (default: 2000)")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 200 calls: a smoke run")
-    parser.add_argument("--impl", choices=kernels.IMPLS,
-                        help="the kprof layers' impl (default: the device's kernels)")
+    parser.add_argument("--impl", choices=kernels.IMPLS, help="the kprof layers' impl (default: the device's kernels)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
@@ -155,9 +177,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"[host_overhead] {row['layer']} ({mode}): {row['ratio']:.2f}x", file=sys.stderr, flush=True)
     env = environment(args.device)
-    print(f"# Host time per forward call, [{ROWS}, {WIDTH}] float32 on {env['device']} (torch {env['torch']}, "
-          f"CUDA {env['cuda']}, {env['threads']} thread(s)), kprof impl={args.impl!r}; median of {rounds} paired "
-          f"rounds of {calls} calls\n")
+    print(
+        f"# Host time per forward call, [{ROWS}, {WIDTH}] float32 on {env['device']} (torch {env['torch']}, "
+        f"CUDA {env['cuda']}, {env['threads']} thread(s)), kprof impl={args.impl!r}; median of {rounds} paired "
+        f"rounds of {calls} calls\n"
+    )
     print(table(rows), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps({**env, "rounds": rounds, "calls": calls, "rows": rows}, indent=1))

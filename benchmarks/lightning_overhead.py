@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _isolated import Isolated, change_cell, rounds as budget_rounds
+from _isolated import Isolated, change_cell
+from _isolated import rounds as budget_rounds
 
 SCHEDULE = dict(wait=1, warmup=1, active=3, repeat=2)
 WINDOW = range(1, 5)  # batches of the first window in both profilers: warm-up at 1, recorded 2-4
@@ -41,8 +42,11 @@ VARIANTS = {
     "kprof ProfilerCallback": ("kprof", {}, {}),
     "lightning, record_module_names=False": ("lightning", {"record_module_names": False}, {}),
     "lightning, TEARDOWN_CUPTI=1": ("lightning", {}, {"TEARDOWN_CUPTI": "1"}),
-    "lightning, record_module_names=False, TEARDOWN_CUPTI=1": ("lightning", {"record_module_names": False},
-                                                               {"TEARDOWN_CUPTI": "1"}),
+    "lightning, record_module_names=False, TEARDOWN_CUPTI=1": (
+        "lightning",
+        {"record_module_names": False},
+        {"TEARDOWN_CUPTI": "1"},
+    ),
     "kprof, TEARDOWN_CUPTI=0 (kineto's default)": ("kprof", {}, {"TEARDOWN_CUPTI": "0"}),
 }
 CUDA_ONLY = {name for name, (_, _, env) in VARIANTS.items() if "TEARDOWN_CUPTI" in env}
@@ -105,8 +109,16 @@ def run_variant(name: str, steps: int, logdir: Path) -> dict:
     elif kind == "kprof":
         callbacks.append(kprof.ProfilerCallback(logdir=logdir, run="kprof", **SCHEDULE, **options))
     trainer = L.Trainer(
-        accelerator=device, devices=1, max_steps=steps, logger=False, profiler=profiler, callbacks=callbacks,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=logdir,
+        accelerator=device,
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        profiler=profiler,
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=logdir,
     )
     trainer.fit(MLP(), data)
     teardown = time.perf_counter() - clock.last_end
@@ -174,9 +186,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="40 batches, one round, for a CPU smoke run")
     parser.add_argument("--steps", type=int, help="batches per variant (default 300, 40 with --quick)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds, each variant in a fresh process")
-    parser.add_argument("--seconds", type=float, help="start no round that would end past this budget (one round always runs)")
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
-                        help="the variants to run (default: all; 'none' is needed, the others are compared with it)")
+    parser.add_argument(
+        "--seconds", type=float, help="start no round that would end past this budget (one round always runs)"
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        default=list(VARIANTS),
+        help="the variants to run (default: all; 'none' is needed, the others are compared with it)",
+    )
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
     if "none" not in args.variants:
@@ -200,13 +219,27 @@ def main() -> None:
     for name, mine in runs.items():
         # the median round (by the time long after the windows) stands for the variant; the change vs none is
         # paired within each round, so drift between rounds cancels
-        results[name] = {**sorted(mine, key=lambda r: r["after_ms"])[len(mine) // 2],
-                         "after_ratio_to_none": [r["relative"] / n["relative"] for r, n in zip(mine, runs["none"])]}
+        results[name] = {
+            **sorted(mine, key=lambda r: r["after_ms"])[len(mine) // 2],
+            "after_ratio_to_none": [r["relative"] / n["relative"] for r, n in zip(mine, runs["none"])],
+        }
     print(table(results, env, steps, done))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"environment": env, "steps": steps, "rounds": done, "schedule": SCHEDULE,
-                                        "cores": isolated.cores, "runs": runs, "results": results}, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "environment": env,
+                    "steps": steps,
+                    "rounds": done,
+                    "schedule": SCHEDULE,
+                    "cores": isolated.cores,
+                    "runs": runs,
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

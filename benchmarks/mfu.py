@@ -56,8 +56,10 @@ def main() -> None:
     peak = s.peak_tflops
     kprof_mfu = f"{statistics.median(mfu.values[2:].tolist()):.1%}" if mfu is not None else "-"
     print("| measure | TFLOP/s | MFU |\n|---|---|---|")
-    print(f"| by hand (CUDA events, {k} x {n}^3 bf16 matmuls) | {by_hand:.1f} | "
-          f"{f'{by_hand / peak:.1%}' if peak else '-'} |")
+    print(
+        f"| by hand (CUDA events, {k} x {n}^3 bf16 matmuls) | {by_hand:.1f} | "
+        f"{f'{by_hand / peak:.1%}' if peak else '-'} |"
+    )
     print(f"| kprof (s.step(flops=...)) | {kprof_tflops:.1f} | {kprof_mfu} |")
     for d in summary.diagnostics:
         if d.kind in ("mfu", "matmul_flops"):

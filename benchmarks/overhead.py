@@ -32,7 +32,9 @@ import torch
 from torch import nn
 
 import kprof_callbacks as kprof
-from _isolated import Isolated, change_cell, rounds as budget_rounds
+
+from _isolated import Isolated, change_cell
+from _isolated import rounds as budget_rounds
 
 
 def mlp(width: int, depth: int) -> nn.Module:
@@ -123,8 +125,11 @@ def blocking(loop: Loop, tool: str, active: int, logdir: Path) -> dict:
             _, hooks = loop.run(active + 3, s.step)
             stats = s._prof.profiler._stats
         files = s.trace_files
-    return {"blocked_ms": hooks[active] * 1e3, "disable_ms": stats.profiler_disable_call_duration_us / 1e3,
-            "trace_mb": sum(f.stat().st_size for f in files) / 2**20}
+    return {
+        "blocked_ms": hooks[active] * 1e3,
+        "disable_ms": stats.profiler_disable_call_duration_us / 1e3,
+        "trace_mb": sum(f.stat().st_size for f in files) / 2**20,
+    }
 
 
 def _activities():
@@ -163,20 +168,32 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny sizes, one round (CI smoke test)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds, each measurement in a fresh process")
-    p.add_argument("--seconds", type=float, help="start no round that would end past this budget (one round always runs)")
+    p.add_argument(
+        "--seconds", type=float, help="start no round that would end past this budget (one round always runs)"
+    )
     p.add_argument("--out", type=Path, default=None, help="write results as JSON here")
     args = p.parse_args(argv)
     started = time.monotonic()
     sizes = "quick" if args.quick else "cuda" if torch.cuda.is_available() else "cpu"
     rounds, active_sizes = (1, (3,)) if args.quick else (args.rounds, (3, 30))
     isolated = Isolated(preload=("torch", "kprof_callbacks"))
-    results = {"device": torch.cuda.get_device_name() if sizes == "cuda" else "cpu", "torch": torch.__version__,
-               "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-               "cores": isolated.cores, "step": {}, "blocking": {}}
+    results = {
+        "device": torch.cuda.get_device_name() if sizes == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(sys.argv),
+        "cores": isolated.cores,
+        "step": {},
+        "blocking": {},
+    }
     for active in active_sizes:
-        results["blocking"][active] = {tool: isolated(one, sizes, "launch-bound", tool=tool, active=active)
-                                       for tool in ("raw", "kprof")}
-        print(f"  blocked at the end of {active} active steps: {results['blocking'][active]}", file=sys.stderr, flush=True)
+        results["blocking"][active] = {
+            tool: isolated(one, sizes, "launch-bound", tool=tool, active=active) for tool in ("raw", "kprof")
+        }
+        print(
+            f"  blocked at the end of {active} active steps: {results['blocking'][active]}", file=sys.stderr, flush=True
+        )
     per_mode = {name: {m: [] for m in MODES} for name in MODELS[sizes]}
 
     def one_round(done: int, names: list[str]) -> None:
@@ -185,8 +202,12 @@ def main(argv: list[str] | None = None) -> dict:
                 called = time.monotonic()
                 r = isolated(one, sizes, name, mode=mode)
                 per_mode[name][mode].append(r)
-                print(f"  round {done} {name} {mode}: {r['median_ms']:.3f} ms, its baseline {r['baseline_ms']:.3f} ms "
-                      f"(x{r['relative']:.3f}); {time.monotonic() - called:.1f} s", file=sys.stderr, flush=True)
+                print(
+                    f"  round {done} {name} {mode}: {r['median_ms']:.3f} ms, its baseline {r['baseline_ms']:.3f} ms "
+                    f"(x{r['relative']:.3f}); {time.monotonic() - called:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     one_round(1, [name for name in MODELS[sizes] if name in ONE_ROUND])
     left = None if args.seconds is None else args.seconds - (time.monotonic() - started)
@@ -210,22 +231,36 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def render(results: dict) -> str:
-    lines = [f"device: {results['device']}, torch {results['torch']} (CUDA {results['cuda']}), {results['date']}; "
-             "median of interleaved rounds, each mode in a fresh process; "
-             "step time (x that process's own no-profiler baseline)", ""]
-    lines += ["| model | rounds | " + " | ".join(MODES) + " | kprof outside vs none | kprof inside vs raw inside | "
-              "none vs its own baseline (noise) |", "|---" * (len(MODES) + 5) + "|"]
+    lines = [
+        f"device: {results['device']}, torch {results['torch']} (CUDA {results['cuda']}), {results['date']}; "
+        "median of interleaved rounds, each mode in a fresh process; "
+        "step time (x that process's own no-profiler baseline)",
+        "",
+    ]
+    lines += [
+        "| model | rounds | " + " | ".join(MODES) + " | kprof outside vs none | kprof inside vs raw inside | "
+        "none vs its own baseline (noise) |",
+        "|---" * (len(MODES) + 5) + "|",
+    ]
     for name, row in results["step"].items():
         cells = " | ".join(f"{row[m]:.3f} ms (x{row['relative'][m]:.3f})" for m in MODES)
         ratios = row["ratios"]
-        lines.append(f"| {name} | {len(ratios['none'])} | {cells} | {change_cell(ratios['outside'])} | "
-                     f"{change_cell(ratios['inside'])} | {change_cell(ratios['none'])} |")
-    lines += ["", "| active steps | raw + tensorboard_trace_handler: blocked (in `_disable_profiler`) | "
-              "kprof: blocked (in `_disable_profiler`) | trace MB |", "|---|---|---|---|"]
+        lines.append(
+            f"| {name} | {len(ratios['none'])} | {cells} | {change_cell(ratios['outside'])} | "
+            f"{change_cell(ratios['inside'])} | {change_cell(ratios['none'])} |"
+        )
+    lines += [
+        "",
+        "| active steps | raw + tensorboard_trace_handler: blocked (in `_disable_profiler`) | "
+        "kprof: blocked (in `_disable_profiler`) | trace MB |",
+        "|---|---|---|---|",
+    ]
     for active, row in results["blocking"].items():
         raw, ours = row["raw"], row["kprof"]
-        lines.append(f"| {active} | {raw['blocked_ms']:.1f} ms ({raw['disable_ms']:.1f}) | "
-                     f"{ours['blocked_ms']:.1f} ms ({ours['disable_ms']:.1f}) | {ours['trace_mb']:.1f} |")
+        lines.append(
+            f"| {active} | {raw['blocked_ms']:.1f} ms ({raw['disable_ms']:.1f}) | "
+            f"{ours['blocked_ms']:.1f} ms ({ours['disable_ms']:.1f}) | {ours['trace_mb']:.1f} |"
+        )
     return "\n".join(lines)
 
 

@@ -51,8 +51,16 @@ def variant_name(impl: str) -> str:
     return "kprof" if impl == "auto" else f"kprof-{impl}"
 
 
-def run_mode(mode: str, cfg: models.GPTConfig, batch: int, device: str, steps: int, warmup: int,
-             impls: list[str], logdir: Path | None = None) -> kprof.Comparison:
+def run_mode(
+    mode: str,
+    cfg: models.GPTConfig,
+    batch: int,
+    device: str,
+    steps: int,
+    warmup: int,
+    impls: list[str],
+    logdir: Path | None = None,
+) -> kprof.Comparison:
     """torch against ``kprof.swap(impl=...)`` for each impl ("auto": impl=None), timed and checked in one compare."""
     torch.manual_seed(0)
     model = models.GPT(cfg).to(device)
@@ -62,9 +70,14 @@ def run_mode(mode: str, cfg: models.GPTConfig, batch: int, device: str, steps: i
     print(swapped.kprof_swap_report, file=sys.stderr, flush=True)
     torch.compiler.reset()
     return kprof.compare(
-        variants, step_fn(device, autocast=mode != "fp32"),
-        models.random_batches(cfg, 4, batch, device), steps=steps, warmup=warmup, compile=mode == "compile",
-        optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4), check="warn",  # a failed check still times
+        variants,
+        step_fn(device, autocast=mode != "fp32"),
+        models.random_batches(cfg, 4, batch, device),
+        steps=steps,
+        warmup=warmup,
+        compile=mode == "compile",
+        optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4),
+        check="warn",  # a failed check still times
         logdir=None if logdir is None else logdir / mode,
     )
 
@@ -76,23 +89,37 @@ def rows(mode: str, result: kprof.Comparison) -> list[dict]:
     for name, run in result.variants.items():
         if name == "torch":
             continue
-        out.append({
-            "mode": mode, "variant": name, "torch_ms": base.median_ms if base else None,
-            "kprof_ms": run.timing.median_ms if run.timing else None, "speedup": run.speedup,
-            "ci": list(run.ci) if run.ci else None, "verdict": run.verdict or run.error, "check": run.check_detail,
-        })
+        out.append(
+            {
+                "mode": mode,
+                "variant": name,
+                "torch_ms": base.median_ms if base else None,
+                "kprof_ms": run.timing.median_ms if run.timing else None,
+                "speedup": run.speedup,
+                "ci": list(run.ci) if run.ci else None,
+                "verdict": run.verdict or run.error,
+                "check": run.check_detail,
+            }
+        )
     return out
 
 
+def _ms(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "-"
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| mode | variant | torch ms/step | variant ms/step | speedup [95% CI] | verdict | check |",
-             "|---|---|---:|---:|---:|---|---|"]
+    lines = [
+        "| mode | variant | torch ms/step | variant ms/step | speedup [95% CI] | verdict | check |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
     for r in rows:
         ci = f" [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}]" if r["ci"] else ""
         speedup = f"{r['speedup']:.3f}{ci}" if r["speedup"] is not None else "-"
-        fmt = (lambda v: f"{v:.2f}" if v is not None else "-")
-        lines.append(f"| {r['mode']} | {r['variant']} | {fmt(r['torch_ms'])} | {fmt(r['kprof_ms'])} | {speedup} | "
-                     f"{r['verdict']} | {r['check']} |")
+        lines.append(
+            f"| {r['mode']} | {r['variant']} | {_ms(r['torch_ms'])} | {_ms(r['kprof_ms'])} | {speedup} | "
+            f"{r['verdict']} | {r['check']} |"
+        )
     return "\n".join(lines)
 
 
@@ -100,13 +127,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="20 timed steps after 3 warm-up (compile needs them)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
-    parser.add_argument("--impl", default="auto", help="comma-separated kprof.swap impls, one variant each: auto "
-                        f"(impl=None: the device's kernels; torch's math under torch.compile) or of {kernels.IMPLS}")
+    parser.add_argument(
+        "--impl",
+        default="auto",
+        help="comma-separated kprof.swap impls, one variant each: auto "
+        f"(impl=None: the device's kernels; torch's math under torch.compile) or of {kernels.IMPLS}",
+    )
     parser.add_argument("--steps", type=int, default=50, help="timed steps per variant (default: 50)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, help="also write the rows and the full comparisons as JSON here")
-    parser.add_argument("--logdir", type=Path, help="also profile each variant into LOGDIR/<mode>/<variant> "
-                        "(then: kprof diff LOGDIR/bf16/torch LOGDIR/bf16/kprof)")
+    parser.add_argument(
+        "--logdir",
+        type=Path,
+        help="also profile each variant into LOGDIR/<mode>/<variant> "
+        "(then: kprof diff LOGDIR/bf16/torch LOGDIR/bf16/kprof)",
+    )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
@@ -124,13 +159,22 @@ def main(argv: list[str] | None = None) -> int:
         table_rows += rows(mode, result)
         results[mode] = result.to_dict()
     first = results[modes[0]]
-    print(f"# GPT ({cfg.n_layer} x {cfg.n_embd}, vocab {cfg.vocab_size}, batch {batch} x {cfg.block_size}) on "
-          f"{first['device']}, AdamW; kprof.compare median step time, {steps} timed steps per variant\n")
+    print(
+        f"# GPT ({cfg.n_layer} x {cfg.n_embd}, vocab {cfg.vocab_size}, batch {batch} x {cfg.block_size}) on "
+        f"{first['device']}, AdamW; kprof.compare median step time, {steps} timed steps per variant\n"
+    )
     print(table(table_rows), flush=True)
     if args.out is not None:
-        record = {"device": first["device"], "versions": first.get("versions"), "steps": steps,
-                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  "model": dataclasses.asdict(cfg), "batch": batch, "rows": table_rows, "comparisons": results}
+        record = {
+            "device": first["device"],
+            "versions": first.get("versions"),
+            "steps": steps,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "model": dataclasses.asdict(cfg),
+            "batch": batch,
+            "rows": table_rows,
+            "comparisons": results,
+        }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=1))
     return 0

@@ -75,38 +75,69 @@ def targets(results: dict) -> list[tuple[str, str, bool | None]]:
     for model, row in step.items():
         outside, inside = row["ratios"]["outside"], row["ratios"]["inside"]
         noise = f"; no profiler vs its own baseline: {change_cell(row['ratios']['none'])}"
-        rows.append((f"{model}: outside windows <= 1% over no profiler", change_cell(outside) + noise,
-                     statistics.median(outside) <= 1.01))
-        rows.append((f"{model}: inside <= raw torch.profiler + 3%", change_cell(inside) + noise,
-                     statistics.median(inside) <= 1.03))
+        rows.append(
+            (
+                f"{model}: outside windows <= 1% over no profiler",
+                change_cell(outside) + noise,
+                statistics.median(outside) <= 1.01,
+            )
+        )
+        rows.append(
+            (
+                f"{model}: inside <= raw torch.profiler + 3%",
+                change_cell(inside) + noise,
+                statistics.median(inside) <= 1.03,
+            )
+        )
     for active, row in results.get("overhead", {}).get("result", {}).get("blocking", {}).items():
         ours, raw = row["kprof"], row["raw"]
-        rows.append((f"blocked at window end ({active} active steps, {ours['trace_mb']:.1f} MB) <= 100 ms",
-                     f"{ours['blocked_ms']:.0f} ms, {ours['disable_ms']:.0f} of them in torch's _disable_profiler "
-                     f"(raw torch.profiler: {raw['blocked_ms']:.0f} ms)", ours["blocked_ms"] <= 100))
+        rows.append(
+            (
+                f"blocked at window end ({active} active steps, {ours['trace_mb']:.1f} MB) <= 100 ms",
+                f"{ours['blocked_ms']:.0f} ms, {ours['disable_ms']:.0f} of them in torch's _disable_profiler "
+                f"(raw torch.profiler: {raw['blocked_ms']:.0f} ms)",
+                ours["blocked_ms"] <= 100,
+            )
+        )
     for size in results.get("summary", {}).get("result", {}).get("rows", []):
         speedup, seconds = size.get("speedup"), size.get("summarize_s")
         if speedup is not None:
-            rows.append((f"summary of {size['trace_mb']:.0f} MB trace >= 20x key_averages", f"{speedup:.0f}x", speedup >= 20))
+            rows.append(
+                (f"summary of {size['trace_mb']:.0f} MB trace >= 20x key_averages", f"{speedup:.0f}x", speedup >= 20)
+            )
         if seconds is not None and size["trace_mb"] >= 40:
             rows.append((f"summary of {size['trace_mb']:.0f} MB trace <= 1 s", f"{seconds:.2f} s", seconds <= 1.0))
         if "summarize_jobs_s" in size and size["trace_mb"] >= 40:
             rate = size["trace_mb"] / size["summarize_jobs_s"]
             alone = size["trace_mb"] / size["summarize_s"]
-            rows.append((f"summary of {size['trace_mb']:.0f} MB CPU trace >= 200 MB/s (jobs={size['jobs']})",
-                         f"{rate:.0f} MB/s (in one process: {alone:.0f})", rate >= 200))
+            rows.append(
+                (
+                    f"summary of {size['trace_mb']:.0f} MB CPU trace >= 200 MB/s (jobs={size['jobs']})",
+                    f"{rate:.0f} MB/s (in one process: {alone:.0f})",
+                    rate >= 200,
+                )
+            )
     for size in results.get("diff", {}).get("result", {}).get("rows", []):
         if size["trace_mb"][0] >= 40:
-            rows.append((f"diff of two {size['trace_mb'][0]:.0f} MB traces <= 1.0 s (jobs={size['jobs']})",
-                         f"{size['diff_jobs_s']:.2f} s (in one process: {size['diff_s']:.2f} s)",
-                         size["diff_jobs_s"] <= 1.0))
+            rows.append(
+                (
+                    f"diff of two {size['trace_mb'][0]:.0f} MB traces <= 1.0 s (jobs={size['jobs']})",
+                    f"{size['diff_jobs_s']:.2f} s (in one process: {size['diff_s']:.2f} s)",
+                    size["diff_jobs_s"] <= 1.0,
+                )
+            )
     rows += _read_targets(results)
     lightning = results.get("lightning", {}).get("result", {}).get("results", {})
     if "none" in lightning and "kprof ProfilerCallback" in lightning:
         for name in ("kprof ProfilerCallback", "lightning PyTorchProfiler"):
             ratios = lightning[name]["after_ratio_to_none"]
-            rows.append((f"Lightning, {name}: steps after the windows <= 1% over none", change_cell(ratios),
-                         statistics.median(ratios) <= 1.01 if name.startswith("kprof") else None))
+            rows.append(
+                (
+                    f"Lightning, {name}: steps after the windows <= 1% over none",
+                    change_cell(ratios),
+                    statistics.median(ratios) <= 1.01 if name.startswith("kprof") else None,
+                )
+            )
         teardown = lightning["kprof ProfilerCallback"]["teardown_s"]
         rows.append(("Lightning, kprof: time at the end of training <= 1 s", f"{teardown:.2f} s", teardown <= 1.0))
     rows += _kernel_targets(results.get("kernels", {}).get("result", {}).get("rows", []))
@@ -126,31 +157,67 @@ def _read_targets(results: dict) -> list[tuple[str, str, bool | None]]:
         return rows
     mb, jobs, goal = gpu["trace_mb"], gpu["jobs"], gpu["targets"]
     rate = mb / gpu["in_process_n_s"]
-    rows.append((f"{gpu['source']}: summary >= {goal['trace_mbps']:.0f} MB/s (jobs={jobs})",
-                 f"{rate:.0f} MB/s (jobs=1: {mb / gpu['in_process_1_s']:.0f})", rate >= goal["trace_mbps"]))
+    rows.append(
+        (
+            f"{gpu['source']}: summary >= {goal['trace_mbps']:.0f} MB/s (jobs={jobs})",
+            f"{rate:.0f} MB/s (jobs=1: {mb / gpu['in_process_1_s']:.0f})",
+            rate >= goal["trace_mbps"],
+        )
+    )
     wall, rss = gpu["trace_n"]["wall_s"], gpu["trace_n"]["tree_rss_mb"]
-    rows.append((f"kprof summary of it from a fresh process <= {goal['cold_s']} s", f"{wall:.2f} s",
-                 wall <= goal["cold_s"]))
-    rows.append((f"... peak RSS <= {goal['rss_ratio']:.0f}x the file", f"{rss / mb:.2f}x ({rss:.0f} MB, workers "
-                 "included)", rss / mb <= goal["rss_ratio"]))
+    rows.append(
+        (f"kprof summary of it from a fresh process <= {goal['cold_s']} s", f"{wall:.2f} s", wall <= goal["cold_s"])
+    )
+    rows.append(
+        (
+            f"... peak RSS <= {goal['rss_ratio']:.0f}x the file",
+            f"{rss / mb:.2f}x ({rss:.0f} MB, workers included)",
+            rss / mb <= goal["rss_ratio"],
+        )
+    )
     big, big_mb = gpu["big"], gpu["big_mb"]
-    rows.append((f"kprof summary of {big_mb:.0f} MB of its events >= {goal['big_mbps']:.0f} MB/s",
-                 f"{big_mb / big['wall_s']:.0f} MB/s", big_mb / big["wall_s"] >= goal["big_mbps"]))
-    rows.append((f"... peak RSS <= {goal['rss_ratio']:.0f}x the file", f"{big['tree_rss_mb'] / big_mb:.2f}x "
-                 f"({big['tree_rss_mb']:.0f} MB, workers included)", big["tree_rss_mb"] / big_mb <= goal["rss_ratio"]))
+    rows.append(
+        (
+            f"kprof summary of {big_mb:.0f} MB of its events >= {goal['big_mbps']:.0f} MB/s",
+            f"{big_mb / big['wall_s']:.0f} MB/s",
+            big_mb / big["wall_s"] >= goal["big_mbps"],
+        )
+    )
+    rows.append(
+        (
+            f"... peak RSS <= {goal['rss_ratio']:.0f}x the file",
+            f"{big['tree_rss_mb'] / big_mb:.2f}x ({big['tree_rss_mb']:.0f} MB, workers included)",
+            big["tree_rss_mb"] / big_mb <= goal["rss_ratio"],
+        )
+    )
     ratio = gpu["ranks"]["wall_s"] / wall
-    rows.append((f"{gpu['ranks']['files']} rank files in <= {goal['ranks_ratio']:.0f}x one file's time",
-                 f"{ratio:.2f}x ({gpu['ranks']['wall_s']:.2f} s)", ratio <= goal["ranks_ratio"]))
+    rows.append(
+        (
+            f"{gpu['ranks']['files']} rank files in <= {goal['ranks_ratio']:.0f}x one file's time",
+            f"{ratio:.2f}x ({gpu['ranks']['wall_s']:.2f} s)",
+            ratio <= goal["ranks_ratio"],
+        )
+    )
     return rows
 
 
 # The kernels' targets, forward + backward at each op's largest size: share of copy bandwidth by (op, dtype) (None:
 # any dtype), and speedups over eager / torch.compile; every row must also beat the best of eager, torch.compile and
 # Liger-Kernel.
-COPY_SHARE = {("square", None): 0.9, ("add", None): 0.9, ("gelu", None): 0.9, ("gelu-tanh", None): 0.9,
-              ("layer_norm", "bfloat16"): 0.8, ("rms_norm", "bfloat16"): 0.8}
-SPEEDUP = {"swiglu": ("compile_ms", 1.05), "linear_gelu": ("eager_ms", 1.1), "bias_gelu": ("eager_ms", 1.5),
-           "bias_gelu-tanh": ("eager_ms", 1.5)}
+COPY_SHARE = {
+    ("square", None): 0.9,
+    ("add", None): 0.9,
+    ("gelu", None): 0.9,
+    ("gelu-tanh", None): 0.9,
+    ("layer_norm", "bfloat16"): 0.8,
+    ("rms_norm", "bfloat16"): 0.8,
+}
+SPEEDUP = {
+    "swiglu": ("compile_ms", 1.05),
+    "linear_gelu": ("eager_ms", 1.1),
+    "bias_gelu": ("eager_ms", 1.5),
+    "bias_gelu-tanh": ("eager_ms", 1.5),
+}
 
 
 def _kernel_targets(rows: list[dict]) -> list[tuple[str, str, bool | None]]:
@@ -174,8 +241,13 @@ def _kernel_targets(rows: list[dict]) -> list[tuple[str, str, bool | None]]:
             got = row[key] / row["ms"]
             out.append((f"{where}: >= {target}x {key.removesuffix('_ms')}", f"{got:.2f}x", got >= target))
         best = bench.best_other_ms(row)
-        out.append((f"{where}: >= 1.0x the best of eager, torch.compile and Liger", f"{best / row['ms']:.2f}x",
-                    best >= row["ms"]))
+        out.append(
+            (
+                f"{where}: >= 1.0x the best of eager, torch.compile and Liger",
+                f"{best / row['ms']:.2f}x",
+                best >= row["ms"],
+            )
+        )
     return out
 
 
@@ -190,8 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, CPU friendly (CI smoke test)")
     parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS))
     parser.add_argument("--out", type=Path, help="write everything as JSON here")
-    parser.add_argument("--gpu-trace", type=Path, help="the real GPU trace gpu_traces.py reads (default: the tracked "
-                        "H100 fixture, scaled up)")
+    parser.add_argument(
+        "--gpu-trace",
+        type=Path,
+        help="the real GPU trace gpu_traces.py reads (default: the tracked H100 fixture, scaled up)",
+    )
     args = parser.parse_args(argv)
     results = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

@@ -37,13 +37,19 @@ from kprof_callbacks.analysis import summarize
 from kprof_callbacks.analysis.workers import default_jobs
 
 
-def profile_training(model: nn.Module, loss: Callable[[], torch.Tensor], n_steps: int, on_ready,
-                     with_stack: bool = False) -> None:
+def profile_training(
+    model: nn.Module, loss: Callable[[], torch.Tensor], n_steps: int, on_ready, with_stack: bool = False
+) -> None:
     """Profile `n_steps` SGD steps of `model` (`loss()` is the forward; one active window after one warm-up step,
     shapes recorded, forward and backward labelled) and hand the profile to `on_ready`."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=with_stack, on_trace_ready=on_ready,
-                 schedule=schedule(wait=0, warmup=1, active=n_steps, repeat=1)) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        record_shapes=True,
+        with_stack=with_stack,
+        on_trace_ready=on_ready,
+        schedule=schedule(wait=0, warmup=1, active=n_steps, repeat=1),
+    ) as prof:
         for _ in range(n_steps + 1):
             with record_function("forward"):
                 value = loss()
@@ -145,8 +151,12 @@ def write_results(path: Path, rows: list[dict]) -> None:
     doc = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "msgspec": msgspec.__version__,
-                     "numpy": np.__version__},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "msgspec": msgspec.__version__,
+            "numpy": np.__version__,
+        },
         "rows": rows,
     }
     path.write_text(json.dumps(doc, indent=1))
@@ -155,14 +165,18 @@ def write_results(path: Path, rows: list[dict]) -> None:
 def main() -> int:
     args = size_parser(__doc__, [5, 15, 50]).parse_args()
     rows = rows_by_size(args, measure)
-    print("| trace MB | events | steps | key_averages() s | summarize() s | summarize() CPU s | speedup | "
-          "summarize(jobs=N) s | MB/s, jobs 1 / N | load avg |")
+    print(
+        "| trace MB | events | steps | key_averages() s | summarize() s | summarize() CPU s | speedup | "
+        "summarize(jobs=N) s | MB/s, jobs 1 / N | load avg |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['trace_mb']:.1f} | {r['events']:,} | {r['steps']} | {r['key_averages_s']:.2f} | "
-              f"{r['summarize_s']:.3f} | {r['summarize_cpu_s']:.3f} | {r['speedup']:.0f}x | "
-              f"{r['summarize_jobs_s']:.3f} (N={r['jobs']}) | {r['trace_mb'] / r['summarize_s']:.0f} / "
-              f"{r['trace_mb'] / r['summarize_jobs_s']:.0f} | {r['load_average']:.1f} |")
+        print(
+            f"| {r['trace_mb']:.1f} | {r['events']:,} | {r['steps']} | {r['key_averages_s']:.2f} | "
+            f"{r['summarize_s']:.3f} | {r['summarize_cpu_s']:.3f} | {r['speedup']:.0f}x | "
+            f"{r['summarize_jobs_s']:.3f} (N={r['jobs']}) | {r['trace_mb'] / r['summarize_s']:.0f} / "
+            f"{r['trace_mb'] / r['summarize_jobs_s']:.0f} | {r['load_average']:.1f} |"
+        )
     if args.out:
         write_results(args.out, rows)
     return 0

@@ -26,8 +26,17 @@ RESULTS = ROOT / "benchmarks" / "results"
 DOCUMENTS = ("BENCHMARKS.md", "TESTING.md")
 MARKED = re.compile(r"^(<!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)^(<!-- end table -->)$", re.S | re.M)
 OPENING, CLOSING = re.compile(r"^<!-- table: ", re.M), re.compile(r"^<!-- end table -->$", re.M)
-VERSION_NAMES = {"torch": "torch", "cuda": "CUDA", "triton": "Triton", "python": "Python", "lightning": "Lightning",
-                 "liger_kernel": "Liger-Kernel", "numpy": "numpy", "msgspec": "msgspec", "kprof_callbacks": "kprof"}
+VERSION_NAMES = {
+    "torch": "torch",
+    "cuda": "CUDA",
+    "triton": "Triton",
+    "python": "Python",
+    "lightning": "Lightning",
+    "liger_kernel": "Liger-Kernel",
+    "numpy": "numpy",
+    "msgspec": "msgspec",
+    "kprof_callbacks": "kprof",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +99,18 @@ def _t(header: str, fmt: str) -> Col:
 def _calibration(source: str, noise: bool) -> Table:
     """Calibration rows: synthetic ones at two noise levels (1,000 trials a rate), or end to end (a few trials)."""
     rate = ".1%" if noise else ".0%"
-    return Table(source, (
-        _t("detector", "{detector}"), _t("injected effect", "{effect}"), _t("run", "{run}"),
-        *((Col("noise", "{noise_sigma:.0%}"),) if noise else ()),
-        Col("false positives [95% CI]", _rate("false_positive", rate)),
-        Col("detection [95% CI]", _rate("detection", rate)), _t("meets targets", "{meets_targets}")))
+    return Table(
+        source,
+        (
+            _t("detector", "{detector}"),
+            _t("injected effect", "{effect}"),
+            _t("run", "{run}"),
+            *((Col("noise", "{noise_sigma:.0%}"),) if noise else ()),
+            Col("false positives [95% CI]", _rate("false_positive", rate)),
+            Col("detection [95% CI]", _rate("detection", rate)),
+            _t("meets targets", "{meets_targets}"),
+        ),
+    )
 
 
 def _rate(name: str, spec: str) -> str:
@@ -108,95 +124,228 @@ def _range(key: str, spec: str = "+.1%") -> str:
 
 
 def _kernels(source: str) -> Table:
-    return Table(source, (
-        _t("op", "{op}"), _t("dtype", "{dtype}"), _t("shape", "{shape}"), Col("kprof ms", "{kprof_ms:.4f}"),
-        Col("% of copy", "{copy_pct:.1f}"), Col("% of spec", "{spec_pct:.1f}"), Col("triton ms", "{triton_ms:.4f}"),
-        Col("eager ms", "{eager_ms:.4f}"), Col("compile ms", "{compile_ms:.4f}"), Col("Liger ms", "{liger_ms:.4f}"),
-        Col("kprof × best other", "{best_other_x:.2f}")))
+    return Table(
+        source,
+        (
+            _t("op", "{op}"),
+            _t("dtype", "{dtype}"),
+            _t("shape", "{shape}"),
+            Col("kprof ms", "{kprof_ms:.4f}"),
+            Col("% of copy", "{copy_pct:.1f}"),
+            Col("% of spec", "{spec_pct:.1f}"),
+            Col("triton ms", "{triton_ms:.4f}"),
+            Col("eager ms", "{eager_ms:.4f}"),
+            Col("compile ms", "{compile_ms:.4f}"),
+            Col("Liger ms", "{liger_ms:.4f}"),
+            Col("kprof × best other", "{best_other_x:.2f}"),
+        ),
+    )
 
 
 TABLES: dict[str, Table] = {
-    "overhead": Table("overhead-h100.json", (
-        _t("model", "{model}"), Col("rounds", "{rounds}"),
-        *(Col(name, f"{{{key}[0]:.3f}} (x{{{key}[1]:.3f}})") for name, key in (
-            ("no profiler ms", "none"), ("raw, after its window", "raw_outside"), ("kprof, after", "kprof_outside"),
-            ("raw, in its window", "raw_inside"), ("kprof, in", "kprof_inside"))),
-        Col("kprof after vs none", _range("kprof_outside_vs_none")),
-        Col("kprof in vs raw in", _range("kprof_inside_vs_raw")),
-        Col("none vs its own baseline (noise)", _range("none_vs_baseline")))),
-    "window_end-h100": Table("overhead-h100.json", (
-        Col("active steps", "{active}"), Col("trace MB", "{trace_mb}"), Col("kprof blocked ms", "{kprof_ms}"),
-        Col("of which in torch's `_disable_profiler`", "{kprof_in_disable_ms}"),
-        Col("raw torch.profiler + `tensorboard_trace_handler` ms", "{raw_ms}")), rows="window_end"),
-    "window_end-cpu": Table("window_end-cpu.json", (
-        _t("variant", "{variant}"), Col("blocked ms, per process", "{blocked_ms}"),
-        Col("of which in torch's `_disable_profiler`", "{disable_ms}"))),
-    "after_window": Table("after_window-cpu.json", (
-        _t("per-step call, long after the window", "{call}"), Col("warm µs", "{warm_us}"),
-        Col("in the CPU training loop µs", "{loop_us}"))),
-    "lightning": Table("lightning_overhead-h100.json", (
-        _t("variant", "{variant}"), Col("long after, x own baseline, per round", "{after_x:.3f}"),
-        Col("after vs none (paired, median and range)", _range("after_vs_none")),
-        Col("teardown s (median)", "{teardown_s:.2f}"))),
-    "summary": Table("summary-cpu.json", (
-        Col("trace MB", "{trace_mb:.1f}"), Col("events", "{events:,}"), Col("steps", "{steps}"),
-        Col("`key_averages()` s", "{key_averages_s:.2f}"), Col("`summarize` s", "{summarize_s:.3f}"),
-        Col("CPU s", "{summarize_cpu_s:.3f}"), Col("× `key_averages()`", "{speedup:.0f}×"),
-        Col("`summarize(jobs=N)` s", "{summarize_jobs_s:.3f} (N={jobs})"), Col("load average", "{load_average:.1f}"))),
-    "gpt_trace": Table("gpt_trace-cpu.json", (
-        _t("input", "{input}"), Col("`--jobs`", "{jobs}"), Col("wall s", "{wall_s}"), Col("peak RSS MB", "{rss_mb}"))),
-    "cold_start": Table("cold_start-cpu.json", (
-        _t("command", "{command}"), Col("median s", "{median_s:.2f}"), Col("range s", "{min_s:.2f}-{max_s:.2f}"))),
-    "diff": Table("diff-cpu.json", (
-        Col("trace MB (A, B)", "{trace_mb:.1f}"), Col("steps", "{steps}"), Col("summarize A s", "{summarize_a_s:.2f}"),
-        Col("summarize B s", "{summarize_b_s:.2f}"), Col("diff of the Summaries s", "{diff_summaries_s:.3f}"),
-        Col("`kprof.diff` s", "{diff_s:.2f}"), Col("CPU s", "{diff_cpu_s:.2f}"),
-        Col("as `kprof diff` reads (jobs=N) s", "{diff_jobs_s:.2f} (N={jobs})"), Col("rows", "{rows}"),
-        _t("step time B vs A", "{step_time}"), Col("load average", "{load_average:.1f}"))),
-    "timeline": Table("timeline-cpu.json", (
-        Col("trace MB", "{trace_mb:.1f}"), Col("events in the step", "{step_events:,}"),
-        Col("first step served s", "{cold_s:.2f}"), Col("later steps s", "{warm_s:.3f}"),
-        Col("JSON MB per step", "{json_mb:.2f}"), Col("gzipped MB", "{gzip_mb:.2f}"),
-        Col("trace MB per step", "{step_trace_mb:.1f}"), Col("load average", "{load_average:.1f}"))),
+    "overhead": Table(
+        "overhead-h100.json",
+        (
+            _t("model", "{model}"),
+            Col("rounds", "{rounds}"),
+            *(
+                Col(name, f"{{{key}[0]:.3f}} (x{{{key}[1]:.3f}})")
+                for name, key in (
+                    ("no profiler ms", "none"),
+                    ("raw, after its window", "raw_outside"),
+                    ("kprof, after", "kprof_outside"),
+                    ("raw, in its window", "raw_inside"),
+                    ("kprof, in", "kprof_inside"),
+                )
+            ),
+            Col("kprof after vs none", _range("kprof_outside_vs_none")),
+            Col("kprof in vs raw in", _range("kprof_inside_vs_raw")),
+            Col("none vs its own baseline (noise)", _range("none_vs_baseline")),
+        ),
+    ),
+    "window_end-h100": Table(
+        "overhead-h100.json",
+        (
+            Col("active steps", "{active}"),
+            Col("trace MB", "{trace_mb}"),
+            Col("kprof blocked ms", "{kprof_ms}"),
+            Col("of which in torch's `_disable_profiler`", "{kprof_in_disable_ms}"),
+            Col("raw torch.profiler + `tensorboard_trace_handler` ms", "{raw_ms}"),
+        ),
+        rows="window_end",
+    ),
+    "window_end-cpu": Table(
+        "window_end-cpu.json",
+        (
+            _t("variant", "{variant}"),
+            Col("blocked ms, per process", "{blocked_ms}"),
+            Col("of which in torch's `_disable_profiler`", "{disable_ms}"),
+        ),
+    ),
+    "after_window": Table(
+        "after_window-cpu.json",
+        (
+            _t("per-step call, long after the window", "{call}"),
+            Col("warm µs", "{warm_us}"),
+            Col("in the CPU training loop µs", "{loop_us}"),
+        ),
+    ),
+    "lightning": Table(
+        "lightning_overhead-h100.json",
+        (
+            _t("variant", "{variant}"),
+            Col("long after, x own baseline, per round", "{after_x:.3f}"),
+            Col("after vs none (paired, median and range)", _range("after_vs_none")),
+            Col("teardown s (median)", "{teardown_s:.2f}"),
+        ),
+    ),
+    "summary": Table(
+        "summary-cpu.json",
+        (
+            Col("trace MB", "{trace_mb:.1f}"),
+            Col("events", "{events:,}"),
+            Col("steps", "{steps}"),
+            Col("`key_averages()` s", "{key_averages_s:.2f}"),
+            Col("`summarize` s", "{summarize_s:.3f}"),
+            Col("CPU s", "{summarize_cpu_s:.3f}"),
+            Col("× `key_averages()`", "{speedup:.0f}×"),
+            Col("`summarize(jobs=N)` s", "{summarize_jobs_s:.3f} (N={jobs})"),
+            Col("load average", "{load_average:.1f}"),
+        ),
+    ),
+    "gpt_trace": Table(
+        "gpt_trace-cpu.json",
+        (_t("input", "{input}"), Col("`--jobs`", "{jobs}"), Col("wall s", "{wall_s}"), Col("peak RSS MB", "{rss_mb}")),
+    ),
+    "cold_start": Table(
+        "cold_start-cpu.json",
+        (_t("command", "{command}"), Col("median s", "{median_s:.2f}"), Col("range s", "{min_s:.2f}-{max_s:.2f}")),
+    ),
+    "diff": Table(
+        "diff-cpu.json",
+        (
+            Col("trace MB (A, B)", "{trace_mb:.1f}"),
+            Col("steps", "{steps}"),
+            Col("summarize A s", "{summarize_a_s:.2f}"),
+            Col("summarize B s", "{summarize_b_s:.2f}"),
+            Col("diff of the Summaries s", "{diff_summaries_s:.3f}"),
+            Col("`kprof.diff` s", "{diff_s:.2f}"),
+            Col("CPU s", "{diff_cpu_s:.2f}"),
+            Col("as `kprof diff` reads (jobs=N) s", "{diff_jobs_s:.2f} (N={jobs})"),
+            Col("rows", "{rows}"),
+            _t("step time B vs A", "{step_time}"),
+            Col("load average", "{load_average:.1f}"),
+        ),
+    ),
+    "timeline": Table(
+        "timeline-cpu.json",
+        (
+            Col("trace MB", "{trace_mb:.1f}"),
+            Col("events in the step", "{step_events:,}"),
+            Col("first step served s", "{cold_s:.2f}"),
+            Col("later steps s", "{warm_s:.3f}"),
+            Col("JSON MB per step", "{json_mb:.2f}"),
+            Col("gzipped MB", "{gzip_mb:.2f}"),
+            Col("trace MB per step", "{step_trace_mb:.1f}"),
+            Col("load average", "{load_average:.1f}"),
+        ),
+    ),
     "kernels-h100": _kernels("kernels-h100.json"),
     "kernels-h200": _kernels("kernels-h200.json"),
-    "gemm_floor": Table("gemm_floor-h100.json", (
-        _t("", "{what}"), Col("fwd ms", "{fwd_ms:.4f}"), Col("fwd+bwd ms", "{fwd_bwd_ms:.4f}"),
-        Col("fwd+bwd / GEMMs alone", "{ratio:.3f}"))),
-    "host_overhead": Table("host_overhead-h100.json", (
-        _t("layer", "{layer}"), _t("autograd", "{mode}"), Col("torch µs/call", "{torch_us:.2f}"),
-        Col("kprof µs/call", "{kprof_us:.2f}"),
-        Col("kprof / torch (range)", "{ratio:.2f} ({ratio_min:.2f} .. {ratio_max:.2f})"))),
-    "triton_sm90": Table("triton_sm90-cpu.json", (
-        _t("kernel", "{kernel}"), _t("tile (rows × row length), warps", "{tile}"),
-        Col("registers fp32 / bf16", "{registers}"), Col("spill bytes", "{spill}"))),
-    "square": Table("square_compare-h100.json", (
-        _t("expression", "{expression}"), Col("median ms", "{median_ms:.4f}"), Col("GB/s", "{gbps}"),
-        _t("dispatches to", "{dispatches}"))),
-    "real_model": Table("real_model-h100.json", (
-        _t("mode", "{mode}"), _t("variant", "{variant}"), Col("torch ms/step", "{torch_ms:.2f}"),
-        Col("kprof.swap ms/step", "{kprof_ms:.2f}"),
-        Col("speedup [95% CI]", "{speedup:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"),
-        _t("verdict", "{verdict}"), _t("check (no `tol=`)", "{check}"))),
-    "mfu": Table("mfu-h100.json", (
-        _t("measure", "{measure}"), Col("TFLOP/s", "{tflops:.1f}"), Col("MFU", "{mfu:.1%}"))),
-    "ddp": Table("ddp-h200x2.json", (
-        Col("rank", "{rank}"), Col("step ms", "{step_ms:.2f}"), Col("compute ms", "{compute_ms:.2f}"),
-        Col("communication ms", "{comm_ms:.2f}"), Col("overlapped ms", "{overlapped_ms:.2f}"),
-        Col("exposed ms", "{exposed_ms:.2f}"), Col("comm share", "{comm_share:.1%}"))),
-    "fsdp2": Table("fsdp2-h100x2.json", (
-        _t("config", "{config}"), Col("step ms", "{step_ms:.1f}"),
-        Col("exposed all-gather fwd / bwd ms", "{exposed_all_gather_forward_ms:.1f} / "
-                                               "{exposed_all_gather_backward_ms:.1f}"),
-        Col("exposed reduce-scatter ms", "{exposed_reduce_scatter_ms:.1f}"), Col("overlap", "{overlap:.0%}"),
-        Col("all-gather queued ms", "{all_gather_queued_ms:.1f}"),
-        Col("unsharded at peak / total MiB", "{unsharded_at_peak_mib:.0f} / {unsharded_total_mib:.0f}"),
-        _t("findings", "{findings}"), _t("command", "`{command}`"))),
+    "gemm_floor": Table(
+        "gemm_floor-h100.json",
+        (
+            _t("", "{what}"),
+            Col("fwd ms", "{fwd_ms:.4f}"),
+            Col("fwd+bwd ms", "{fwd_bwd_ms:.4f}"),
+            Col("fwd+bwd / GEMMs alone", "{ratio:.3f}"),
+        ),
+    ),
+    "host_overhead": Table(
+        "host_overhead-h100.json",
+        (
+            _t("layer", "{layer}"),
+            _t("autograd", "{mode}"),
+            Col("torch µs/call", "{torch_us:.2f}"),
+            Col("kprof µs/call", "{kprof_us:.2f}"),
+            Col("kprof / torch (range)", "{ratio:.2f} ({ratio_min:.2f} .. {ratio_max:.2f})"),
+        ),
+    ),
+    "triton_sm90": Table(
+        "triton_sm90-cpu.json",
+        (
+            _t("kernel", "{kernel}"),
+            _t("tile (rows × row length), warps", "{tile}"),
+            Col("registers fp32 / bf16", "{registers}"),
+            Col("spill bytes", "{spill}"),
+        ),
+    ),
+    "square": Table(
+        "square_compare-h100.json",
+        (
+            _t("expression", "{expression}"),
+            Col("median ms", "{median_ms:.4f}"),
+            Col("GB/s", "{gbps}"),
+            _t("dispatches to", "{dispatches}"),
+        ),
+    ),
+    "real_model": Table(
+        "real_model-h100.json",
+        (
+            _t("mode", "{mode}"),
+            _t("variant", "{variant}"),
+            Col("torch ms/step", "{torch_ms:.2f}"),
+            Col("kprof.swap ms/step", "{kprof_ms:.2f}"),
+            Col("speedup [95% CI]", "{speedup:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"),
+            _t("verdict", "{verdict}"),
+            _t("check (no `tol=`)", "{check}"),
+        ),
+    ),
+    "mfu": Table(
+        "mfu-h100.json", (_t("measure", "{measure}"), Col("TFLOP/s", "{tflops:.1f}"), Col("MFU", "{mfu:.1%}"))
+    ),
+    "ddp": Table(
+        "ddp-h200x2.json",
+        (
+            Col("rank", "{rank}"),
+            Col("step ms", "{step_ms:.2f}"),
+            Col("compute ms", "{compute_ms:.2f}"),
+            Col("communication ms", "{comm_ms:.2f}"),
+            Col("overlapped ms", "{overlapped_ms:.2f}"),
+            Col("exposed ms", "{exposed_ms:.2f}"),
+            Col("comm share", "{comm_share:.1%}"),
+        ),
+    ),
+    "fsdp2": Table(
+        "fsdp2-h100x2.json",
+        (
+            _t("config", "{config}"),
+            Col("step ms", "{step_ms:.1f}"),
+            Col(
+                "exposed all-gather fwd / bwd ms",
+                "{exposed_all_gather_forward_ms:.1f} / {exposed_all_gather_backward_ms:.1f}",
+            ),
+            Col("exposed reduce-scatter ms", "{exposed_reduce_scatter_ms:.1f}"),
+            Col("overlap", "{overlap:.0%}"),
+            Col("all-gather queued ms", "{all_gather_queued_ms:.1f}"),
+            Col("unsharded at peak / total MiB", "{unsharded_at_peak_mib:.0f} / {unsharded_total_mib:.0f}"),
+            _t("findings", "{findings}"),
+            _t("command", "`{command}`"),
+        ),
+    ),
     "calibration": _calibration("calibration-cpu.json", noise=True),
     "calibration-real": _calibration("calibration-real-cpu.json", noise=False),
-    "gpu-suite": Table("test_suite-h100.json", (
-        _t("part", "{part}"), Col("passed", "{passed}"), Col("failed", "{failed}"), Col("skipped", "{skipped}"),
-        Col("deselected", "{deselected}"), Col("seconds", "{seconds:.0f}"))),
+    "gpu-suite": Table(
+        "test_suite-h100.json",
+        (
+            _t("part", "{part}"),
+            Col("passed", "{passed}"),
+            Col("failed", "{failed}"),
+            Col("skipped", "{skipped}"),
+            Col("deselected", "{deselected}"),
+            Col("seconds", "{seconds:.0f}"),
+        ),
+    ),
 }
 
 
@@ -266,8 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when a table differs")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the results of record (default: %(default)s)")
-    parser.add_argument("documents", nargs="*", type=Path, default=[ROOT / name for name in DOCUMENTS],
-                        help="Markdown files with marked tables (default: BENCHMARKS.md and TESTING.md)")
+    parser.add_argument(
+        "documents",
+        nargs="*",
+        type=Path,
+        default=[ROOT / name for name in DOCUMENTS],
+        help="Markdown files with marked tables (default: BENCHMARKS.md and TESTING.md)",
+    )
     args = parser.parse_args(argv)
     stale = []
     for path in args.documents:

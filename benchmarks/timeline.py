@@ -39,8 +39,13 @@ def write_trace(path: Path, depth: int) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(depth)])
     x = torch.randn(8, 32)
-    profile_training(model, lambda: model(x).square().mean(), STEPS,
-                     lambda prof: prof.export_chrome_trace(str(path)), with_stack=True)
+    profile_training(
+        model,
+        lambda: model(x).square().mean(),
+        STEPS,
+        lambda prof: prof.export_chrome_trace(str(path)),
+        with_stack=True,
+    )
 
 
 def _serve(slices: TraceSlices, step: int) -> tuple[bytes, bytes, int]:
@@ -63,10 +68,17 @@ def measure(path: Path) -> dict:
         _serve(slices, step)
         warm.append(time.perf_counter() - t0)
     trace_bytes = path.stat().st_size
-    return {"trace_mb": trace_bytes / 2**20, "steps": len(slices.steps()), "events": events,
-            "step_trace_mb": trace_bytes / len(slices.steps()) / 2**20, "json_mb": len(body) / 2**20,
-            "gzip_mb": len(packed) / 2**20, "cold_s": statistics.median(cold), "warm_s": statistics.median(warm),
-            "load": os.getloadavg()[0]}
+    return {
+        "trace_mb": trace_bytes / 2**20,
+        "steps": len(slices.steps()),
+        "events": events,
+        "step_trace_mb": trace_bytes / len(slices.steps()) / 2**20,
+        "json_mb": len(body) / 2**20,
+        "gzip_mb": len(packed) / 2**20,
+        "cold_s": statistics.median(cold),
+        "warm_s": statistics.median(warm),
+        "load": os.getloadavg()[0],
+    }
 
 
 def main() -> int:
@@ -87,11 +99,13 @@ def main() -> int:
         path = Path(tmp) / "deep.pt.trace.json"
         write_trace(path, depth)
         row = measure(path)
-    print(f"| trace MB | steps | events in the step | trace MB per step | step JSON MB | gzipped MB | cold s | warm s "
-          f"| load avg |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
-          f"| {row['trace_mb']:.1f} | {row['steps']} | {row['events']:,} | {row['step_trace_mb']:.1f} | "
-          f"{row['json_mb']:.2f} | {row['gzip_mb']:.2f} | {row['cold_s']:.2f} | {row['warm_s']:.3f} | "
-          f"{row['load']:.1f} |")
+    print(
+        f"| trace MB | steps | events in the step | trace MB per step | step JSON MB | gzipped MB | cold s | warm s "
+        f"| load avg |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        f"| {row['trace_mb']:.1f} | {row['steps']} | {row['events']:,} | {row['step_trace_mb']:.1f} | "
+        f"{row['json_mb']:.2f} | {row['gzip_mb']:.2f} | {row['cold_s']:.2f} | {row['warm_s']:.3f} | "
+        f"{row['load']:.1f} |"
+    )
     return 0
 
 

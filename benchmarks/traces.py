@@ -45,9 +45,13 @@ def record(out: Path, steps: int = 20, batch: int = 8) -> Path:
     batches = models.random_batches(cfg, n=4, batch=batch, device="cuda")
     with tempfile.TemporaryDirectory() as tmp:
         plain = Path(tmp) / "trace.json"
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True, with_stack=True,
-                     schedule=schedule(wait=1, warmup=2, active=steps, repeat=1),
-                     on_trace_ready=lambda prof: prof.export_chrome_trace(str(plain))) as prof:
+        with profile(
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+            record_shapes=True,
+            with_stack=True,
+            schedule=schedule(wait=1, warmup=2, active=steps, repeat=1),
+            on_trace_ready=lambda prof: prof.export_chrome_trace(str(plain)),
+        ) as prof:
             for i in range(steps + 3):
                 idx, targets = batches[i % len(batches)]
                 with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -66,8 +66,12 @@ def compile_every_launch(dtypes: Iterable[torch.dtype], lengths: Iterable[int]) 
             x, w = torch.randn(8, n, dtype=dtype, requires_grad=True), torch.randn(n, requires_grad=True)
             outs = [kernels.gelu(x, form, impl="triton") for form in ("none", "tanh")]
             outs += [kernels.bias_gelu(x, w.to(dtype), form, impl="triton") for form in ("none", "tanh")]
-            outs += [kernels.swiglu(x, x, impl="triton"), kernels.layer_norm(x, n, w, w, impl="triton"),
-                     kernels.layer_norm(x, n, w, impl="triton"), kernels.rms_norm(x, n, w, impl="triton")]
+            outs += [
+                kernels.swiglu(x, x, impl="triton"),
+                kernels.layer_norm(x, n, w, w, impl="triton"),
+                kernels.layer_norm(x, n, w, impl="triton"),
+                kernels.rms_norm(x, n, w, impl="triton"),
+            ]
             torch.autograd.grad(sum(o.float().sum() for o in outs), [x, w])
     return launches
 
@@ -90,10 +94,16 @@ def resources(compiled) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[64, 1000, 4096, 8192, 16384],
-                        help="row lengths (hidden sizes) to compile for")
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16",
-                                                                                          "float16"])
+    parser.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=[64, 1000, 4096, 8192, 16384],
+        help="row lengths (hidden sizes) to compile for",
+    )
+    parser.add_argument(
+        "--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"]
+    )
     args = parser.parse_args(argv)
     rows = {}
     for kernel, compiled, meta in compile_every_launch([getattr(torch, d) for d in args.dtypes], args.lengths):

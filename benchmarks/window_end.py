@@ -26,7 +26,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = "disableProfiler"  # torch::autograd::profiler::disableProfiler, what _disable_profiler() binds to
-RUN = "import sys; sys.path.insert(0, {here!r}); from overhead import one; print(one({sizes!r}, 'launch-bound', tool='raw', active={active}))"
+RUN = (
+    "import sys; sys.path.insert(0, {here!r}); from overhead import one; "
+    "print(one({sizes!r}, 'launch-bound', tool='raw', active={active}))"
+)
 
 
 def short(frame: str) -> str:
@@ -68,14 +71,32 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folded = args.folded or Path(tmp) / "block.folded"
         code = RUN.format(here=str(HERE), sizes=sizes, active=args.active)
-        subprocess.run([spy, "record", "--native", "--rate", str(args.rate), "--format", "raw", "-o", str(folded),
-                        "--", sys.executable, "-c", code], check=True)
+        subprocess.run(
+            [
+                spy,
+                "record",
+                "--native",
+                "--rate",
+                str(args.rate),
+                "--format",
+                "raw",
+                "-o",
+                str(folded),
+                "--",
+                sys.executable,
+                "-c",
+                code,
+            ],
+            check=True,
+        )
         total, parts = breakdown(folded.read_text().splitlines())
     if not total:
         print(f"no sample inside {ROOT}: was the window closed?", file=sys.stderr)
         return 1
-    print(f"\n{total} samples inside {ROOT}, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name() if sizes == 'cuda' else 'cpu'}, {args.active} active steps\n")
+    print(
+        f"\n{total} samples inside {ROOT}, torch {torch.__version__}, "
+        f"{torch.cuda.get_device_name() if sizes == 'cuda' else 'cpu'}, {args.active} active steps\n"
+    )
     print("| share | under disableProfiler |\n|---:|---|")
     for part, count in parts.most_common(args.top):
         print(f"| {count / total:.0%} | {part} |")

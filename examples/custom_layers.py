@@ -20,9 +20,12 @@ def mlp_block(width: int) -> nn.Module:
     """A transformer-style MLP stack: the layer types kprof.swap knows, plus one it leaves alone."""
     return nn.Sequential(
         nn.LayerNorm(width),
-        nn.Linear(width, 4 * width), nn.GELU(approximate="tanh"),
-        nn.Linear(4 * width, width), nn.RMSNorm(width),
-        nn.Linear(width, width), nn.GELU(),
+        nn.Linear(width, 4 * width),
+        nn.GELU(approximate="tanh"),
+        nn.Linear(4 * width, width),
+        nn.RMSNorm(width),
+        nn.Linear(width, width),
+        nn.GELU(),
         nn.LayerNorm(width, elementwise_affine=False),  # not supported by the kernels: stays torch's
     )
 

@@ -30,7 +30,9 @@ class Regressor(L.LightningModule):
 
     def __init__(self, width: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(width, width), nn.GELU())], nn.Linear(width, 1))
+        self.net = nn.Sequential(
+            *[m for _ in range(4) for m in (nn.Linear(width, width), nn.GELU())], nn.Linear(width, 1)
+        )
 
     def training_step(self, batch, batch_idx):
         x, y = batch

@@ -12,11 +12,11 @@ and the findings that appeared or went away.
 """
 
 import torch
+from plain_loop import BATCH, TinyLM, batches  # the model and data of examples/plain_loop.py, next to this file
 from torch import nn
 
 import kprof_callbacks as kprof
 from kprof_callbacks.analysis import diff
-from plain_loop import BATCH, TinyLM, batches  # the model and data of examples/plain_loop.py, next to this file
 
 
 def train(run: str, dtype: torch.dtype | None, device: str) -> None:

@@ -52,16 +52,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=".", help="Trainer default_root_dir")
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--no-reshard-after-forward", dest="reshard", action="store_false",
-                        help="keep each block's parameters unsharded from its forward to its backward")
+    parser.add_argument(
+        "--no-reshard-after-forward",
+        dest="reshard",
+        action="store_false",
+        help="keep each block's parameters unsharded from its forward to its backward",
+    )
     args = parser.parse_args()
     gpu = torch.cuda.is_available()
     ranks = torch.cuda.device_count() if gpu else 2
-    cfg = models.GPTConfig(n_layer=12 if gpu else 4, n_head=8 if gpu else 4, n_embd=1024 if gpu else 64,
-                           vocab_size=8192 if gpu else 512, block_size=512 if gpu else 64)
+    cfg = models.GPTConfig(
+        n_layer=12 if gpu else 4,
+        n_head=8 if gpu else 4,
+        n_embd=1024 if gpu else 64,
+        vocab_size=8192 if gpu else 512,
+        block_size=512 if gpu else 64,
+    )
     batch = 4 if gpu else 8
-    tokens = torch.randint(cfg.vocab_size, (batch * args.steps * ranks, cfg.block_size + 1),
-                           generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        cfg.vocab_size, (batch * args.steps * ranks, cfg.block_size + 1), generator=torch.Generator().manual_seed(0)
+    )
     data = TensorDataset(tokens[:, :-1], tokens[:, 1:])
     trainer = L.Trainer(
         default_root_dir=args.root,

@@ -43,18 +43,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--logdir", default="log")
     parser.add_argument("--name", default="fsdp2-loop", help="run folder under the logdir")
-    parser.add_argument("--wrap", choices=("blocks", "root"), default="blocks",
-                        help="fully_shard each block and the root (blocks) or the root alone (root)")
-    parser.add_argument("--no-reshard-after-forward", dest="reshard", action="store_false",
-                        help="keep each block's parameters unsharded from its forward to its backward")
-    parser.add_argument("--prefetch", type=int, default=1,
-                        help="groups each block prefetches explicitly in forward and backward (0: FSDP's implicit)")
-    parser.add_argument("--separate-reduce-scatter", action="store_true",
-                        help="run gradient reduce-scatter on its own process group")
-    parser.add_argument("--straggler", type=_rank_ms, default=(None, 0.0), metavar="R:MS",
-                        help="rank R does MS milliseconds of extra matrix products each step")
-    parser.add_argument("--slow-data", type=_rank_ms, default=(None, 0.0), metavar="R:MS",
-                        help="rank R sleeps MS milliseconds loading each batch")
+    parser.add_argument(
+        "--wrap",
+        choices=("blocks", "root"),
+        default="blocks",
+        help="fully_shard each block and the root (blocks) or the root alone (root)",
+    )
+    parser.add_argument(
+        "--no-reshard-after-forward",
+        dest="reshard",
+        action="store_false",
+        help="keep each block's parameters unsharded from its forward to its backward",
+    )
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=1,
+        help="groups each block prefetches explicitly in forward and backward (0: FSDP's implicit)",
+    )
+    parser.add_argument(
+        "--separate-reduce-scatter", action="store_true", help="run gradient reduce-scatter on its own process group"
+    )
+    parser.add_argument(
+        "--straggler",
+        type=_rank_ms,
+        default=(None, 0.0),
+        metavar="R:MS",
+        help="rank R does MS milliseconds of extra matrix products each step",
+    )
+    parser.add_argument(
+        "--slow-data",
+        type=_rank_ms,
+        default=(None, 0.0),
+        metavar="R:MS",
+        help="rank R sleeps MS milliseconds loading each batch",
+    )
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--batch", type=int, default=None, help="sequences per rank (default: 4 on GPU, 8 on CPU)")
     parser.add_argument("--layers", type=int, default=None, help="blocks (default: 12 on GPU, 6 on CPU)")
@@ -83,8 +106,10 @@ def shard(model: models.GPT, args: argparse.Namespace, gpu: bool) -> None:
             model._set_unshard_async_op(True)
     if args.separate_reduce_scatter:
         if not hasattr(model, "set_separate_reduce_scatter_group"):
-            raise SystemExit(f"--separate-reduce-scatter needs FSDPModule.set_separate_reduce_scatter_group "
-                             f"(not in torch {torch.__version__})")
+            raise SystemExit(
+                f"--separate-reduce-scatter needs FSDPModule.set_separate_reduce_scatter_group "
+                f"(not in torch {torch.__version__})"
+            )
         model.set_separate_reduce_scatter_group()
 
 
@@ -109,9 +134,13 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if gpu else "gloo", device_id=device if gpu else None)
     rank = dist.get_rank()
-    cfg = models.GPTConfig(n_layer=args.layers or (12 if gpu else 6), n_head=8 if gpu else 4,
-                           n_embd=args.width or (1024 if gpu else 64), vocab_size=8192 if gpu else 512,
-                           block_size=512 if gpu else 64)
+    cfg = models.GPTConfig(
+        n_layer=args.layers or (12 if gpu else 6),
+        n_head=8 if gpu else 4,
+        n_embd=args.width or (1024 if gpu else 64),
+        vocab_size=8192 if gpu else 512,
+        block_size=512 if gpu else 64,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = models.GPT(cfg)

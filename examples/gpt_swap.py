@@ -34,8 +34,10 @@ def main() -> None:
 
     batches = models.random_batches(cfg, 4, batch, args.device)
     explained = torch._dynamo.explain(fast)(*batches[0])
-    print(f"torch.compile of the swapped GPT: {explained.graph_count} graph(s), {explained.graph_break_count} "
-          "graph break(s)")
+    print(
+        f"torch.compile of the swapped GPT: {explained.graph_count} graph(s), {explained.graph_break_count} "
+        "graph break(s)"
+    )
 
     def bf16_step(m: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         with torch.autocast(args.device, dtype=torch.bfloat16):
@@ -44,8 +46,15 @@ def main() -> None:
     variants = {"torch": model, "kprof": fast}
     if args.compile:
         variants = {name: torch.compile(m) for name, m in variants.items()}
-    result = kprof.compare(variants, bf16_step, batches, steps=args.steps, warmup=3,
-                           optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4), check=False)
+    result = kprof.compare(
+        variants,
+        bf16_step,
+        batches,
+        steps=args.steps,
+        warmup=3,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=3e-4),
+        check=False,
+    )
     print(result)
 
 

@@ -51,8 +51,14 @@ def main() -> None:
     callbacks = [kprof.ProfilerCallback(wait=10, warmup=2, active=3, flops_per_batch=flops)]
     if not args.no_swap:
         callbacks.insert(0, kprof.SwapCallback())
-    trainer = L.Trainer(default_root_dir=args.root, max_steps=args.steps, precision="bf16-mixed" if gpu else "32",
-                        log_every_n_steps=5, enable_progress_bar=False, callbacks=callbacks)
+    trainer = L.Trainer(
+        default_root_dir=args.root,
+        max_steps=args.steps,
+        precision="bf16-mixed" if gpu else "32",
+        log_every_n_steps=5,
+        enable_progress_bar=False,
+        callbacks=callbacks,
+    )
     data = models.random_batches(cfg, 8, batch, "cpu")
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=None))
     print(f"{params / 1e6:.1f}M parameters; layers: {type(module.model.blocks[0].ln_1).__module__}")

@@ -111,8 +111,10 @@ def main() -> None:
     print(f"{'variant':26} {'median ms':>10} {'p10':>8} {'p90':>8} {'GB/s':>7} {'max |err|':>9}  does the work")
     for name, timing, chain, _, err in rows:
         gbps = moved / (timing.median_ms * 1e-3) / 1e9
-        print(f"{name:26} {timing.median_ms:10.4f} {timing.p10_ms:8.4f} {timing.p90_ms:8.4f} {gbps:7.1f} {err:9.1e}  "
-              f"{chain[-1]}")
+        print(
+            f"{name:26} {timing.median_ms:10.4f} {timing.p10_ms:8.4f} {timing.p90_ms:8.4f} {gbps:7.1f} {err:9.1e}  "
+            f"{chain[-1]}"
+        )
     print()
     print("What the profiler saw (the op that did the work, and its device kernel):")
     by_op: dict[str, list[str]] = {}
@@ -124,8 +126,10 @@ def main() -> None:
     chains = {name: chain for name, _, chain, _, _ in rows}
     square, mul = chains["torch.square(a)"], chains["a * a"]
     if square[-1] != mul[-1]:
-        print(f"  torch.square(a) runs {' -> '.join(square)}, a * a runs {' -> '.join(mul)}: the same values "
-              "through different kernels")
+        print(
+            f"  torch.square(a) runs {' -> '.join(square)}, a * a runs {' -> '.join(mul)}: the same values "
+            "through different kernels"
+        )
     print("GB/s counts the minimum traffic (read a once, write once); the custom kernels only differ on CUDA.")
 
 

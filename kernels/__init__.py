@@ -25,12 +25,32 @@ from .swiglu import SwiGLU, SwiGLUMLP, swiglu
 
 # Layers from modules that import on first use (name -> module in this package).
 _LAZY = {
-    "layer_norm": "layernorm", "LayerNorm": "layernorm",
-    "rms_norm": "rmsnorm", "RMSNorm": "rmsnorm",
+    "layer_norm": "layernorm",
+    "LayerNorm": "layernorm",
+    "rms_norm": "rmsnorm",
+    "RMSNorm": "rmsnorm",
 }
 
-__all__ = ["IMPLS", "KernelBuildError", "check_impl", "load", "load_inline", "Add", "add", "GELU", "BiasGELU",
-           "LinearGELU", "bias_gelu", "gelu", "Square", "square", "SwiGLU", "SwiGLUMLP", "swiglu", *_LAZY]
+__all__ = [
+    "IMPLS",
+    "KernelBuildError",
+    "check_impl",
+    "load",
+    "load_inline",
+    "Add",
+    "add",
+    "GELU",
+    "BiasGELU",
+    "LinearGELU",
+    "bias_gelu",
+    "gelu",
+    "Square",
+    "square",
+    "SwiGLU",
+    "SwiGLUMLP",
+    "swiglu",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -101,15 +101,24 @@ def load(name: str, sources: list[str], *, verbose: bool | None = None) -> types
         from torch.utils import cpp_extension
 
         return cpp_extension.load(
-            ext_name, [str(p) for p in used], build_directory=str(build_dir), verbose=verbose,
-            with_cuda=with_cuda, extra_include_paths=[str(KERNELS_DIR)], **flags,
+            ext_name,
+            [str(p) for p in used],
+            build_directory=str(build_dir),
+            verbose=verbose,
+            with_cuda=with_cuda,
+            extra_include_paths=[str(KERNELS_DIR)],
+            **flags,
         )
 
     return _cached(name, key, with_cuda, build, verbose)
 
 
 def load_inline(
-    name: str, cpp_source: str, cuda_source: str | None, functions: list[str] | None = None, *,
+    name: str,
+    cpp_source: str,
+    cuda_source: str | None,
+    functions: list[str] | None = None,
+    *,
     verbose: bool | None = None,
 ) -> types.ModuleType:
     """Build (or load from cache) an extension from source strings.
@@ -130,10 +139,17 @@ def load_inline(
         from torch.utils import cpp_extension
 
         return cpp_extension.load_inline(
-            ext_name, [cpp_source], [cuda_source] if with_cuda else None,
+            ext_name,
+            [cpp_source],
+            [cuda_source] if with_cuda else None,
             functions=list(functions) if functions is not None else None,
-            build_directory=str(build_dir), verbose=verbose, with_cuda=with_cuda, with_pytorch_error_handling=False,
-            extra_include_paths=[str(KERNELS_DIR)], no_implicit_headers=True, **flags,
+            build_directory=str(build_dir),
+            verbose=verbose,
+            with_cuda=with_cuda,
+            with_pytorch_error_handling=False,
+            extra_include_paths=[str(KERNELS_DIR)],
+            no_implicit_headers=True,
+            **flags,
         )
 
     return _cached(name, key, with_cuda, build, verbose)
@@ -148,8 +164,9 @@ def _local_headers(sources: list[Path] | list[str], folder: Path | None = None) 
     """The ``#include "..."`` files the sources pull in from their folder (or ``folder`` for source text), transitively,
     so that editing a header rebuilds exactly the extensions that use it."""
     found: dict[Path, None] = {}
-    pending = [(s.read_text() if isinstance(s, Path) else s, s.parent if isinstance(s, Path) else folder)
-               for s in sources]
+    pending = [
+        (s.read_text() if isinstance(s, Path) else s, s.parent if isinstance(s, Path) else folder) for s in sources
+    ]
     while pending:
         text, base = pending.pop()
         for include in _INCLUDE.findall(text):
@@ -162,8 +179,14 @@ def _local_headers(sources: list[Path] | list[str], folder: Path | None = None) 
 
 def _key(name: str, texts: list[bytes], flags: dict[str, list[str]]) -> str:
     digest = hashlib.sha256()
-    parts = [name, torch.__version__, str(torch.version.cuda), sys.implementation.cache_tag,
-             os.environ.get("TORCH_CUDA_ARCH_LIST", ""), json.dumps(flags, sort_keys=True)]
+    parts = [
+        name,
+        torch.__version__,
+        str(torch.version.cuda),
+        sys.implementation.cache_tag,
+        os.environ.get("TORCH_CUDA_ARCH_LIST", ""),
+        json.dumps(flags, sort_keys=True),
+    ]
     for part in (*(p.encode() for p in parts), *texts):
         digest.update(len(part).to_bytes(8, "little") + part)
     return digest.hexdigest()
@@ -205,8 +228,12 @@ def _import_built(build_dir: Path) -> types.ModuleType | None:
 
 
 def _build(
-    name: str, key: str, with_cuda: bool, build_dir: Path,
-    build: Callable[[str, Path, bool], types.ModuleType], verbose: bool,
+    name: str,
+    key: str,
+    with_cuda: bool,
+    build_dir: Path,
+    build: Callable[[str, Path, bool], types.ModuleType],
+    verbose: bool,
 ) -> types.ModuleType:
     _check_toolchain(with_cuda)
     ext_name = f"kprof_{name}_{key[:12]}"
@@ -226,8 +253,14 @@ def _build(
         raise KernelBuildError(_failure_message(name, str(exc), log_path, verbose), log_path) from exc
     seconds = time.perf_counter() - start
     library = Path(module.__file__)
-    marker = {"module": ext_name, "library": library.name, "bytes": library.stat().st_size,
-              "seconds": round(seconds, 2), "cuda": with_cuda, "torch": torch.__version__}
+    marker = {
+        "module": ext_name,
+        "library": library.name,
+        "bytes": library.stat().st_size,
+        "seconds": round(seconds, 2),
+        "cuda": with_cuda,
+        "torch": torch.__version__,
+    }
     tmp = build_dir / f"{_MARKER}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(marker, indent=1))
     os.replace(tmp, build_dir / _MARKER)
@@ -238,8 +271,13 @@ def _build(
 def _failure_message(name: str, output: str, log_path: Path | None, verbose: bool) -> str:
     errors = [line for line in output.splitlines() if "error" in line.lower()][:15]
     detail = "\n".join(errors) if errors else output[-2000:]
-    where = ("compiler output above" if verbose else f"full compiler log: {log_path}" if log_path
-             else "the compiler log could not be saved either")
+    where = (
+        "compiler output above"
+        if verbose
+        else f"full compiler log: {log_path}"
+        if log_path
+        else "the compiler log could not be saved either"
+    )
     return f"building kprof kernel {name!r} failed ({where})\n{detail}"
 
 
@@ -260,8 +298,10 @@ def _check_toolchain(with_cuda: bool) -> None:
         from torch.utils.cpp_extension import CUDA_HOME
 
         nvcc = Path(CUDA_HOME or "", "bin", "nvcc")
-        headers = [Path(CUDA_HOME or "", "include", "cuda_runtime_api.h"),
-                   *Path(CUDA_HOME or "/nonexistent", "targets").glob("*/include/cuda_runtime_api.h")]
+        headers = [
+            Path(CUDA_HOME or "", "include", "cuda_runtime_api.h"),
+            *Path(CUDA_HOME or "/nonexistent", "targets").glob("*/include/cuda_runtime_api.h"),
+        ]
         if CUDA_HOME is None or not nvcc.is_file() or not any(h.is_file() for h in headers):
             raise KernelBuildError(
                 f"CUDA toolkit not found (CUDA_HOME={CUDA_HOME!r}): torch {torch.__version__} uses CUDA "

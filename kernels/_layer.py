@@ -46,8 +46,10 @@ def check_supported(t: torch.Tensor, name: str, op: str, impl: str | None = None
     """A TypeError unless ``impl``'s kernels take t's dtype on t's device (for checks made once, at construction)."""
     supported = CUDA_DTYPES if t.is_cuda or impl == "triton" else CPU_DTYPES if t.device.type == "cpu" else ()
     if t.dtype not in supported:
-        raise TypeError(f"{op}: {name} is {t.dtype} on {t.device}; supported: float32/float16/bfloat16 on CUDA and "
-                        "by the Triton kernels, float32/float64/float16/bfloat16 on the CPU")
+        raise TypeError(
+            f"{op}: {name} is {t.dtype} on {t.device}; supported: float32/float16/bfloat16 on CUDA and "
+            "by the Triton kernels, float32/float64/float16/bfloat16 on the CPU"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +65,10 @@ class Kernels:
         if impl != "triton":
             return self.native
         if self.triton is None:
-            raise ValueError(f"impl='triton': kprof {self.native.name} has no Triton kernels (GELU, bias + GELU, "
-                             "LayerNorm, RMSNorm and SwiGLU have)")
+            raise ValueError(
+                f"impl='triton': kprof {self.native.name} has no Triton kernels (GELU, bias + GELU, "
+                "LayerNorm, RMSNorm and SwiGLU have)"
+            )
         return self.triton
 
     def pick(self, impl: str | None, x: torch.Tensor, op: str) -> OpLibrary:

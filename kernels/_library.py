@@ -32,8 +32,9 @@ class OpLibrary:
     the ``OpOverload`` itself (``torch.ops.kprof.gelu.default``).
     """
 
-    def __init__(self, name: str, build: Callable[[], types.ModuleType], ops: tuple[str, ...], prefix: str = ""
-                 ) -> None:
+    def __init__(
+        self, name: str, build: Callable[[], types.ModuleType], ops: tuple[str, ...], prefix: str = ""
+    ) -> None:
         self.name = name
         self.ops = ops
         self.prefix = prefix

@@ -23,8 +23,9 @@ def as_shape(normalized_shape: int | Sequence[int], op: str) -> tuple[int, ...]:
     """``normalized_shape`` as a tuple of positive ints (an int means one trailing dimension), checked once."""
     shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else tuple(normalized_shape)
     if not shape or not all(isinstance(d, numbers.Integral) and d >= 1 for d in shape):
-        raise ValueError(f"{op}: normalized_shape must be a positive int or a non-empty sequence of them, "
-                         f"got {normalized_shape!r}")
+        raise ValueError(
+            f"{op}: normalized_shape must be a positive int or a non-empty sequence of them, got {normalized_shape!r}"
+        )
     return tuple(int(d) for d in shape)
 
 
@@ -49,8 +50,16 @@ class RowNorm(KernelLayer):
     PyTorch reference, so one module can be compared against itself. The constructor builds (or loads)
     the operators, so a compiler problem shows up there rather than at the first forward."""
 
-    def __init__(self, normalized_shape: int | Sequence[int], eps: float | None, *, bias: bool, impl: str | None,
-                 device: torch.device | str | None, dtype: torch.dtype | None) -> None:
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float | None,
+        *,
+        bias: bool,
+        impl: str | None,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+    ) -> None:
         super().__init__(impl)
         name = type(self).__name__
         self.normalized_shape = as_shape(normalized_shape, name)
@@ -77,8 +86,10 @@ class RowNorm(KernelLayer):
         check_supported(module.weight, "weight", name, impl)
         limit, kernels = (TRITON_MAX_COLS, "Triton") if impl == "triton" else (CUDA_MAX_COLS, "CUDA")
         if (module.weight.is_cuda or impl == "triton") and math.prod(module.normalized_shape) > limit:
-            raise ValueError(f"{name}: normalized_shape {tuple(module.normalized_shape)} is longer than the "
-                             f"{limit} elements the {kernels} kernels take")
+            raise ValueError(
+                f"{name}: normalized_shape {tuple(module.normalized_shape)} is longer than the "
+                f"{limit} elements the {kernels} kernels take"
+            )
 
     def _adopt(self, module: nn.Module) -> None:
         """Take `module`'s parameters (shared, not copied) and training mode."""

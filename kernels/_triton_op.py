@@ -39,8 +39,10 @@ def device_error(device: str) -> str | None:
     """None when the Triton kernels take tensors on ``device`` (a device type) in this process, else why not."""
     if device == "cuda" or INTERPRETED:
         return None
-    return (f"the Triton kernels take CUDA tensors; {device} tensors run only in Triton's interpreter "
-            "(TRITON_INTERPRET=1 in the environment before kprof loads the kernels)")
+    return (
+        f"the Triton kernels take CUDA tensors; {device} tensors run only in Triton's interpreter "
+        "(TRITON_INTERPRET=1 in the environment before kprof loads the kernels)"
+    )
 
 
 def operator(fn: Callable) -> torch.library.CustomOpDef:
@@ -79,26 +81,34 @@ def checked(t: torch.Tensor, op: str, arg: str) -> torch.Tensor:
     return t.contiguous()
 
 
-def checked_like(a: torch.Tensor, b: torch.Tensor, op: str, arg: str, shape: Sequence[int] | None = None
-                 ) -> torch.Tensor:
+def checked_like(
+    a: torch.Tensor, b: torch.Tensor, op: str, arg: str, shape: Sequence[int] | None = None
+) -> torch.Tensor:
     """``b`` checked as ``a``'s partner: ``shape`` (default: a's shape), a's dtype and device; made contiguous."""
     if b.dtype != a.dtype or b.device != a.device:
-        raise TypeError(f"{op}: {arg} is {dtype_name(b.dtype)} on {b.device}, expected {dtype_name(a.dtype)} on "
-                        f"{a.device}")
+        raise TypeError(
+            f"{op}: {arg} is {dtype_name(b.dtype)} on {b.device}, expected {dtype_name(a.dtype)} on {a.device}"
+        )
     expected = list(a.shape if shape is None else shape)
     if list(b.shape) != expected:
         raise ValueError(f"{op}: {arg} has shape {list(b.shape)}, expected {expected}")
     return b.contiguous()
 
 
-def norm_args(op: str, x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor,
-              bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+def norm_args(
+    op: str,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
     """A norm call checked: (x, weight, bias) contiguous and the row length n = prod(normalized_shape)."""
     shape = list(normalized_shape)
     if not shape or not all(d >= 1 for d in shape):
         raise ValueError(f"{op}: normalized_shape must be a non-empty list of positive sizes, got {shape}")
     x = checked(x, op, "x")
-    if x.dim() < len(shape) or list(x.shape[x.dim() - len(shape):]) != shape:
+    if x.dim() < len(shape) or list(x.shape[x.dim() - len(shape) :]) != shape:
         raise ValueError(f"{op}: x of shape {list(x.shape)} does not end in normalized_shape {shape}")
     if not eps >= 0:
         raise ValueError(f"{op}: eps must be a number >= 0, got {eps:g}")
@@ -106,12 +116,15 @@ def norm_args(op: str, x: torch.Tensor, normalized_shape: Sequence[int], weight:
     if bias is not None:
         bias = norm_param(op, "bias", x, shape, bias)
         if bias.dtype != weight.dtype:
-            raise TypeError(f"{op}: weight and bias dtypes differ: {dtype_name(weight.dtype)}, "
-                            f"{dtype_name(bias.dtype)}")
+            raise TypeError(
+                f"{op}: weight and bias dtypes differ: {dtype_name(weight.dtype)}, {dtype_name(bias.dtype)}"
+            )
     n = math.prod(shape)
     if n > MAX_ROW:
-        raise ValueError(f"{op}: the Triton kernels take rows of at most {MAX_ROW} elements, normalized_shape {shape} "
-                         f"has {n}; use impl='torch' for this layer")
+        raise ValueError(
+            f"{op}: the Triton kernels take rows of at most {MAX_ROW} elements, normalized_shape {shape} "
+            f"has {n}; use impl='torch' for this layer"
+        )
     return x, weight, bias, n
 
 
@@ -120,8 +133,10 @@ def norm_param(op: str, arg: str, x: torch.Tensor, shape: list[int], p: torch.Te
     if list(p.shape) != shape or p.device != x.device:
         raise ValueError(f"{op}: {arg} is {list(p.shape)} on {p.device}, expected {shape} on {x.device}")
     if not (p.dtype == x.dtype or (p.dtype == torch.float32 and x.dtype in (torch.float16, torch.bfloat16))):
-        raise TypeError(f"{op}: {arg} dtype {dtype_name(p.dtype)} does not go with x dtype {dtype_name(x.dtype)} "
-                        "(use x's dtype, or float32 for float16/bfloat16 x)")
+        raise TypeError(
+            f"{op}: {arg} dtype {dtype_name(p.dtype)} does not go with x dtype {dtype_name(x.dtype)} "
+            "(use x's dtype, or float32 for float16/bfloat16 x)"
+        )
     return p.contiguous()
 
 
@@ -181,8 +196,9 @@ def records(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def twin(reference: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor | None], grad: torch.Tensor
-         ) -> tuple[torch.Tensor | None, ...]:
+def twin(
+    reference: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor | None], grad: torch.Tensor
+) -> tuple[torch.Tensor | None, ...]:
     """The gradients of ``reference(*inputs)`` for ``grad`` from differentiable PyTorch ops, in float32 for
     float16/bfloat16 (as the kernels accumulate): a backward's result when autograd records it, so second derivatives
     through a Triton layer are torch's. None for None inputs."""

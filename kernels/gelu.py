@@ -13,8 +13,11 @@ from ._library import OpLibrary
 
 APPROXIMATIONS = ("none", "tanh")
 
-LIBRARY = OpLibrary("gelu", lambda: _build.load("gelu", ["gelu.cpp", "gelu.cu"]),
-                    ops=("gelu", "gelu_backward", "bias_gelu", "bias_gelu_backward"))
+LIBRARY = OpLibrary(
+    "gelu",
+    lambda: _build.load("gelu", ["gelu.cpp", "gelu.cu"]),
+    ops=("gelu", "gelu_backward", "bias_gelu", "bias_gelu_backward"),
+)
 KERNELS = Kernels(LIBRARY, _triton.library("gelu", "gelu_triton", LIBRARY.ops))
 
 
@@ -34,8 +37,9 @@ def _bias_gelu_fake(x: torch.Tensor, bias: torch.Tensor, approximate: str = "non
 
 
 @LIBRARY.fake("bias_gelu_backward")
-def _bias_gelu_backward_fake(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor,
-                             approximate: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
+def _bias_gelu_backward_fake(
+    grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
+) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty(x.shape), bias.new_empty(bias.shape)
 
 
@@ -87,8 +91,15 @@ class BiasGELU(KernelLayer):
 
     kernels = KERNELS
 
-    def __init__(self, features: int, approximate: str = "none", *, impl: str | None = None,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        features: int,
+        approximate: str = "none",
+        *,
+        impl: str | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(impl)
         self.approximate = _check_approximate(approximate)
         self.bias = nn.Parameter(torch.zeros(features, device=device, dtype=dtype))
@@ -107,8 +118,16 @@ class LinearGELU(nn.Linear, KernelLayer):
 
     kernels = KERNELS
 
-    def __init__(self, in_features: int, out_features: int, approximate: str = "none", *, impl: str | None = None,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        approximate: str = "none",
+        *,
+        impl: str | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(in_features, out_features, bias=True, device=device, dtype=dtype)
         self.approximate = _check_approximate(approximate)
         self.impl = check_impl(impl)

@@ -60,8 +60,19 @@ def _backward(dy_ptr, x_ptr, dx_ptr, n, TANH: tl.constexpr, BLOCK: tl.constexpr)
 
 
 @triton.jit
-def _bias_backward(dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols, tiles,
-                   TANH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _bias_backward(
+    dy_ptr,
+    x_ptr,
+    bias_ptr,
+    dx_ptr,
+    partial_ptr,
+    rows,
+    cols,
+    tiles,
+    TANH: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     # dx = dy * gelu'(x + bias); program (p, j) takes column block j of row tiles p, p + P, ... and writes
     # partial[p, columns] = its float32 sum of dx over those rows
     pid = tl.program_id(0)
@@ -124,8 +135,9 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, approximate: str = "none") ->
 
 
 @T.operator
-def bias_gelu_backward(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def bias_gelu_backward(
+    grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
+) -> tuple[torch.Tensor, torch.Tensor]:
     op = "kprof triton_bias_gelu"
     tanh = _tanh_form(approximate, op)
     x = T.checked(x, op, "x")
@@ -139,8 +151,22 @@ def bias_gelu_backward(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor, 
     programs = T.programs(x, tiles, col_blocks)
     dx = torch.empty_like(x)
     partial = torch.empty(programs, cols, dtype=torch.float32, device=x.device)
-    T.launch(_bias_backward, (programs, col_blocks), grad, x, bias, dx, partial, rows, cols, tiles, TANH=tanh,
-             BLOCK_R=block_r, BLOCK_C=block_c, num_warps=T.warps(block_r * block_c))
+    T.launch(
+        _bias_backward,
+        (programs, col_blocks),
+        grad,
+        x,
+        bias,
+        dx,
+        partial,
+        rows,
+        cols,
+        tiles,
+        TANH=tanh,
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        num_warps=T.warps(block_r * block_c),
+    )
     return dx, partial.sum(0).to(bias.dtype)
 
 

@@ -21,21 +21,31 @@ from ._layer import Kernels, use_reference
 from ._library import OpLibrary
 from ._norm import RowNorm, shape_arg, stats_like
 
-LIBRARY = OpLibrary("layernorm", lambda: _build.load("layernorm", ["layernorm.cpp", "layernorm.cu"]),
-                    ops=("layer_norm", "layer_norm_fwd", "layer_norm_backward"))
+LIBRARY = OpLibrary(
+    "layernorm",
+    lambda: _build.load("layernorm", ["layernorm.cpp", "layernorm.cu"]),
+    ops=("layer_norm", "layer_norm_fwd", "layer_norm_backward"),
+)
 KERNELS = Kernels(LIBRARY, _triton.library("layernorm", "norm_triton", LIBRARY.ops))
 
 
 @LIBRARY.fake("layer_norm_fwd")
-def _layer_norm_fwd_fake(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor,
-                         bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _layer_norm_fwd_fake(
+    x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return x.new_empty(x.shape), stats_like(x, weight), stats_like(x, weight)
 
 
 @LIBRARY.fake("layer_norm_backward")
-def _layer_norm_backward_fake(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
-                              rstd: torch.Tensor, eps: float, bias: bool
-                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _layer_norm_backward_fake(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    eps: float,
+    bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return x.new_empty(x.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape if bias else (0,))
 
 
@@ -73,16 +83,24 @@ class LayerNorm(RowNorm):
         dtype: torch.dtype | None = None,
     ) -> None:
         if not elementwise_affine:
-            raise ValueError("LayerNorm: elementwise_affine=False is not supported (the kernels always apply a "
-                             "weight); use torch.nn.LayerNorm")
+            raise ValueError(
+                "LayerNorm: elementwise_affine=False is not supported (the kernels always apply a "
+                "weight); use torch.nn.LayerNorm"
+            )
         super().__init__(normalized_shape, eps, bias=bias, impl=impl, device=device, dtype=dtype)
 
     @classmethod
     def from_module(cls, module: nn.LayerNorm, *, impl: str | None = None) -> LayerNorm:
         """A LayerNorm computing what ``module`` computes, sharing its weight and bias (not copies)."""
         cls._check_source(module, nn.LayerNorm, impl)
-        new = cls(module.normalized_shape, module.eps, bias=module.bias is not None, impl=impl, device="meta",
-                  dtype=module.weight.dtype)
+        new = cls(
+            module.normalized_shape,
+            module.eps,
+            bias=module.bias is not None,
+            impl=impl,
+            device="meta",
+            dtype=module.weight.dtype,
+        )
         new._adopt(module)
         return new
 
@@ -90,5 +108,7 @@ class LayerNorm(RowNorm):
         return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, impl=self.impl)
 
     def extra_repr(self) -> str:
-        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine=True, bias={self.bias is not None}, "
-                f"{self.impl_repr()}")
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine=True, bias={self.bias is not None}, "
+            f"{self.impl_repr()}"
+        )

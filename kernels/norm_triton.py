@@ -23,8 +23,22 @@ RMS_NORM = "kprof triton_rms_norm"
 
 
 @triton.jit
-def _forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, rows, n, inv_n, eps,
-             CENTER: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+def _forward(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    rows,
+    n,
+    inv_n,
+    eps,
+    CENTER: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     # y = (x - mean) * rstd * w + b per row (mean = 0 and no b for RMSNorm); rstd = 1 / sqrt(mean((x - mean)^2) + eps).
     # Means multiply by inv_n = 1 / n: Triton's fp32 division is approximate, and a row of one element must centre
     # to exactly 0 (its rstd is 1 / sqrt(eps), which would blow the division's rounding up)
@@ -47,8 +61,23 @@ def _forward(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, rows, n, inv_n, eps
 
 
 @triton.jit
-def _backward(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr, rows, n, inv_n, tiles,
-              CENTER: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+def _backward(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    partial_ptr,
+    rows,
+    n,
+    inv_n,
+    tiles,
+    CENTER: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     # dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = w * dy (no mean(g) term for RMSNorm), over row tiles
     # p, p + P, ...; partial[0, p] = this program's sum of dy * xhat over its rows, partial[1, p] its sum of dy
     pid = tl.program_id(0)
@@ -81,9 +110,15 @@ def _backward(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, partial_ptr, row
         tl.store(partial_ptr + (tl.num_programs(0) + pid) * n + c, tl.sum(db, axis=0), mask=cmask)
 
 
-def _norm_forward(op: str, x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor,
-                  bias: torch.Tensor | None, eps: float, center: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _norm_forward(
+    op: str,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+    center: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, mean, rstd) of either norm; mean is empty for RMSNorm (center=False)."""
     x, weight, bias, n = T.norm_args(op, x, normalized_shape, weight, bias, eps)
     rows = x.numel() // n
@@ -91,14 +126,38 @@ def _norm_forward(op: str, x: torch.Tensor, normalized_shape: Sequence[int], wei
     y = torch.empty_like(x)
     mean = torch.empty(rows if center else 0, dtype=torch.float32, device=x.device)
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-    T.launch(_forward, (T.cdiv(rows, block_r),), x, weight, weight if bias is None else bias, y,
-             mean if center else rstd, rstd, rows, n, 1.0 / n, eps, CENTER=center, HAS_BIAS=bias is not None,
-             BLOCK_R=block_r, BLOCK_N=block_n, num_warps=T.warps(block_r * block_n))
+    T.launch(
+        _forward,
+        (T.cdiv(rows, block_r),),
+        x,
+        weight,
+        weight if bias is None else bias,
+        y,
+        mean if center else rstd,
+        rstd,
+        rows,
+        n,
+        1.0 / n,
+        eps,
+        CENTER=center,
+        HAS_BIAS=bias is not None,
+        BLOCK_R=block_r,
+        BLOCK_N=block_n,
+        num_warps=T.warps(block_r * block_n),
+    )
     return y, mean, rstd
 
 
-def _norm_backward(op: str, grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor | None,
-                   rstd: torch.Tensor, eps: float, bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _norm_backward(
+    op: str,
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    mean: torch.Tensor | None,
+    rstd: torch.Tensor,
+    eps: float,
+    bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dweight, dbias) of either norm (mean None: RMSNorm); dbias is empty without a bias."""
     x, weight, _, n = T.norm_args(op, x, weight.shape, weight, None, eps)
     rows = x.numel() // n
@@ -113,9 +172,26 @@ def _norm_backward(op: str, grad: torch.Tensor, x: torch.Tensor, weight: torch.T
     partial = torch.empty(1 + bias, programs, n, dtype=torch.float32, device=x.device)
     # the backward also holds the dweight and dbias accumulators: twice the forward's warps keep it at 40-130
     # registers per thread on sm_90, no spill up to rows of 8192 (benchmarks/triton_sm90.py)
-    T.launch(_backward, (programs,), grad, x, weight, rstd if mean is None else mean, rstd, dx, partial, rows, n,
-             1.0 / n, tiles, CENTER=mean is not None, HAS_BIAS=bias, BLOCK_R=block_r, BLOCK_N=block_n,
-             num_warps=T.warps(2 * block_r * block_n))
+    T.launch(
+        _backward,
+        (programs,),
+        grad,
+        x,
+        weight,
+        rstd if mean is None else mean,
+        rstd,
+        dx,
+        partial,
+        rows,
+        n,
+        1.0 / n,
+        tiles,
+        CENTER=mean is not None,
+        HAS_BIAS=bias,
+        BLOCK_R=block_r,
+        BLOCK_N=block_n,
+        num_warps=T.warps(2 * block_r * block_n),
+    )
     sums = [p.sum(0).to(weight.dtype).view(weight.shape) for p in partial]  # one tensor each: outputs never alias
     return dx, sums[0], sums[1] if bias else weight.new_empty(0)
 
@@ -126,27 +202,37 @@ def _rms_eps(eps: float | None) -> float:
 
 
 @T.operator
-def layer_norm_fwd(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor, bias: torch.Tensor | None,
-                   eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_norm_fwd(
+    x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _norm_forward(LAYER_NORM, x, normalized_shape, weight, bias, eps, center=True)
 
 
 @T.operator
-def layer_norm_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
-                        rstd: torch.Tensor, eps: float, bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_norm_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    eps: float,
+    bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _norm_backward(LAYER_NORM, grad, x, weight, mean, rstd, eps, bias)
 
 
 @T.operator
-def rms_norm_fwd(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor, eps: float | None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_fwd(
+    x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor, eps: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     y, _, rstd = _norm_forward(RMS_NORM, x, normalized_shape, weight, None, _rms_eps(eps), center=False)
     return y, rstd
 
 
 @T.operator
-def rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, eps: float
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_backward(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     dx, dw, _ = _norm_backward(RMS_NORM, grad, x, weight, None, rstd, eps, bias=False)
     return dx, dw
 
@@ -161,8 +247,9 @@ def _layer_norm_setup(ctx, inputs: tuple, output: tuple) -> None:
 def _layer_norm_grads(ctx, grad: torch.Tensor, _mean: torch.Tensor, _rstd: torch.Tensor) -> tuple:
     x, weight, bias, mean, rstd = ctx.saved_tensors
     if T.records(grad, x, weight, bias):
-        dx, dw, db = T.twin(lambda v, w, b: F.layer_norm(v, ctx.normalized_shape, w, b, ctx.eps), [x, weight, bias],
-                            grad)
+        dx, dw, db = T.twin(
+            lambda v, w, b: F.layer_norm(v, ctx.normalized_shape, w, b, ctx.eps), [x, weight, bias], grad
+        )
     else:
         dx, dw, db = torch.ops.kprof.triton_layer_norm_backward(grad, x, weight, mean, rstd, ctx.eps, ctx.bias)
     return dx, None, dw, db if ctx.bias else None, None
@@ -190,19 +277,28 @@ T.autocast_like(layer_norm_fwd, "aten::layer_norm")
 T.autocast_like(rms_norm_fwd, "aten::rms_norm")
 
 # The public operators return y alone: composites over the forwards, which carry the autograd.
-torch.library.define("kprof::triton_layer_norm", "(Tensor x, SymInt[] normalized_shape, Tensor weight, "
-                     "Tensor? bias=None, float eps=1e-05) -> Tensor")
-torch.library.define("kprof::triton_rms_norm", "(Tensor x, SymInt[] normalized_shape, Tensor weight, "
-                     "float? eps=None) -> Tensor")
+torch.library.define(
+    "kprof::triton_layer_norm",
+    "(Tensor x, SymInt[] normalized_shape, Tensor weight, Tensor? bias=None, float eps=1e-05) -> Tensor",
+)
+torch.library.define(
+    "kprof::triton_rms_norm", "(Tensor x, SymInt[] normalized_shape, Tensor weight, float? eps=None) -> Tensor"
+)
 
 
 @torch.library.impl("kprof::triton_layer_norm", "CompositeImplicitAutograd")
-def layer_norm(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor,
-               bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+def layer_norm(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
     return torch.ops.kprof.triton_layer_norm_fwd(x, normalized_shape, weight, bias, eps)[0]
 
 
 @torch.library.impl("kprof::triton_rms_norm", "CompositeImplicitAutograd")
-def rms_norm(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor, eps: float | None = None
-             ) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor, eps: float | None = None
+) -> torch.Tensor:
     return torch.ops.kprof.triton_rms_norm_fwd(x, normalized_shape, weight, eps)[0]

@@ -20,20 +20,25 @@ from ._layer import Kernels, use_reference
 from ._library import OpLibrary
 from ._norm import RowNorm, shape_arg, stats_like
 
-LIBRARY = OpLibrary("rmsnorm", lambda: _build.load("rmsnorm", ["rmsnorm.cpp", "rmsnorm.cu"]),
-                    ops=("rms_norm", "rms_norm_fwd", "rms_norm_backward"))
+LIBRARY = OpLibrary(
+    "rmsnorm",
+    lambda: _build.load("rmsnorm", ["rmsnorm.cpp", "rmsnorm.cu"]),
+    ops=("rms_norm", "rms_norm_fwd", "rms_norm_backward"),
+)
 KERNELS = Kernels(LIBRARY, _triton.library("rmsnorm", "norm_triton", LIBRARY.ops))
 
 
 @LIBRARY.fake("rms_norm_fwd")
-def _rms_norm_fwd_fake(x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor,
-                       eps: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _rms_norm_fwd_fake(
+    x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor, eps: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty(x.shape), stats_like(x, weight)
 
 
 @LIBRARY.fake("rms_norm_backward")
-def _rms_norm_backward_fake(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
-                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _rms_norm_backward_fake(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
 
@@ -69,8 +74,10 @@ class RMSNorm(RowNorm):
         dtype: torch.dtype | None = None,
     ) -> None:
         if not elementwise_affine:
-            raise ValueError("RMSNorm: elementwise_affine=False is not supported (the kernels always apply a "
-                             "weight); use torch.nn.RMSNorm")
+            raise ValueError(
+                "RMSNorm: elementwise_affine=False is not supported (the kernels always apply a "
+                "weight); use torch.nn.RMSNorm"
+            )
         super().__init__(normalized_shape, eps, bias=False, impl=impl, device=device, dtype=dtype)
 
     @classmethod

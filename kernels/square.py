@@ -198,8 +198,9 @@ KPROF_AUTOCAST_LIKE("square", "aten::pow", "Tensor_Scalar")  // torch.square(x) 
 KPROF_PYTHON_MODULE()
 """
 
-LIBRARY = OpLibrary("square", lambda: _build.load_inline("square", CPP_SOURCE, CUDA_SOURCE),
-                    ops=("square", "square_backward"))
+LIBRARY = OpLibrary(
+    "square", lambda: _build.load_inline("square", CPP_SOURCE, CUDA_SOURCE), ops=("square", "square_backward")
+)
 KERNELS = Kernels(LIBRARY)  # no Triton twin
 
 

@@ -14,8 +14,9 @@ from . import _build, _triton
 from ._layer import KernelLayer, Kernels, check_impl, check_supported, use_reference
 from ._library import OpLibrary
 
-LIBRARY = OpLibrary("swiglu", lambda: _build.load("swiglu", ["swiglu.cpp", "swiglu.cu"]),
-                    ops=("swiglu", "swiglu_backward"))
+LIBRARY = OpLibrary(
+    "swiglu", lambda: _build.load("swiglu", ["swiglu.cpp", "swiglu.cu"]), ops=("swiglu", "swiglu_backward")
+)
 KERNELS = Kernels(LIBRARY, _triton.library("swiglu", "swiglu_triton", LIBRARY.ops))
 
 
@@ -25,8 +26,9 @@ def _swiglu_fake(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 @LIBRARY.fake("swiglu_backward")
-def _swiglu_backward_fake(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+def _swiglu_backward_fake(
+    grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     return gate.new_empty(gate.shape), gate.new_empty(gate.shape)
 
 
@@ -91,11 +93,14 @@ class SwiGLUMLP(nn.Module):
         layers = {key: getattr(module, key, None) for key in ("w_gate", "w_up", "w_down")}
         missing = [key for key, layer in layers.items() if not isinstance(layer, nn.Linear)]
         if missing:
-            raise TypeError(f"{name}: {type(module).__name__} has no nn.Linear attribute(s) {missing} "
-                            "(needs w_gate, w_up, w_down)")
+            raise TypeError(
+                f"{name}: {type(module).__name__} has no nn.Linear attribute(s) {missing} (needs w_gate, w_up, w_down)"
+            )
         gate, up, down = layers.values()
-        if not (gate.in_features == up.in_features == down.out_features
-                and gate.out_features == up.out_features == down.in_features):
+        if not (
+            gate.in_features == up.in_features == down.out_features
+            and gate.out_features == up.out_features == down.in_features
+        ):
             raise ValueError(f"{name}: layer shapes do not chain: w_gate {gate}, w_up {up}, w_down {down}")
         if impl != "torch":
             check_supported(gate.weight, "w_gate.weight", name, impl)

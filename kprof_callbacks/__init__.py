@@ -16,14 +16,20 @@ from ._lazy import lazy_names
 # Public name -> the module defining it. Three share their name with a submodule (session, swap, compare): the
 # package keeps the name for the function, as ``from kprof_callbacks import session`` promises (see _Package).
 _NAMES = {
-    "Comparison": ".compare", "ComparisonError": ".compare", "compare": ".compare",
+    "Comparison": ".compare",
+    "ComparisonError": ".compare",
+    "compare": ".compare",
     "ProfileConfig": ".config",
-    "Session": ".session", "session": ".session",
+    "Session": ".session",
+    "session": ".session",
     "swap": ".swap",
     "time_cuda": ".timing",
     "ProfilerCallback": ".callback",
     "SwapCallback": ".swap_callback",
-    "summarize": ".analysis", "Summary": ".analysis", "diff": ".analysis", "Diff": ".analysis",
+    "summarize": ".analysis",
+    "Summary": ".analysis",
+    "diff": ".analysis",
+    "Diff": ".analysis",
     "kernels": ".kernels",
 }
 __all__ = sorted(_NAMES)
@@ -44,8 +50,12 @@ class _Package(types.ModuleType):
     would bind the submodule over the function; that binding is dropped, and the name stays the function's."""
 
     def __setattr__(self, name: str, value: object) -> None:
-        if isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}" and name in _NAMES \
-                and name != "kernels":
+        if (
+            isinstance(value, types.ModuleType)
+            and value.__name__ == f"{__name__}.{name}"
+            and name in _NAMES
+            and name != "kernels"
+        ):
             return
         super().__setattr__(name, value)
 

@@ -9,8 +9,9 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 
-def lazy_names(package: str, names: Mapping[str, str], modules: Collection[str] = ()
-               ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_names(
+    package: str, names: Mapping[str, str], modules: Collection[str] = ()
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for ``package``: ``names`` maps each public name to the module defining it
     (relative to the package); a name in ``modules`` is that module itself. Once imported, a name is kept in the
     package's namespace."""

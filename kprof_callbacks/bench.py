@@ -76,14 +76,19 @@ def _with_bias(shape, dtype, device):
 
 
 def _weight_bias(shape, dtype, device):
-    return [torch.randn(shape, dtype=dtype, device=device), *(torch.randn(shape[-1], dtype=dtype, device=device)
-                                                             for _ in range(2))]
+    return [
+        torch.randn(shape, dtype=dtype, device=device),
+        *(torch.randn(shape[-1], dtype=dtype, device=device) for _ in range(2)),
+    ]
 
 
 def _linear(shape, dtype, device):
     rows, k, n = shape
-    return [torch.randn(rows, k, dtype=dtype, device=device), torch.randn(n, k, dtype=dtype, device=device) / k**0.5,
-            torch.randn(n, dtype=dtype, device=device)]
+    return [
+        torch.randn(rows, k, dtype=dtype, device=device),
+        torch.randn(n, k, dtype=dtype, device=device) / k**0.5,
+        torch.randn(n, dtype=dtype, device=device),
+    ]
 
 
 OPS = [
@@ -91,17 +96,45 @@ OPS = [
     Op("square-grid2d", lambda x, impl=None: kernels.square(x, variant="grid2d", impl=impl), torch.square, _one),
     Op("add", kernels.add, torch.add, _two),
     Op("gelu", kernels.gelu, F.gelu, _one, triton=True),
-    Op("gelu-tanh", lambda x, impl=None: kernels.gelu(x, "tanh", impl=impl), lambda x: F.gelu(x, approximate="tanh"),
-       _one, triton=True),
+    Op(
+        "gelu-tanh",
+        lambda x, impl=None: kernels.gelu(x, "tanh", impl=impl),
+        lambda x: F.gelu(x, approximate="tanh"),
+        _one,
+        triton=True,
+    ),
     Op("bias_gelu", kernels.bias_gelu, lambda x, b: F.gelu(x + b), _with_bias, triton=True),
-    Op("bias_gelu-tanh", lambda x, b, impl=None: kernels.bias_gelu(x, b, "tanh", impl=impl),
-       lambda x, b: F.gelu(x + b, approximate="tanh"), _with_bias, triton=True),
-    Op("linear_gelu", lambda x, w, b, impl=None: kernels.bias_gelu(F.linear(x, w), b, impl=impl),
-       lambda x, w, b: F.gelu(F.linear(x, w, b)), _linear, memory_bound=False, triton=True),
-    Op("layer_norm", lambda x, w, b, impl=None: kernels.layer_norm(x, x.shape[-1], w, b, impl=impl),
-       lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), _weight_bias, triton=True, liger="liger_layer_norm"),
-    Op("rms_norm", lambda x, w, impl=None: kernels.rms_norm(x, x.shape[-1], w, impl=impl),
-       lambda x, w: F.rms_norm(x, x.shape[-1:], w), _with_bias, triton=True, liger="liger_rms_norm"),
+    Op(
+        "bias_gelu-tanh",
+        lambda x, b, impl=None: kernels.bias_gelu(x, b, "tanh", impl=impl),
+        lambda x, b: F.gelu(x + b, approximate="tanh"),
+        _with_bias,
+        triton=True,
+    ),
+    Op(
+        "linear_gelu",
+        lambda x, w, b, impl=None: kernels.bias_gelu(F.linear(x, w), b, impl=impl),
+        lambda x, w, b: F.gelu(F.linear(x, w, b)),
+        _linear,
+        memory_bound=False,
+        triton=True,
+    ),
+    Op(
+        "layer_norm",
+        lambda x, w, b, impl=None: kernels.layer_norm(x, x.shape[-1], w, b, impl=impl),
+        lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b),
+        _weight_bias,
+        triton=True,
+        liger="liger_layer_norm",
+    ),
+    Op(
+        "rms_norm",
+        lambda x, w, impl=None: kernels.rms_norm(x, x.shape[-1], w, impl=impl),
+        lambda x, w: F.rms_norm(x, x.shape[-1:], w),
+        _with_bias,
+        triton=True,
+        liger="liger_rms_norm",
+    ),
     Op("swiglu", kernels.swiglu, lambda g, u: F.silu(g) * u, _two, triton=True, liger="liger_swiglu"),
 ]
 # The eps of kprof's and torch's norms, given to Liger's (which has no default); Liger's own defaults otherwise
@@ -125,13 +158,18 @@ def liger_version() -> str | None:
     except importlib.metadata.PackageNotFoundError:
         return None
 
+
 # (dtype, shape) per op family; [rows, cols] for the elementwise ops (grid2d's 2-D view), all > L2.
 FULL_SIZES = {
     "elementwise": [(torch.float32, (4096, 4096)), (torch.float32, (16384, 16384)), (torch.bfloat16, (16384, 16384))],
     "bias": [(torch.float32, (8192, 4096)), (torch.float32, (32768, 8192)), (torch.bfloat16, (32768, 8192))],
     "linear": [(torch.bfloat16, (16384, 4096, 4096))],
-    "norm": [(torch.float32, (16384, 1024)), (torch.float32, (16384, 4096)), (torch.bfloat16, (16384, 1024)),
-             (torch.bfloat16, (16384, 4096))],
+    "norm": [
+        (torch.float32, (16384, 1024)),
+        (torch.float32, (16384, 4096)),
+        (torch.bfloat16, (16384, 1024)),
+        (torch.bfloat16, (16384, 4096)),
+    ],
 }
 # The layers' shapes inside GPT-2 small (hidden 768) and medium (1024) at 4096 and 16384 tokens a step: rows of
 # hidden (norms), rows of 4 x hidden (GELU after c_fc), and c_fc itself for Linear + GELU; fp32 norms are the residual
@@ -140,8 +178,9 @@ GPT_SIZES = {
     "elementwise": [(torch.bfloat16, (rows, 4 * h)) for h in (768, 1024) for rows in (4096, 16384)],
     "bias": [(torch.bfloat16, (rows, 4 * h)) for h in (768, 1024) for rows in (4096, 16384)],
     "linear": [(torch.bfloat16, (rows, h, 4 * h)) for h in (768, 1024) for rows in (4096, 16384)],
-    "norm": [(dtype, (rows, h)) for dtype in (torch.float32, torch.bfloat16) for h in (768, 1024)
-             for rows in (4096, 16384)],
+    "norm": [
+        (dtype, (rows, h)) for dtype in (torch.float32, torch.bfloat16) for h in (768, 1024) for rows in (4096, 16384)
+    ],
 }
 SHAPES = {"full": FULL_SIZES, "gpt": GPT_SIZES}
 QUICK_SIZES = {
@@ -150,8 +189,12 @@ QUICK_SIZES = {
     "linear": [(torch.float32, (256, 128, 256))],
     "norm": [(torch.float32, (256, 1000))],
 }
-CHECK_SHAPES = {"elementwise": [(3, 1001), (1,)], "bias": [(3, 1001), (5, 64)], "linear": [(7, 24, 40)],
-                "norm": [(3, 1001), (37, 520), (5, 64), (2, 8192)]}
+CHECK_SHAPES = {
+    "elementwise": [(3, 1001), (1,)],
+    "bias": [(3, 1001), (5, 64)],
+    "linear": [(7, 24, 40)],
+    "norm": [(3, 1001), (37, 520), (5, 64), (2, 8192)],
+}
 CHECK_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 CPU_CHECK_DTYPES = {None: [torch.float32, torch.float64], "triton": [torch.float32]}  # Triton takes no float64
 CHECK_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 3e-3}
@@ -204,8 +247,17 @@ def copy_ms(nbytes: int, device: str, timer: Callable) -> float:
     return timer(dst.copy_, src)
 
 
-def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, triton: bool, warmup: int,
-                   iters: int, on_row: Callable[[list[dict]], None], progress: ProgressArg = False) -> list[dict]:
+def run_benchmarks(
+    ops: list[Op],
+    sizes: dict,
+    device: str,
+    compile_ref: bool,
+    triton: bool,
+    warmup: int,
+    iters: int,
+    on_row: Callable[[list[dict]], None],
+    progress: ProgressArg = False,
+) -> list[dict]:
     """Time every op at every size (and its Triton twin when ``triton``, and Liger-Kernel's where it can run);
     ``on_row(rows so far)`` runs after each row (so a cut-short run keeps its rows). Each row is printed on stderr
     as it is measured, under a progress bar with ``progress=True`` (``kprof_callbacks.progress``)."""
@@ -226,17 +278,28 @@ def run_benchmarks(ops: list[Op], sizes: dict, device: str, compile_ref: bool, t
             for backward in (False, True):
                 args, kwargs = (grads, {"grad": dy}) if backward else (inputs, {})
                 wrap = fwd_bwd if backward else (lambda f: f)
-                ours, tri = (timer(wrap(functools.partial(op.kernel, impl=impl)), *args, **kwargs)
-                             if impl in op.impls(triton) else math.nan for impl in (None, "triton"))
+                ours, tri = (
+                    timer(wrap(functools.partial(op.kernel, impl=impl)), *args, **kwargs)
+                    if impl in op.impls(triton)
+                    else math.nan
+                    for impl in (None, "triton")
+                )
                 eager = timer(wrap(op.reference), *args, **kwargs)
                 comp = timer(wrap(compiled), *args, **kwargs) if compiled is not None else math.nan
                 lig = timer(wrap(theirs), *args, **kwargs) if theirs is not None else math.nan
                 nbytes = min_bytes(op, inputs, backward)
                 copy = copy_ms(nbytes, device, timer) if op.memory_bound else math.nan
                 row = {
-                    "op": op.name, "dtype": str(dtype).removeprefix("torch."), "shape": list(shape),
-                    "pass": "fwd+bwd" if backward else "fwd", "ms": ours, "eager_ms": eager, "compile_ms": comp,
-                    "triton_ms": tri, "liger_ms": lig, "bytes": nbytes if op.memory_bound else None,
+                    "op": op.name,
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "shape": list(shape),
+                    "pass": "fwd+bwd" if backward else "fwd",
+                    "ms": ours,
+                    "eager_ms": eager,
+                    "compile_ms": comp,
+                    "triton_ms": tri,
+                    "liger_ms": lig,
+                    "bytes": nbytes if op.memory_bound else None,
                     "gbps": nbytes / ours / 1e6 if op.memory_bound else None,
                     "copy_gbps": nbytes / copy / 1e6 if op.memory_bound else None,
                     "spec_gbps": spec_tbps * 1e3 if spec_tbps and op.memory_bound else None,
@@ -254,14 +317,16 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-TABLE_HEADER = ("| op | dtype | shape | pass | kprof ms | GB/s | % of copy | % of spec | triton ms | triton % of copy "
-                "| eager ms | compile ms | liger ms | kprof × best other | triton × best other |\n"
-                "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+TABLE_HEADER = (
+    "| op | dtype | shape | pass | kprof ms | GB/s | % of copy | % of spec | triton ms | triton % of copy "
+    "| eager ms | compile ms | liger ms | kprof × best other | triton × best other |\n"
+    "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
 
 
 def best_other_ms(r: dict) -> float:
     """The fastest of eager, ``torch.compile`` and Liger-Kernel on this row (the ones that ran)."""
-    return min((r[key] for key in ("eager_ms", "compile_ms", "liger_ms") if not math.isnan(r.get(key, math.nan))))
+    return min(r[key] for key in ("eager_ms", "compile_ms", "liger_ms") if not math.isnan(r.get(key, math.nan)))
 
 
 def format_row(r: dict) -> str:
@@ -270,16 +335,20 @@ def format_row(r: dict) -> str:
     share = gbps / r["copy_gbps"] * 100 if gbps is not None else None
     spec = gbps / r["spec_gbps"] * 100 if gbps is not None and r.get("spec_gbps") else None
     triton_share = share * r["ms"] / triton if share is not None else None
-    return (f"| {r['op']} | {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r['pass']} | {r['ms']:.4f} | "
-            f"{_fmt(gbps, '.0f')} | {_fmt(share, '.1f')} | {_fmt(spec, '.1f')} | {_fmt(triton, '.4f')} | "
-            f"{_fmt(triton_share, '.1f')} | {r['eager_ms']:.4f} | {_fmt(r['compile_ms'], '.4f')} | "
-            f"{_fmt(r.get('liger_ms', math.nan), '.4f')} | {best / r['ms']:.2f} | {_fmt(best / triton, '.2f')} |")
+    return (
+        f"| {r['op']} | {r['dtype']} | {'x'.join(map(str, r['shape']))} | {r['pass']} | {r['ms']:.4f} | "
+        f"{_fmt(gbps, '.0f')} | {_fmt(share, '.1f')} | {_fmt(spec, '.1f')} | {_fmt(triton, '.4f')} | "
+        f"{_fmt(triton_share, '.1f')} | {r['eager_ms']:.4f} | {_fmt(r['compile_ms'], '.4f')} | "
+        f"{_fmt(r.get('liger_ms', math.nan), '.4f')} | {best / r['ms']:.2f} | {_fmt(best / triton, '.2f')} |"
+    )
 
 
 def environment(device: str) -> dict:
     return {
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine(),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
         "liger_kernel": liger_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -297,15 +366,19 @@ def check(ops: list[Op], device: str, triton: bool) -> bool:
                     passed, error = _check_one(op, kernel, shape, dtype, device)
                     ok &= passed
                     name = op.name + (" (triton)" if impl else "")
-                    print(f"{'ok  ' if passed else 'FAIL'} {name:24s} {str(dtype):15s} {str(shape):15s} "
-                          f"max rel err {error:.2e}", flush=True)
+                    print(
+                        f"{'ok  ' if passed else 'FAIL'} {name:24s} {str(dtype):15s} {str(shape):15s} "
+                        f"max rel err {error:.2e}",
+                        flush=True,
+                    )
     if device == "cuda":
         torch.cuda.synchronize()
     return ok
 
 
-def _check_one(op: Op, kernel: Callable[..., torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype,
-               device: str) -> tuple[bool, float]:
+def _check_one(
+    op: Op, kernel: Callable[..., torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype, device: str
+) -> tuple[bool, float]:
     """(passed, the largest relative error) of kernel's output and input gradients against float64."""
     inputs = [t.requires_grad_() for t in op.make(shape, dtype, device)]
     out = kernel(*inputs)
@@ -319,8 +392,17 @@ def _check_one(op: Op, kernel: Callable[..., torch.Tensor], shape: tuple[int, ..
     return all(math.isfinite(e) and e < tol for e in errors), max(errors)
 
 
-def run(*, quick: bool = False, check_only: bool = False, compile_ref: bool = True, triton: bool = True,
-        largest_only: bool = False, ops: str = "", shapes: str = "full", out: Path | None = None) -> int:
+def run(
+    *,
+    quick: bool = False,
+    check_only: bool = False,
+    compile_ref: bool = True,
+    triton: bool = True,
+    largest_only: bool = False,
+    ops: str = "",
+    shapes: str = "full",
+    out: Path | None = None,
+) -> int:
     """Check or time the ops named in ``ops`` (comma-separated; all when empty) at ``shapes`` ("full": large
     shapes of every family; "gpt": the layers' shapes in GPT-2 small and medium), with their Triton twins when
     ``triton`` and they can run here; the exit status of ``kprof bench``."""
@@ -331,8 +413,11 @@ def run(*, quick: bool = False, check_only: bool = False, compile_ref: bool = Tr
     chosen = [op for op in OPS if not names or op.name in names]
     device = "cuda" if torch.cuda.is_available() and not quick else "cpu"
     if triton:
-        why_not = ("on the CPU the Triton kernels run in Triton's interpreter, which times Python, not kernels"
-                   if device == "cpu" and not check_only else _triton.unavailable(device))
+        why_not = (
+            "on the CPU the Triton kernels run in Triton's interpreter, which times Python, not kernels"
+            if device == "cpu" and not check_only
+            else _triton.unavailable(device)
+        )
         if why_not:
             print(f"[kprof bench] no Triton {'checks' if check_only else 'columns'}: {why_not}", file=sys.stderr)
         triton = why_not is None
@@ -352,9 +437,17 @@ def run(*, quick: bool = False, check_only: bool = False, compile_ref: bool = Tr
     if shapes not in SHAPES:
         raise ValueError(f"--shapes must be one of {tuple(SHAPES)}, got {shapes!r}")
     sizes = QUICK_SIZES if quick else largest(SHAPES[shapes]) if largest_only else SHAPES[shapes]
-    rows = run_benchmarks(chosen, sizes, device, compile_ref=compile_ref and not quick, triton=triton,
-                          warmup=2 if quick else 10, iters=5 if quick else 50, on_row=save,
-                          progress=sys.stderr.isatty())
+    rows = run_benchmarks(
+        chosen,
+        sizes,
+        device,
+        compile_ref=compile_ref and not quick,
+        triton=triton,
+        warmup=2 if quick else 10,
+        iters=5 if quick else 50,
+        on_row=save,
+        progress=sys.stderr.isatty(),
+    )
     liger_note = f", Liger-Kernel {env['liger_kernel']}" if env["liger_kernel"] else ""
     print(f"# kprof kernels on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}{liger_note}, {env['date']})\n")
     print("\n".join([TABLE_HEADER, *map(format_row, rows)]), flush=True)

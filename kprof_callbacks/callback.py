@@ -173,7 +173,12 @@ class ProfilerCallback(Callback):
             self._open(trainer, stage)
 
     def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
         if self._stage is not None and self._stage == _EVAL_STAGES.get(trainer.state.stage):

@@ -80,14 +80,21 @@ def _formats(p: argparse.ArgumentParser, what: str) -> None:
     """--json and --markdown: one of them, or neither (text)."""
     group = p.add_mutually_exclusive_group()
     group.add_argument("--json", action="store_true", help=f"print the {what} as JSON instead of text")
-    group.add_argument("--markdown", action="store_true",
-                       help=f"print the {what} as GitHub-flavoured Markdown (a pull-request comment)")
+    group.add_argument(
+        "--markdown",
+        action="store_true",
+        help=f"print the {what} as GitHub-flavoured Markdown (a pull-request comment)",
+    )
 
 
 def _gate(p: argparse.ArgumentParser, against: str) -> None:
-    p.add_argument("--fail-if-slower", type=_percent, metavar="PCT",
-                   help=f"exit status 3 when {against} significantly slower by more than PCT percent: the whole "
-                   "confidence interval of the slowdown lies above PCT (docs/ci.md)")
+    p.add_argument(
+        "--fail-if-slower",
+        type=_percent,
+        metavar="PCT",
+        help=f"exit status 3 when {against} significantly slower by more than PCT percent: the whole "
+        "confidence interval of the slowdown lies above PCT (docs/ci.md)",
+    )
 
 
 def _demo(sub: argparse._SubParsersAction) -> None:
@@ -100,46 +107,92 @@ def _demo(sub: argparse._SubParsersAction) -> None:
 
 def _jobs(p: argparse.ArgumentParser) -> None:
     cores = default_jobs()
-    p.add_argument("--jobs", type=_positive, default=cores, metavar="N",
-                   help=f"worker processes reading big runs (default: the cores, {cores}; 1: read in this process)")
+    p.add_argument(
+        "--jobs",
+        type=_positive,
+        default=cores,
+        metavar="N",
+        help=f"worker processes reading big runs (default: the cores, {cores}; 1: read in this process)",
+    )
 
 
 def _summary(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("summary", help="summarize torch.profiler traces (a file, a run folder or a logdir)",
-                       description=analysis_commands.SUMMARY_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("logdir", type=Path, help="trace file (.pt.trace.json[.gz]), run folder, logdir of runs, or a "
-                   "summary saved with --json")
+    p = sub.add_parser(
+        "summary",
+        help="summarize torch.profiler traces (a file, a run folder or a logdir)",
+        description=analysis_commands.SUMMARY_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "logdir",
+        type=Path,
+        help="trace file (.pt.trace.json[.gz]), run folder, logdir of runs, or a summary saved with --json",
+    )
     _formats(p, "tables (JSON: with the per-step rows kprof diff needs)")
     p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
     p.add_argument("--top", type=_positive, default=10, metavar="N", help="rows per table (default 10)")
-    p.add_argument("--sort", choices=SORT_KEYS, default="cuda",
-                   help="sort operators by self CUDA time, self CPU time or self memory (default cuda; cpu without "
-                   "GPU events)")
-    p.add_argument("--stacks", type=Path, metavar="OUT.folded",
-                   help="write flamegraph folded stacks of self CPU time (one file per run when several)")
+    p.add_argument(
+        "--sort",
+        choices=SORT_KEYS,
+        default="cuda",
+        help="sort operators by self CUDA time, self CPU time or self memory (default cuda; cpu without GPU events)",
+    )
+    p.add_argument(
+        "--stacks",
+        type=Path,
+        metavar="OUT.folded",
+        help="write flamegraph folded stacks of self CPU time (one file per run when several)",
+    )
     _jobs(p)
-    p.set_defaults(func=lambda a: analysis_commands.run_summary(
-        a.logdir, as_json=a.json, markdown=a.markdown, html=a.html, top=a.top, sort=a.sort, stacks=a.stacks,
-        jobs=a.jobs))
+    p.set_defaults(
+        func=lambda a: analysis_commands.run_summary(
+            a.logdir,
+            as_json=a.json,
+            markdown=a.markdown,
+            html=a.html,
+            top=a.top,
+            sort=a.sort,
+            stacks=a.stacks,
+            jobs=a.jobs,
+        )
+    )
 
 
 def _diff(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("diff", help="what changed between two runs, trace files or step selections (with CIs and "
-                       "verdicts)", description=analysis_commands.DIFF_HELP,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("a", help="the baseline: run folder, trace file, saved summary (kprof summary --json) or "
-                   "PATH@steps=SPEC")
+    p = sub.add_parser(
+        "diff",
+        help="what changed between two runs, trace files or step selections (with CIs and verdicts)",
+        description=analysis_commands.DIFF_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "a", help="the baseline: run folder, trace file, saved summary (kprof summary --json) or PATH@steps=SPEC"
+    )
     p.add_argument("b", help="the run compared with it (same forms)")
     _formats(p, "diff")
     _gate(p, "B's step time is")
     p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
     p.add_argument("--top", type=_positive, default=10, metavar="N", help="rows per table (default 10)")
-    p.add_argument("--confidence", type=_fraction, default=0.95,
-                   help="interval level; 1 - confidence is the false discovery rate (default 0.95)")
+    p.add_argument(
+        "--confidence",
+        type=_fraction,
+        default=0.95,
+        help="interval level; 1 - confidence is the false discovery rate (default 0.95)",
+    )
     _jobs(p)
-    p.set_defaults(func=lambda a: analysis_commands.run_diff(
-        a.a, a.b, as_json=a.json, markdown=a.markdown, html=a.html, top=a.top, confidence=a.confidence, jobs=a.jobs,
-        fail_if_slower=a.fail_if_slower))
+    p.set_defaults(
+        func=lambda a: analysis_commands.run_diff(
+            a.a,
+            a.b,
+            as_json=a.json,
+            markdown=a.markdown,
+            html=a.html,
+            top=a.top,
+            confidence=a.confidence,
+            jobs=a.jobs,
+            fail_if_slower=a.fail_if_slower,
+        )
+    )
 
 
 def _tensorboard(sub: argparse._SubParsersAction) -> None:
@@ -158,18 +211,28 @@ def _compare(sub: argparse._SubParsersAction) -> None:
         "step times with a bootstrap confidence interval on the speedup. Exit status 0, 1 when a variant failed (its "
         "code raised, or the check), 2 for bad arguments, 3 for a regression (--fail-if-slower).",
     )
-    p.add_argument("--model", default="builtin", help="'builtin' (the demo ToyModel) or MODULE:ATTR naming a "
-                   "function f(device) that returns (model, step_fn, batches) (default: builtin)")
+    p.add_argument(
+        "--model",
+        default="builtin",
+        help="'builtin' (the demo ToyModel) or MODULE:ATTR naming a "
+        "function f(device) that returns (model, step_fn, batches) (default: builtin)",
+    )
     p.add_argument("--steps", type=int, default=50, help="timed steps per variant (default: 50)")
     p.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps per variant (default: 5)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--logdir", default=None, help="also profile each variant into LOGDIR/<variant>/")
-    p.add_argument("--check", choices=("raise", "warn", "off"), default="raise",
-                   help="numerical check (default: raise)")
-    p.add_argument("--impls", default="", help="comma-separated kprof.swap impls, one variant each beside the torch "
-                   "model, e.g. cuda,triton,torch (default: one swap whose kernels follow the device)")
-    p.add_argument("--markdown", action="store_true",
-                   help="print the table as GitHub-flavoured Markdown (a pull-request comment)")
+    p.add_argument(
+        "--check", choices=("raise", "warn", "off"), default="raise", help="numerical check (default: raise)"
+    )
+    p.add_argument(
+        "--impls",
+        default="",
+        help="comma-separated kprof.swap impls, one variant each beside the torch "
+        "model, e.g. cuda,triton,torch (default: one swap whose kernels follow the device)",
+    )
+    p.add_argument(
+        "--markdown", action="store_true", help="print the table as GitHub-flavoured Markdown (a pull-request comment)"
+    )
     _gate(p, "a variant's timed steps are, against the baseline's,")
     builtin = p.add_argument_group("builtin model size")
     builtin.add_argument("--width", type=int, default=128, help="hidden width (default: 128)")
@@ -179,25 +242,40 @@ def _compare(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="time every custom layer (and its Triton twin) against eager PyTorch and "
-                       "torch.compile",
-                       describe=_bench_description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "bench",
+        help="time every custom layer (and its Triton twin) against eager PyTorch and torch.compile",
+        describe=_bench_description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="small sizes on the CPU, a few iterations, no compile")
     p.add_argument("--check", action="store_true", help="correctness of every kernel on small shapes, no timing")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile reference")
     p.add_argument("--no-triton", action="store_true", help="skip the Triton twins (impl='triton')")
     p.add_argument("--largest", action="store_true", help="only each op's largest shape per dtype")
     p.add_argument("--ops", default="", help="comma-separated op names (default: all; listed above)")
-    p.add_argument("--shapes", choices=("full", "gpt"), default="full",
-                   help="full: large shapes of every op family (default); gpt: the shapes of GPT-2 small/medium")
+    p.add_argument(
+        "--shapes",
+        choices=("full", "gpt"),
+        default="full",
+        help="full: large shapes of every op family (default); gpt: the shapes of GPT-2 small/medium",
+    )
     p.add_argument("--out", type=Path, help="write the results as JSON here")
 
     def run(a: argparse.Namespace) -> int:
         from . import bench
 
         try:
-            return bench.run(quick=a.quick, check_only=a.check, compile_ref=not a.no_compile, triton=not a.no_triton,
-                             largest_only=a.largest, ops=a.ops, shapes=a.shapes, out=a.out)
+            return bench.run(
+                quick=a.quick,
+                check_only=a.check,
+                compile_ref=not a.no_compile,
+                triton=not a.no_triton,
+                largest_only=a.largest,
+                ops=a.ops,
+                shapes=a.shapes,
+                out=a.out,
+            )
         except ValueError as exc:
             p.error(str(exc))
 
@@ -219,9 +297,20 @@ def _run_tensorboard(a: argparse.Namespace) -> int:
 def _run_compare(a: argparse.Namespace) -> int:
     from .compare.command import run_cli
 
-    return run_cli(a.model, steps=a.steps, warmup=a.warmup, device=a.device, logdir=a.logdir, check=a.check,
-                   impls=a.impls, width=a.width, depth=a.depth, batch_size=a.batch_size, markdown=a.markdown,
-                   fail_if_slower=a.fail_if_slower)
+    return run_cli(
+        a.model,
+        steps=a.steps,
+        warmup=a.warmup,
+        device=a.device,
+        logdir=a.logdir,
+        check=a.check,
+        impls=a.impls,
+        width=a.width,
+        depth=a.depth,
+        batch_size=a.batch_size,
+        markdown=a.markdown,
+        fail_if_slower=a.fail_if_slower,
+    )
 
 
 def _bench_description() -> str:

@@ -64,7 +64,13 @@ class ProfileConfig:
 
     def __post_init__(self) -> None:
         _check_types(self)
-        for name in ("slow_factor", "max_trace_mb", "max_pending_mb", "write_timeout", "peak_tflops"):  # nan passes every comparison below
+        for name in (
+            "slow_factor",
+            "max_trace_mb",
+            "max_pending_mb",
+            "write_timeout",
+            "peak_tflops",
+        ):  # nan passes every comparison below
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value}")
@@ -108,7 +114,11 @@ class ProfileConfig:
         if self.activities is not None:
             object.__setattr__(self, "activities", check_activities(self.activities))
         if self.memory_snapshot and not torch.cuda.is_available():
-            warnings.warn("kprof: memory_snapshot=True needs a CUDA device; no snapshot will be saved", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                "kprof: memory_snapshot=True needs a CUDA device; no snapshot will be saved",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> ProfileConfig:

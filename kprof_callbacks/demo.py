@@ -83,8 +83,9 @@ def run_demo(logdir: str = "log", steps: int = 60, device: str | None = None) ->
         raise ValueError("profiling is switched off (KPROF=0), and the demo shows what profiling finds: unset KPROF")
     first_window_ends = config.skip_first + config.wait + config.warmup + config.active
     if steps < first_window_ends:
-        raise ValueError(f"--steps must be at least {first_window_ends}, where the first profiling window ends "
-                         f"(got {steps})")
+        raise ValueError(
+            f"--steps must be at least {first_window_ends}, where the first profiling window ends (got {steps})"
+        )
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     model = ToyModel().to(device)
@@ -112,6 +113,8 @@ def run_demo(logdir: str = "log", steps: int = 60, device: str | None = None) ->
     print(s.summary())
     print()
     print(open_hint(logdir))
-    print(f"summary again:    {typed_command()} summary {shlex.quote(str(s.run_dir))}   (--html report.html: the same, "
-          "with timelines)")
+    print(
+        f"summary again:    {typed_command()} summary {shlex.quote(str(s.run_dir))}   (--html report.html: the same, "
+        "with timelines)"
+    )
     return s.run_dir

@@ -126,8 +126,10 @@ def check_name(what: str, name: str) -> str:
         raise ValueError(f"{what} must be a plain folder name (no '/' or '..'), got {name!r}")
     for char in name:
         if char in '"\\' or not char.isprintable():  # control characters, lone surrogates, line separators
-            raise ValueError(f"{what} {name!r} contains {char!r}, which cannot be written into a trace file: use "
-                             "letters, digits, spaces and -_.")
+            raise ValueError(
+                f"{what} {name!r} contains {char!r}, which cannot be written into a trace file: use "
+                "letters, digits, spaces and -_."
+            )
     return name
 
 
@@ -161,8 +163,10 @@ def make_run_dir(logdir: Path, run: str | None) -> Path:
             if _claim(run_dir, token):
                 break
         except (FileExistsError, NotADirectoryError):
-            raise PermissionError(f"kprof cannot write traces to {run_dir}: {_file_in_the_way(run_dir)} is a file, "
-                                  "not a folder; pass another logdir or run=") from None
+            raise PermissionError(
+                f"kprof cannot write traces to {run_dir}: {_file_in_the_way(run_dir)} is a file, "
+                "not a folder; pass another logdir or run="
+            ) from None
         except OSError as exc:
             raise PermissionError(f"kprof cannot write traces to {run_dir}: {exc.strerror or exc}") from exc
         n += 1

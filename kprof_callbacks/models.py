@@ -68,8 +68,10 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, tokens, width = x.shape
-        q, k, v = (t.view(batch, tokens, self.n_head, width // self.n_head).transpose(1, 2)
-                   for t in self.c_attn(x).split(width, dim=2))
+        q, k, v = (
+            t.view(batch, tokens, self.n_head, width // self.n_head).transpose(1, 2)
+            for t in self.c_attn(x).split(width, dim=2)
+        )
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(batch, tokens, width)))
 

@@ -19,8 +19,16 @@ class Progress:
     """Units of work done so far, reported to a callback ``(done, total)`` or as a tqdm bar; thread-safe (results
     may arrive on worker threads). A context manager: the bar closes on exit."""
 
-    def __init__(self, progress: ProgressArg, total: int, label: str, *, unit: str = "it", in_bytes: bool = False,
-                 min_total: int = 0) -> None:
+    def __init__(
+        self,
+        progress: ProgressArg,
+        total: int,
+        label: str,
+        *,
+        unit: str = "it",
+        in_bytes: bool = False,
+        min_total: int = 0,
+    ) -> None:
         self.total, self.done = total, 0
         self._lock = threading.Lock()
         self._callback = progress if callable(progress) else None

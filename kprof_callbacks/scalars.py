@@ -34,13 +34,20 @@ def check_flops(name: str, flops: object, *, zero: bool = True) -> float | None:
         value = math.inf
     if value is None or not (value >= 0 if zero else value > 0) or not value < MAX_FLOPS:
         low = ">= 0" if zero else "> 0"
-        raise ValueError(f"{name} must be the FLOPs of one step: a finite number {low} and below {MAX_FLOPS:.0e} "
-                         f"(e.g. 6 x parameters x tokens), or None; got {flops!r}")
+        raise ValueError(
+            f"{name} must be the FLOPs of one step: a finite number {low} and below {MAX_FLOPS:.0e} "
+            f"(e.g. 6 x parameters x tokens), or None; got {flops!r}"
+        )
     return value
 
 
-def step_metrics(seconds: float, samples: int | None, flops: float | None = None, peak_tflops: float | None = None,
-                 own_seconds: float | None = None) -> dict[str, float]:
+def step_metrics(
+    seconds: float,
+    samples: int | None,
+    flops: float | None = None,
+    peak_tflops: float | None = None,
+    own_seconds: float | None = None,
+) -> dict[str, float]:
     """The scalars of one step that took ``seconds`` (kprof's own cost apart: ``own_seconds``, None when not
     measured) and processed ``samples`` with ``flops`` (None: unknown); MFU against ``peak_tflops`` when it is
     known. Throughput, TFLOP/s and MFU are the step's own, without kprof's cost."""

@@ -113,8 +113,9 @@ class Session:
 
     _active: Session | None = None  # torch.profiler allows one profiler per process
 
-    def __init__(self, config: ProfileConfig, *, on_trace: Callable[[Path], None] | None = None,
-                 continues: Session | None = None) -> None:
+    def __init__(
+        self, config: ProfileConfig, *, on_trace: Callable[[Path], None] | None = None, continues: Session | None = None
+    ) -> None:
         if not isinstance(config, ProfileConfig):
             raise TypeError(f"config must be a ProfileConfig (or use kprof.session(...)), got {type(config).__name__}")
         if on_trace is not None and not callable(on_trace):
@@ -141,8 +142,9 @@ class Session:
         self.run_dir: Path | None = None
         self._nvtx = config.nvtx and torch.cuda.is_available()
         if config.nvtx and not self._nvtx:
-            warnings.warn("kprof: nvtx=True needs a CUDA device; no NVTX ranges will be emitted", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                "kprof: nvtx=True needs a CUDA device; no NVTX ranges will be emitted", RuntimeWarning, stacklevel=3
+            )
         if config.enabled:
             earlier = None if continues is None else continues.run_dir
             self.run_dir = earlier or layout.make_run_dir(config.logdir, config.run)
@@ -224,8 +226,12 @@ class Session:
             self._steps.put(step, _FLOPS, flops)
         if flops and self.peak_tflops is None and not self._peak_noted:
             self._peak_noted = True
-            warnings.warn("kprof: no dense peak FLOP/s is known for this device, so TFLOP/s is reported without MFU; "
-                          "pass peak_tflops= (and mfu_dtype=) to kprof.session", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                "kprof: no dense peak FLOP/s is known for this device, so TFLOP/s is reported without MFU; "
+                "pass peak_tflops= (and mfu_dtype=) to kprof.session",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         if self._probe is not None and (step < EARLY_MEMORY_STEPS or self.steps % self.config.memory_every == 0):
             for tag, mb in self._probe.sample().items():
                 self._steps.put(step, _STEP_COLUMNS.index(tag), mb)
@@ -282,8 +288,9 @@ class Session:
         if self._prof is None:
             return
         if not hasattr(self._prof, "toggle_collection_dynamic"):
-            raise NotImplementedError("pause/resume need torch.profiler.toggle_collection_dynamic "
-                                      f"(torch {torch.__version__} lacks it)")
+            raise NotImplementedError(
+                f"pause/resume need torch.profiler.toggle_collection_dynamic (torch {torch.__version__} lacks it)"
+            )
         acts = self._activities if activities is None else check_activities(activities)
         if self.recording:
             self._prof.toggle_collection_dynamic(enable, list(acts))
@@ -304,8 +311,9 @@ class Session:
         from .analysis import Summary, summarize
 
         if self.run_dir is None:
-            return Summary.empty(self.config.run or "disabled", "profiling was disabled (enabled=False or KPROF=0): "
-                                 "nothing was recorded")
+            return Summary.empty(
+                self.config.run or "disabled", "profiling was disabled (enabled=False or KPROF=0): nothing was recorded"
+            )
         self.flush()
         return summarize(self.run_dir)
 
@@ -335,8 +343,10 @@ class Session:
             except BaseException as exc:
                 self._state = "failed"
                 self._undo_start()
-                raise RuntimeError(f"kprof: the profiler could not start ({type(exc).__name__}: {exc}); nothing "
-                                   "was left running, so training without it or a new session both work") from exc
+                raise RuntimeError(
+                    f"kprof: the profiler could not start ({type(exc).__name__}: {exc}); nothing "
+                    "was left running, so training without it or a new session both work"
+                ) from exc
         self._state = "running"
         self._timer.start()
         if self._nvtx:
@@ -456,8 +466,12 @@ class Session:
         try:
             self._trigger.on_step(self.steps)
         except Exception as exc:
-            warnings.warn(f"kprof: the {self.config.trigger} trigger failed ({type(exc).__name__}: {exc}); it is off "
-                          "for the rest of the session (training continues)", RuntimeWarning, stacklevel=5)
+            warnings.warn(
+                f"kprof: the {self.config.trigger} trigger failed ({type(exc).__name__}: {exc}); it is off "
+                "for the rest of the session (training continues)",
+                RuntimeWarning,
+                stacklevel=5,
+            )
             self._trigger.stop()
             self._trigger = None
 
@@ -501,8 +515,9 @@ class Session:
         recorded = self._steps.rows(start, start + len(times))
         for step, (seconds, own), row in zip(range(start, start + len(times)), times, recorded):
             samples, flops = (None if math.isnan(x) else x for x in row[:2])
-            metrics = scalars.step_metrics(seconds, None if samples is None else int(samples), flops,
-                                           self.peak_tflops, own)
+            metrics = scalars.step_metrics(
+                seconds, None if samples is None else int(samples), flops, self.peak_tflops, own
+            )
             metrics.update((tag, mb) for tag, mb in zip(_STEP_COLUMNS[2:], row[2:]) if not math.isnan(mb))
             if step == 0 and self.peak_tflops:
                 metrics[layout.PEAK_TAG] = self.peak_tflops

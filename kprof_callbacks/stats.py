@@ -34,14 +34,20 @@ def noise(base: Sequence[float], other: Sequence[float], low: float, high: float
     spread = max(_p90(base) / float(np.median(base)), _p90(other) / float(np.median(other)))
     if spread <= NOISY_SPREAD and high / low <= NOISY_CI:
         return None
-    why = (f"p90/median of the step times is {spread:.2f}" if spread > NOISY_SPREAD else
-           f"the {high / low:.2f}x-wide interval")
-    return (f"{why}: other load on the machine (other processes, a shared GPU, thermal throttling) or too few "
-            f"steps ({steps}); rerun on a quiet machine with more steps (e.g. steps={4 * steps})")
+    why = (
+        f"p90/median of the step times is {spread:.2f}"
+        if spread > NOISY_SPREAD
+        else f"the {high / low:.2f}x-wide interval"
+    )
+    return (
+        f"{why}: other load on the machine (other processes, a shared GPU, thermal throttling) or too few "
+        f"steps ({steps}); rerun on a quiet machine with more steps (e.g. steps={4 * steps})"
+    )
 
 
 def _p90(times: Sequence[float]) -> float:
     return float(np.percentile(times, 90))
+
 
 _RESAMPLES = 2000
 _CHUNK_ELEMENTS = 4_000_000  # resampled step times held in memory at once
@@ -132,8 +138,9 @@ def rank_min_steps(confidence: float) -> int:
     return n
 
 
-def rank_ratio(base: Sequence[float], other: Sequence[float], *,
-               confidence: float = 0.95) -> tuple[float, float | None, float | None]:
+def rank_ratio(
+    base: Sequence[float], other: Sequence[float], *, confidence: float = 0.95
+) -> tuple[float, float | None, float | None]:
     """``(ratio, low, high)``: how many times longer a typical ``base`` step is than an ``other`` step, with its
     ``confidence`` interval (None, None when the sides are too small for any interval at that confidence).
 
@@ -260,8 +267,10 @@ def _betainc(a: np.ndarray, b: float, x: np.ndarray) -> np.ndarray:
         d = 1.0 / np.where(np.abs(d) < tiny, tiny, d)
         f = d.copy()
         for m in range(1, 201):
-            for num in (m * (bb - m) * xx / ((aa + 2 * m - 1) * (aa + 2 * m)),
-                        -(aa + m) * (aa + bb + m) * xx / ((aa + 2 * m) * (aa + 2 * m + 1))):
+            for num in (
+                m * (bb - m) * xx / ((aa + 2 * m - 1) * (aa + 2 * m)),
+                -(aa + m) * (aa + bb + m) * xx / ((aa + 2 * m) * (aa + 2 * m + 1)),
+            ):
                 d = 1.0 + num * d
                 d = 1.0 / np.where(np.abs(d) < tiny, tiny, d)
                 c = 1.0 + num / c

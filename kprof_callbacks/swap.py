@@ -95,8 +95,11 @@ def swap(
             parent = next((t for t in factories if isinstance(module, t)), None)
             if parent is not None and id(module) not in replaced:
                 replaced[id(module)] = None
-                report.skipped.append(SwapEntry(name, _type_name(source), None,
-                                                f"subclass of {_type_name(parent)} (its forward may differ)"))
+                report.skipped.append(
+                    SwapEntry(
+                        name, _type_name(source), None, f"subclass of {_type_name(parent)} (its forward may differ)"
+                    )
+                )
             continue
         if id(module) not in replaced:
             replaced[id(module)] = _replacement(name, module, factories[source], report, fallback, KernelBuildError)
@@ -110,8 +113,11 @@ def swap(
             setattr(root.get_submodule(parent_name), child, new)
     for entry in report.skipped:
         logger.info("kprof.swap skipped %s (%s): %s", entry.name or "<root>", entry.source, entry.reason)
-    logger.info("kprof.swap replaced %d module(s): %s", len(report.swapped),
-                ", ".join(f"{e.name or '<root>'} -> {e.target}" for e in report.swapped) or "none")
+    logger.info(
+        "kprof.swap replaced %d module(s): %s",
+        len(report.swapped),
+        ", ".join(f"{e.name or '<root>'} -> {e.target}" for e in report.swapped) or "none",
+    )
     root.kprof_swap_report = report
     return root
 
@@ -124,8 +130,9 @@ def _type_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _replacement(name: str, module: nn.Module, factory: Factory, report: SwapReport, fallback: bool,
-                 build_error: type[Exception]) -> nn.Module | None:
+def _replacement(
+    name: str, module: nn.Module, factory: Factory, report: SwapReport, fallback: bool, build_error: type[Exception]
+) -> nn.Module | None:
     """The kernel layer for ``module`` with its extension built, or None (recorded in ``report``)."""
     source = _type_name(type(module))
     try:
@@ -139,8 +146,7 @@ def _replacement(name: str, module: nn.Module, factory: Factory, report: SwapRep
     except build_error as exc:
         if not fallback:
             raise
-        warnings.warn(f"kprof.swap: keeping {source} at {name or '<root>'}: kernel build failed: {exc}",
-                      stacklevel=3)
+        warnings.warn(f"kprof.swap: keeping {source} at {name or '<root>'}: kernel build failed: {exc}", stacklevel=3)
         report.skipped.append(SwapEntry(name, source, None, f"kernel build failed (fallback): {exc}"))
         return None
     report.swapped.append(SwapEntry(name, source, _type_name(type(new))))
@@ -165,8 +171,10 @@ def _factories(
         elif callable(target):
             factories[source] = target
         else:
-            raise TypeError(f"mapping[{source.__name__}] must be a class with from_module, a callable or a "
-                            f"kernels class name, got {target!r}")
+            raise TypeError(
+                f"mapping[{source.__name__}] must be a class with from_module, a callable or a "
+                f"kernels class name, got {target!r}"
+            )
     return factories
 
 

@@ -60,12 +60,15 @@ class SwapCallback(Callback):
         rank_zero_info(str(self.report))
         if not (self.report.swapped or self.report.skipped):
             layers = ", ".join(sorted(t.__name__ for t in (DEFAULT_LAYERS if self.mapping is None else self.mapping)))
-            rank_zero_warn(f"kprof.SwapCallback found no layer to swap in {type(pl_module).__name__} (it looks for "
-                           f"{layers}): the torch layers train as they are. Layers made after configure_model, "
-                           "e.g. in forward, are not seen")
+            rank_zero_warn(
+                f"kprof.SwapCallback found no layer to swap in {type(pl_module).__name__} (it looks for "
+                f"{layers}): the torch layers train as they are. Layers made after configure_model, "
+                "e.g. in forward, are not seen"
+            )
         for logger in trainer.loggers:
-            logger.log_hyperparams({"kprof_swap/swapped": len(self.report.swapped),
-                                    "kprof_swap/skipped": len(self.report.skipped)})
+            logger.log_hyperparams(
+                {"kprof_swap/swapped": len(self.report.swapped), "kprof_swap/skipped": len(self.report.skipped)}
+            )
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # nothing to restore: the swap is redone from the model at every setup

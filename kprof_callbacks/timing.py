@@ -19,7 +19,6 @@ import torch
 from .checks import check_bool, check_int
 from .history import KEEP_STEPS
 
-
 _END, _START = 0, 1  # a step's work ended (the caller's own work begins); the next step began
 
 

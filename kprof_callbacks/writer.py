@@ -6,11 +6,11 @@ name (``layout.partial_path``) and renames it into place, so a file with the fin
 they never reach the training loop.
 
 A capture is never dropped because the writer is behind. Finished captures wait in memory, up to a budget
-(``max_pending_bytes``, each held capture counted as the largest trace written so far, at least 1 MB); past it, the training thread
-waits at the end of its window until the writer has made room, and that wait is reported (``Capture.waited_s``).
-A writer that makes no room within ``room_timeout`` is stuck (an ``on_trace`` callback or a write that never
-returns): that capture, and every later one until the writer moves again, is dropped with one warning, without
-waiting, so training goes on.
+(``max_pending_bytes``, each held capture counted as the largest trace written so far, at least 1 MB); past it, the
+training thread waits at the end of its window until the writer has made room, and that wait is reported
+(``Capture.waited_s``). A writer that makes no room within ``room_timeout`` is stuck (an ``on_trace`` callback or a
+write that never returns): that capture, and every later one until the writer moves again, is dropped with one
+warning, without waiting, so training goes on.
 """
 
 from __future__ import annotations
@@ -137,8 +137,9 @@ def _export(results, final: Path, compress: bool) -> int:
     return size
 
 
-def _export_in_child(results, final: Path, compress: bool, timeout: float, running: set[int],
-                     forked: Callable[[], None]) -> int:
+def _export_in_child(
+    results, final: Path, compress: bool, timeout: float, running: set[int], forked: Callable[[], None]
+) -> int:
     """``_export`` in a forked child process, whose pid is in ``running`` while it runs (``forked()`` is called
     once it does).
 
@@ -248,17 +249,24 @@ class TraceWriter:
             self._queue(job)
             raise
         if waited is None:
-            self._fail(capture, "stuck", f"the trace writer made no room within {self.room_timeout:.0f} s (an "
-                       "on_trace callback or a write does not return): the capture of steps "
-                       f"{capture.first_step}-{capture.last_step} was dropped, and so is every later one until the "
-                       "writer moves again")
+            self._fail(
+                capture,
+                "stuck",
+                f"the trace writer made no room within {self.room_timeout:.0f} s (an "
+                "on_trace callback or a write does not return): the capture of steps "
+                f"{capture.first_step}-{capture.last_step} was dropped, and so is every later one until the "
+                "writer moves again",
+            )
             return
         capture.waited_s = waited
         if capture.waited_s > 0:
             self.waited_s += capture.waited_s
-            self._warn_once("wait", f"the trace writer was behind: training waited {capture.waited_s:.2f} s at the "
-                            f"end of the window of steps {capture.first_step}-{capture.last_step} for earlier captures "
-                            "to be written (Session.writer_wait_s has the total)")
+            self._warn_once(
+                "wait",
+                f"the trace writer was behind: training waited {capture.waited_s:.2f} s at the "
+                f"end of the window of steps {capture.first_step}-{capture.last_step} for earlier captures "
+                "to be written (Session.writer_wait_s has the total)",
+            )
         self._queue(job)
 
     def wait_forked(self, timeout: float) -> None:
@@ -269,8 +277,9 @@ class TraceWriter:
             return
         with self._room:
             if self._held <= 1:
-                self._room.wait_for(lambda: self._done + self._forking >= self._submitted
-                                    or not self._thread.is_alive(), timeout)
+                self._room.wait_for(
+                    lambda: self._done + self._forking >= self._submitted or not self._thread.is_alive(), timeout
+                )
 
     def _forked(self) -> None:
         with self._room:
@@ -378,8 +387,7 @@ class TraceWriter:
         final = layout.new_trace_path(self.run_dir, self.worker, self.compress)
         try:
             if self.fork and hasattr(os, "fork"):
-                size = _export_in_child(results, final, self.compress, self.child_timeout, self._exports,
-                                        self._forked)
+                size = _export_in_child(results, final, self.compress, self.child_timeout, self._exports, self._forked)
             else:
                 size = _export(results, final, self.compress)
             os.replace(layout.partial_path(final), final)

@@ -55,16 +55,24 @@ def operator_samples(device: str, dtype: torch.dtype, prefix: str = "") -> list[
     _, mean, rstd = getattr(ops, f"{prefix}layer_norm_fwd")(x.detach(), [n], r(n, grad=False), None, 1e-5)
     _, rms = getattr(ops, f"{prefix}rms_norm_fwd")(x.detach(), [n], r(n, grad=False), None)
     return [
-        ("square", (x, "vectorized")), ("square", (x, "grid2d")), ("square_backward", (r(3, 5), x)),
+        ("square", (x, "vectorized")),
+        ("square", (x, "grid2d")),
+        ("square_backward", (r(3, 5), x)),
         ("add", (x, r(3, 5))),
-        ("gelu", (x, "none")), ("gelu", (x, "tanh")), ("gelu_backward", (r(3, 5), x, "tanh")),
-        ("bias_gelu", (x, r(n), "none")), ("bias_gelu_backward", (r(3, 5), x, r(n), "tanh")),
-        ("swiglu", (x, r(3, 5))), ("swiglu_backward", (r(3, 5), x, r(3, 5))),
-        ("layer_norm", (r(2, 3, n), [n], r(n), r(n), 1e-5)), ("layer_norm", (r(2, 3, n), [3, n], r(3, n), None, 1e-3)),
+        ("gelu", (x, "none")),
+        ("gelu", (x, "tanh")),
+        ("gelu_backward", (r(3, 5), x, "tanh")),
+        ("bias_gelu", (x, r(n), "none")),
+        ("bias_gelu_backward", (r(3, 5), x, r(n), "tanh")),
+        ("swiglu", (x, r(3, 5))),
+        ("swiglu_backward", (r(3, 5), x, r(3, 5))),
+        ("layer_norm", (r(2, 3, n), [n], r(n), r(n), 1e-5)),
+        ("layer_norm", (r(2, 3, n), [3, n], r(3, n), None, 1e-3)),
         ("layer_norm_fwd", (x.detach(), [n], r(n, grad=False), r(n, grad=False), 1e-5)),  # runs below autograd
         ("layer_norm_backward", (r(3, 5), x, r(n), mean, rstd, 1e-5, True)),
         ("layer_norm_backward", (r(3, 5), x, r(n), mean, rstd, 1e-5, False)),
-        ("rms_norm", (r(2, 3, n), [n], r(n), None)), ("rms_norm", (r(3, n), [n], r(n), 1e-3)),
+        ("rms_norm", (r(2, 3, n), [n], r(n), None)),
+        ("rms_norm", (r(3, n), [n], r(n), 1e-3)),
         ("rms_norm_fwd", (x.detach(), [n], r(n, grad=False), None)),
         ("rms_norm_backward", (r(3, 5), x, r(n), rms, 1e-6)),
     ]
@@ -122,8 +130,12 @@ def errors_in_child(setup: str, libraries: tuple[str, ...], device: str) -> list
     """Runs ``setup`` (Python that defines ``calls``, zero-argument callables, with ``torch``, ``ops`` (torch.ops.kprof)
     and ``device`` in scope) in a child process, so that a crash in an error path fails the test instead of ending
     the session; returns a line per call: "ValueError | <first line of the message>", or "no error"."""
-    result = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _CHILD + setup + _CHILD_CALLS, device,
-                             ",".join(libraries)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", _CHILD + setup + _CHILD_CALLS, device, ",".join(libraries)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.splitlines()
 
@@ -150,8 +162,13 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, terms: torch.Tensor | None = N
 
 def cases(device: str) -> list[tuple[torch.dtype, torch.dtype]]:
     """(x dtype, parameter dtype) pairs the kernels support on `device`."""
-    pairs = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
-             (torch.float16, torch.float16), (torch.float16, torch.float32)]
+    pairs = [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+        (torch.float16, torch.float16),
+        (torch.float16, torch.float32),
+    ]
     return pairs + [(torch.float64, torch.float64)] if device == "cpu" else pairs
 
 

@@ -22,8 +22,8 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule,
 from kprof_callbacks.analysis import Summary, reader, summarize
 from kprof_callbacks.analysis import intervals as iv
 from kprof_callbacks.analysis import summary as summary_module
-from kprof_callbacks.cli import main
 from kprof_callbacks.analysis.tree import nest
+from kprof_callbacks.cli import main
 
 ACTIVE = 3
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -44,8 +44,14 @@ def _profile_mlp(run_dir: Path, *, with_stack: bool) -> dict:
         seen["shapes"] = prof.key_averages(group_by_input_shape=True)
         write(prof)
 
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=ACTIVE, repeat=1),
-                 on_trace_ready=on_ready, record_shapes=True, profile_memory=True, with_stack=with_stack) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=ACTIVE, repeat=1),
+        on_trace_ready=on_ready,
+        record_shapes=True,
+        profile_memory=True,
+        with_stack=with_stack,
+    ) as prof:
         for i, (x, y) in enumerate(loader):
             with record_function("kprof::forward"):
                 # a second batch size every other step: two input-shape groups for the same ops
@@ -171,7 +177,8 @@ def test_without_steps_and_old_field_names(tmp_path, run, summary):
     assert any(d.kind == "no_steps" for d in old.diagnostics)
     assert {(o.name, o.calls) for o in old.ops} == {(o.name, o.calls) for o in summary.ops}
     assert {(o.name, o.input_shapes, o.calls) for o in old.ops_by_shape} == {
-        (o.name, o.input_shapes, o.calls) for o in summary.ops_by_shape}
+        (o.name, o.input_shapes, o.calls) for o in summary.ops_by_shape
+    }
 
 
 def test_gzip_trace_reads_the_same(tmp_path, run, summary):
@@ -250,7 +257,9 @@ def test_cli(tmp_path, run, capsys):
     assert "Top 3 operators by self CPU time" in out
     page = html.read_text()
     assert "<svg" in page and "kprof::forward" in page
-    assert not re.search(r"<(script|link|img|iframe)\b", page) and not re.search(r"(src|href)\s*=\s*[\"']?https?:", page)
+    assert not re.search(r"<(script|link|img|iframe)\b", page) and not re.search(
+        r"(src|href)\s*=\s*[\"']?https?:", page
+    )
     assert folded.read_text().strip()
     assert _cli(str(run[0]), "--json") == 0
     assert json.loads(capsys.readouterr().out)["name"] == "mlp"
@@ -287,8 +296,14 @@ _RANK_WORKER = textwrap.dedent("""
 def test_two_ranks_give_a_rank_table(tmp_path):
     logdir = tmp_path / "ddp"
     world = 2
-    procs = [subprocess.Popen([sys.executable, "-c", _RANK_WORKER, str(r), str(world), str(logdir), str(tmp_path / "store")],
-                              stderr=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1")) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK_WORKER, str(r), str(world), str(logdir), str(tmp_path / "store")],
+            stderr=subprocess.PIPE,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )
+        for r in range(world)
+    ]
     for p in procs:
         assert p.wait(timeout=300) == 0, p.stderr.read().decode()[-2000:]
     s = summarize(logdir)
@@ -504,8 +519,12 @@ def test_gpu_profile_matches_key_averages(tmp_path):
         seen["ops"] = prof.key_averages()
         write(prof)
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True,
-                 schedule=schedule(wait=1, warmup=1, active=ACTIVE, repeat=1), on_trace_ready=on_ready) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+        profile_memory=True,
+        schedule=schedule(wait=1, warmup=1, active=ACTIVE, repeat=1),
+        on_trace_ready=on_ready,
+    ) as prof:
         for _ in range(2 + ACTIVE):
             x = torch.randn(64, 256).to("cuda")  # pageable host memory
             loss = model(x).square().mean()
@@ -614,7 +633,7 @@ def test_not_utf8_names_the_offset_of_the_bad_byte(tmp_path):
     path = tmp_path / "w.1.pt.trace.json"
     text = b'{"traceEvents": [{"ph": "X", "name": "aten::mm\xff", "cat": "cpu_op", "ts": 1, "dur": 2}]}'
     path.write_bytes(text)
-    with pytest.raises(ValueError, match=f"not UTF-8: byte 0xff at offset {text.index(bytes([0xff]))}"):
+    with pytest.raises(ValueError, match=f"not UTF-8: byte 0xff at offset {text.index(bytes([0xFF]))}"):
         summarize(path)
 
 
@@ -658,8 +677,9 @@ def test_a_run_over_100_mb_shows_a_progress_bar_on_stderr(tmp_path, monkeypatch,
 def test_cli_report_to_a_folder_or_a_full_disk_is_one_line(tmp_path, run, capsys, monkeypatch, command):
     sides = [str(run[0])] * (2 if command == "diff" else 1)
     assert main([command, *sides, "--html", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (f"kprof {command}: --html {tmp_path}: is a folder; name the file to write, "
-                                       f"e.g. {tmp_path / 'report.html'}\n")
+    assert capsys.readouterr().err == (
+        f"kprof {command}: --html {tmp_path}: is a folder; name the file to write, e.g. {tmp_path / 'report.html'}\n"
+    )
     out = tmp_path / "report.html"
 
     def disk_full(self, *args, **kwargs):

@@ -69,10 +69,13 @@ def test_a_table_edited_by_hand_fails_the_check(copies):
     assert done.returncode == 1 and "table mfu differs" in done.stdout
 
 
-@pytest.mark.parametrize("text, said", [
-    ("<!-- table: nonesuch -->\n| a |\n<!-- end table -->\n", "no table called 'nonesuch'"),
-    ("<!-- table: mfu -->\n| a |\n", "1 table markers but 0 end markers"),
-])
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("<!-- table: nonesuch -->\n| a |\n<!-- end table -->\n", "no table called 'nonesuch'"),
+        ("<!-- table: mfu -->\n| a |\n", "1 table markers but 0 end markers"),
+    ],
+)
 def test_a_bad_marker_is_one_line_and_status_2(tmp_path, text, said):
     document = tmp_path / "doc.md"
     document.write_text(text)

@@ -32,10 +32,10 @@ def test_run_all_quick_produces_every_table_and_the_targets(tmp_path):
 
 
 sys.path.insert(0, str(RUN_ALL.parent))
+from kprof_callbacks import bench  # noqa: E402
+
 import _isolated  # noqa: E402
 from _isolated import Isolated, rounds  # noqa: E402
-
-from kprof_callbacks import bench  # noqa: E402
 
 
 def test_isolated_calls_run_each_in_a_new_pinned_process_with_their_own_environment(monkeypatch):
@@ -63,25 +63,54 @@ def test_isolated_torch_runs_as_many_threads_as_it_has_cores():
 
 
 def test_largest_keeps_the_biggest_shape_of_each_dtype():
-    sizes = {"f": [(torch.float32, (4, 4)), (torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2)), (torch.float32, (3, 3))]}
+    sizes = {
+        "f": [(torch.float32, (4, 4)), (torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2)), (torch.float32, (3, 3))]
+    }
     assert bench.largest(sizes) == {"f": [(torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2))]}
 
 
 def _row(op, dtype, shape, ms, eager, compiled, liger, gbps=None, copy_gbps=None, spec_gbps=None):
-    return {"op": op, "dtype": dtype, "shape": list(shape), "pass": "fwd+bwd", "ms": ms, "eager_ms": eager,
-            "compile_ms": compiled, "liger_ms": liger, "triton_ms": float("nan"), "gbps": gbps,
-            "copy_gbps": copy_gbps, "spec_gbps": spec_gbps, "bytes": None}
+    return {
+        "op": op,
+        "dtype": dtype,
+        "shape": list(shape),
+        "pass": "fwd+bwd",
+        "ms": ms,
+        "eager_ms": eager,
+        "compile_ms": compiled,
+        "liger_ms": liger,
+        "triton_ms": float("nan"),
+        "gbps": gbps,
+        "copy_gbps": copy_gbps,
+        "spec_gbps": spec_gbps,
+        "bytes": None,
+    }
 
 
 def test_bench_rows_compare_with_the_fastest_other_liger_included():
     nan = float("nan")
-    row = _row("rms_norm", "bfloat16", (8, 8), ms=0.5, eager=0.9, compiled=0.7, liger=0.4, gbps=2000.0,
-               copy_gbps=2500.0, spec_gbps=3350.0)
+    row = _row(
+        "rms_norm",
+        "bfloat16",
+        (8, 8),
+        ms=0.5,
+        eager=0.9,
+        compiled=0.7,
+        liger=0.4,
+        gbps=2000.0,
+        copy_gbps=2500.0,
+        spec_gbps=3350.0,
+    )
     assert bench.best_other_ms(row) == 0.4
     cells = [c.strip() for c in bench.format_row(row).split("|")[1:-1]]
     header = [c.strip() for c in bench.TABLE_HEADER.splitlines()[0].split("|")[1:-1]]
     got = dict(zip(header, cells, strict=True))
-    assert (got["% of copy"], got["% of spec"], got["liger ms"], got["kprof × best other"]) == ("80.0", "59.7", "0.4000", "0.80")
+    assert (got["% of copy"], got["% of spec"], got["liger ms"], got["kprof × best other"]) == (
+        "80.0",
+        "59.7",
+        "0.4000",
+        "0.80",
+    )
     assert got["triton ms"] == got["triton × best other"] == "—"
     no_liger = bench.format_row({**row, "liger_ms": nan, "spec_gbps": None})  # Liger absent, device not in peaks.py
     assert "| 1.40 | — |" in no_liger and "| 80.0 | — |" in no_liger
@@ -97,10 +126,15 @@ def test_run_all_marks_each_kernel_target_on_the_largest_forward_backward_row():
         {**_row("rms_norm", "bfloat16", (64, 8), ms=1.0, eager=9.0, compiled=9.0, liger=9.0), "pass": "fwd"},
         _row("swiglu", "float32", (16, 8), ms=1.0, eager=3.0, compiled=1.04, liger=nan, gbps=1.0, copy_gbps=1.0),
     ]
-    marks = {target.split(": ", 1)[1]: (measured, ok) for target, measured, ok in _kernel_targets(rows)
-             if target.startswith("rms_norm")}
-    assert marks == {">= 80% of copy bandwidth": ("85%", True),
-                     ">= 1.0x the best of eager, torch.compile and Liger": ("0.90x", False)}
+    marks = {
+        target.split(": ", 1)[1]: (measured, ok)
+        for target, measured, ok in _kernel_targets(rows)
+        if target.startswith("rms_norm")
+    }
+    assert marks == {
+        ">= 80% of copy bandwidth": ("85%", True),
+        ">= 1.0x the best of eager, torch.compile and Liger": ("0.90x", False),
+    }
     swiglu = {target.split(": ", 1)[1]: ok for target, _, ok in _kernel_targets(rows) if target.startswith("swiglu")}
     assert swiglu == {">= 1.05x compile": False, ">= 1.0x the best of eager, torch.compile and Liger": True}
 
@@ -120,7 +154,10 @@ def test_rounds_stop_when_the_next_would_pass_the_budget(monkeypatch):
 def test_window_end_breakdown_groups_samples_under_the_deepest_disable_profiler_frame():
     from window_end import breakdown, short
 
-    assert short("torch::profiler::impl::(anonymous namespace)::build_tree<std::vector<int>> (libtorch_cpu.so)") == "impl::build_tree"
+    assert (
+        short("torch::profiler::impl::(anonymous namespace)::build_tree<std::vector<int>> (libtorch_cpu.so)")
+        == "impl::build_tree"
+    )
     root = "profile.__exit__ (torch/profiler.py:10);torch::autograd::profiler::disableProfiler (libtorch_cpu.so)"
     folded = [
         f"{root};ns::State::finalizeTrace (libtorch_cpu.so);ns::RecordQueue::getRecords (libtorch_cpu.so);x (a.so) 6",
@@ -131,8 +168,11 @@ def test_window_end_breakdown_groups_samples_under_the_deepest_disable_profiler_
     ]
     total, parts = breakdown(folded)
     assert total == 11
-    assert parts == {"State::finalizeTrace > RecordQueue::getRecords": 8,
-                     "State::finalizeTrace > KinetoEvent::KinetoEvent": 2, "(in disableProfiler itself)": 1}
+    assert parts == {
+        "State::finalizeTrace > RecordQueue::getRecords": 8,
+        "State::finalizeTrace > KinetoEvent::KinetoEvent": 2,
+        "(in disableProfiler itself)": 1,
+    }
 
 
 @pytest.mark.gpu
@@ -140,12 +180,22 @@ def test_window_end_breakdown_groups_samples_under_the_deepest_disable_profiler_
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "swiglu"])
 def test_liger_column_times_the_same_op(name):
     """Liger's function stands in for the same op as the reference (same eps), and its column is filled."""
-    pytest.importorskip("liger_kernel", reason="the bench extra (pip install 'kprof-callbacks[bench]') is not installed")
+    pytest.importorskip(
+        "liger_kernel", reason="the bench extra (pip install 'kprof-callbacks[bench]') is not installed"
+    )
     op = next(o for o in bench.OPS if o.name == name)
     inputs = op.make((64, 256), torch.float32, "cuda")
     torch.testing.assert_close(bench.liger(op, "cuda")(*inputs), op.reference(*inputs), rtol=1e-4, atol=1e-5)
-    rows = bench.run_benchmarks([op], {bench.family(op): [(torch.float32, (64, 256))]}, "cuda", compile_ref=False,
-                                triton=False, warmup=1, iters=2, on_row=lambda rows: None)
+    rows = bench.run_benchmarks(
+        [op],
+        {bench.family(op): [(torch.float32, (64, 256))]},
+        "cuda",
+        compile_ref=False,
+        triton=False,
+        warmup=1,
+        iters=2,
+        on_row=lambda rows: None,
+    )
     assert all(row["liger_ms"] > 0 for row in rows) and len(rows) == 2
 
 
@@ -181,7 +231,8 @@ def test_calibration_quick_rates_every_detector_on_noise_and_on_its_effect(tmp_p
     assert {"device", "date", "versions", "trials", "rows"} <= set(doc) and doc["trials"] == 40
     names = [d.name for d in calibration.DETECTORS]
     assert [(r["detector"], r["noise_sigma"]) for r in doc["rows"]] == [
-        (name, sigma) for name in names for sigma in calibration.NOISE]
+        (name, sigma) for name in names for sigma in calibration.NOISE
+    ]
     for row in doc["rows"]:
         assert row["false_positive_ci"][0] <= row["false_positive_rate"] <= row["false_positive_ci"][1]
         if row["noise_sigma"] == 0.05:  # a GPU step's noise: every detector near its targets even in 40 trials

@@ -55,12 +55,19 @@ def probe_source(directory: Path, answer: int = 42, body: str = PROBE) -> Path:
 
 def run_python(code: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def test_cold_build_shows_progress_and_warm_load_in_new_process_compiles_nothing(
-        cache: Path, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    cache: Path, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
     source = probe_source(tmp_path)
     module = _build.load("probe", [str(source)])
     assert module.answer == 42
@@ -71,10 +78,13 @@ def test_cold_build_shows_progress_and_warm_load_in_new_process_compiles_nothing
     mtime = library.stat().st_mtime_ns
     assert _build.load("probe", [str(source)]) is module  # same process: no work at all
 
-    result = run_python(f"""
+    result = run_python(
+        f"""
         from kprof_callbacks.kernels import _build
         print(_build.load("probe", [{str(source)!r}]).answer)
-    """, env={"TORCH_EXTENSIONS_DIR": str(cache.parent)})
+    """,
+        env={"TORCH_EXTENSIONS_DIR": str(cache.parent)},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "42"
     assert "building" not in result.stderr
@@ -123,10 +133,13 @@ def test_stale_lock_from_a_killed_build_is_removed_with_a_warning(cache: Path, t
     for library in build_dir.glob("*.so"):
         library.unlink()
     (build_dir / "lock").touch()
-    result = run_python(f"""
+    result = run_python(
+        f"""
         from kprof_callbacks.kernels import _build
         print(_build.load("probe", [{str(source)!r}]).answer)
-    """, env={"TORCH_EXTENSIONS_DIR": str(cache.parent)})
+    """,
+        env={"TORCH_EXTENSIONS_DIR": str(cache.parent)},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "42"
     assert "removing stale build lock" in result.stderr
@@ -160,13 +173,16 @@ def test_bad_source_lists_are_value_errors(tmp_path: Path) -> None:
 
 
 def test_importing_and_constructing_layers_compiles_nothing(tmp_path: Path) -> None:
-    result = run_python("""
+    result = run_python(
+        """
         import kprof_callbacks as kprof
         from kprof_callbacks import kernels
         layers = [kernels.GELU(), kernels.Square(variant="grid2d"), kernels.Add(), kernels.LinearGELU(4, 4),
                   kernels.BiasGELU(4)]
         print(len(layers), kernels.LayerNorm.__name__, kernels.RMSNorm.__name__)
-    """, env={"TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    """,
+        env={"TORCH_EXTENSIONS_DIR": str(tmp_path)},
+    )
     assert result.returncode == 0, result.stderr
     assert "building" not in result.stderr
     assert list(tmp_path.iterdir()) == []
@@ -198,9 +214,24 @@ def test_every_cuda_source_compiles_with_plain_nvcc(tmp_path: Path) -> None:
     inline = tmp_path / "square_inline.cu"
     inline.write_text(importlib.import_module("kprof_callbacks.kernels.square").CUDA_SOURCE)
     sources = [*sorted(_build.KERNELS_DIR.glob("*.cu")), inline]
-    jobs = {src: subprocess.Popen(["nvcc", "-I", str(_build.KERNELS_DIR), "-arch=sm_90", "-c", str(src), "-o",
-                                   str(tmp_path / f"{src.stem}.o")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True) for src in sources}
+    jobs = {
+        src: subprocess.Popen(
+            [
+                "nvcc",
+                "-I",
+                str(_build.KERNELS_DIR),
+                "-arch=sm_90",
+                "-c",
+                str(src),
+                "-o",
+                str(tmp_path / f"{src.stem}.o"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for src in sources
+    }
     outputs = {src.name: job.communicate(timeout=600)[0] for src, job in jobs.items()}
     failures = {name: outputs[name] for name, job in zip(outputs, jobs.values(), strict=True) if job.returncode != 0}
     assert not failures, failures
@@ -254,9 +285,23 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         shutil.copy(REPO / name, project / name)
     for name in ("kprof_callbacks", "kernels"):
         shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    built = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check", "--sdist",
-                            "--wheel", "--outdir", str(tmp / "dist"), str(project)],
-                           capture_output=True, text=True, timeout=600)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--no-isolation",
+            "--skip-dependency-check",
+            "--sdist",
+            "--wheel",
+            "--outdir",
+            str(tmp / "dist"),
+            str(project),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     (wheel,) = (tmp / "dist").glob("kprof_callbacks-*.whl")
     (sdist,) = (tmp / "dist").glob("kprof_callbacks-*.tar.gz")
@@ -267,12 +312,32 @@ def install_alone(dist: Path, venv: Path) -> Path:
     """A fresh venv holding only ``dist`` (dependencies come from torch's site-packages); returns its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    site = subprocess.run([python, "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (Path(site) / "kprof_deps.pth").write_text(f"{Path(torch.__file__).parents[1]}\n")
-    installed = subprocess.run([python, "-I", "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed",
-                                "--no-build-isolation", "-q", str(dist)], capture_output=True, text=True, timeout=600,
-                               cwd=venv)
+    installed = subprocess.run(
+        [
+            python,
+            "-I",
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--ignore-installed",
+            "--no-build-isolation",
+            "-q",
+            str(dist),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=venv,
+    )
     assert installed.returncode == 0, installed.stderr[-3000:]
     return python
 
@@ -280,8 +345,16 @@ def install_alone(dist: Path, venv: Path) -> Path:
 def test_wheel_ships_kernel_sources_under_kprof_callbacks_only(dists: dict[str, Path]) -> None:
     names = zipfile.ZipFile(dists["wheel"]).namelist()
     assert not any(n.startswith("kernels/") for n in names), "the wheel must not own a top-level `kernels`"
-    for source in ("add.cpp", "add.cu", "gelu.cpp", "gelu.cu", "_op.h", "_dispatch.h", "_elementwise.cuh",
-                   "_gelu_math.h"):
+    for source in (
+        "add.cpp",
+        "add.cu",
+        "gelu.cpp",
+        "gelu.cu",
+        "_op.h",
+        "_dispatch.h",
+        "_elementwise.cuh",
+        "_gelu_math.h",
+    ):
         assert f"kprof_callbacks/kernels/{source}" in names
     assert "kprof_callbacks/tensorboard/static/index.js" in names
 
@@ -289,13 +362,15 @@ def test_wheel_ships_kernel_sources_under_kprof_callbacks_only(dists: dict[str, 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
 def test_installed_alone_imports_every_module_and_runs_the_cli(
-        kind: str, dists: dict[str, Path], tmp_path: Path) -> None:
+    kind: str, dists: dict[str, Path], tmp_path: Path
+) -> None:
     """Installed where the checkout cannot leak in, every module imports, ``kprof --help`` runs and the TensorBoard
     plugin loads through its entry point, all from the installed files."""
     python = install_alone(dists[kind], tmp_path / "venv")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    probe = subprocess.run([python, "-I", "-c", INSTALLED_PROBE], capture_output=True, text=True, cwd=tmp_path,
-                           env=env, timeout=600)
+    probe = subprocess.run(
+        [python, "-I", "-c", INSTALLED_PROBE], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600
+    )
     assert probe.returncode == 0, probe.stderr[-3000:]
     found = json.loads(probe.stdout.splitlines()[-1])
     assert set(found["modules"]) == expected_modules()
@@ -304,25 +379,43 @@ def test_installed_alone_imports_every_module_and_runs_the_cli(
     assert found["version"] == found["metadata_version"]
     assert found["plugin"][0] == "KprofPlugin" and found["plugin"][1].startswith(str(tmp_path / "venv"))
 
-    cli = subprocess.run([tmp_path / "venv" / "bin" / "kprof", "--help"], capture_output=True, text=True,
-                         cwd=tmp_path, env=env, timeout=300)
+    cli = subprocess.run(
+        [tmp_path / "venv" / "bin" / "kprof", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
     assert cli.returncode == 0, cli.stderr[-3000:]
     for command in ("summary", "diff", "tensorboard", "demo"):
         assert command in cli.stdout
 
 
 def test_installed_wheel_loads_the_checkouts_kernel_build_without_compiling(
-        dists: dict[str, Path], tmp_path: Path) -> None:
+    dists: dict[str, Path], tmp_path: Path
+) -> None:
     """The installed kernel sources hash like the checkout's: a warm load from the same cache, no compile."""
     _build.load("add", ["add.cpp", "add.cu"])  # the checkout's build, in the default cache
     python = install_alone(dists["wheel"], tmp_path / "venv")
-    result = subprocess.run([python, "-I", "-c", textwrap.dedent("""
+    result = subprocess.run(
+        [
+            python,
+            "-I",
+            "-c",
+            textwrap.dedent("""
         import torch
         from kprof_callbacks import kernels
         x = torch.randn(5)
         assert torch.equal(kernels.add(x, x), x + x)
         print(kernels.__file__)
-    """)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    """),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().startswith(str(tmp_path / "venv"))
     assert "building" not in result.stderr

@@ -20,8 +20,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import kprof_callbacks as kprof
-from kprof_callbacks.session import Session
 from kprof_callbacks.layout import PARTIAL
+from kprof_callbacks.session import Session
 
 BATCH = 8
 LIGHTNING_LABELS = {"training_step", "backward", "optimizer_step", "zero_grad", "data_loading"}
@@ -264,8 +264,9 @@ def test_a_training_step_that_ran_validation_is_named_not_called_slow(tmp_path):
             super().validation_step(batch, batch_idx)
 
     cb = kprof.ProfilerCallback(wait=1, warmup=1, active=5, summary=False)
-    trainer(tmp_path, [cb], max_steps=8, val_check_interval=4, limit_val_batches=4,
-            num_sanity_val_steps=0).fit(SlowValidation(), loader(), loader(4))
+    trainer(tmp_path, [cb], max_steps=8, val_check_interval=4, limit_val_batches=4, num_sanity_val_steps=0).fit(
+        SlowValidation(), loader(), loader(4)
+    )
     summary = kprof.summarize(tmp_path / "lightning_logs" / "version_0" / "kprof" / "train")
     kinds = {d.kind: d.message for d in summary.diagnostics}
     assert "eval_in_step" in kinds and "slow_step" not in kinds, kinds

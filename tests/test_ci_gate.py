@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_diff import noisy_run, write_trace
 
 from kprof_callbacks.analysis import diff, summarize
 from kprof_callbacks.analysis.summary import Summary
 from kprof_callbacks.cli import main
-from test_diff import noisy_run, write_trace
 
 
 def _side_a(d) -> dict:
@@ -76,7 +76,7 @@ def test_a_saved_summary_of_another_format_is_refused_with_why(tmp_path):
         summarize(broken)
 
 
-# --- the gate ----------------------------------------------------------------------------------------------------------
+# --- the gate -----------------------------------------------------------------------------------------------------
 
 
 def labelled_run(path: Path, rng: np.random.Generator, n: int, **kwargs) -> Path:
@@ -91,8 +91,10 @@ def labelled_run(path: Path, rng: np.random.Generator, n: int, **kwargs) -> Path
 def _regression(tmp_path: Path) -> tuple[Path, Path]:
     """A and a B whose aten::op25 takes 1.5x as long and that runs one more kernel: ~9% slower a step."""
     rng = np.random.default_rng(0)
-    return (labelled_run(tmp_path / "a.pt.trace.json", rng, 8),
-            labelled_run(tmp_path / "b.pt.trace.json", rng, 8, slower={"aten::op25": 1.5}, extra_kernel="my_kernel"))
+    return (
+        labelled_run(tmp_path / "a.pt.trace.json", rng, 8),
+        labelled_run(tmp_path / "b.pt.trace.json", rng, 8, slower={"aten::op25": 1.5}, extra_kernel="my_kernel"),
+    )
 
 
 def test_a_slower_run_fails_the_gate_and_the_report_names_what_grew(tmp_path, capsys):
@@ -131,8 +133,12 @@ def test_two_runs_of_the_same_code_pass_the_gate(tmp_path):
     assert at_5 == 0
     assert at_0 <= 0.08 * trials
     same = diff(tmp_path / "a.pt.trace.json", tmp_path / "a.pt.trace.json").render(fail_if_slower=5)
-    assert same.endswith("]; the gate fails only when B is significantly slower and the whole interval lies above the "
-                         "limit.") and "No regression (limit +5%): B's typical step is as long as A's [95% CI " in same
+    assert (
+        same.endswith(
+            "]; the gate fails only when B is significantly slower and the whole interval lies above the limit."
+        )
+        and "No regression (limit +5%): B's typical step is as long as A's [95% CI " in same
+    )
 
 
 def test_too_few_steps_give_no_verdict_and_exit_1(tmp_path, capsys):
@@ -160,10 +166,20 @@ def test_exit_statuses(tmp_path, capsys, monkeypatch):
         "html to a folder": main(["diff", str(a), str(b), "--html", str(tmp_path)]),
         "summary of nothing": main(["summary", str(tmp_path / "nope")]),
     }
-    assert statuses == {"same": 0, "missing": 1, "not in run": 1, "bad selection": 2, "html to a folder": 2,
-                        "summary of nothing": 1}
-    for argv in (["diff", str(a), str(b), "--fail-if-slower", "-1"], ["diff", str(a), str(b), "--json", "--markdown"],
-                 ["summary", str(a), "--json", "--markdown"], ["diff", str(a), str(b), "--fail-if-slower", "x"]):
+    assert statuses == {
+        "same": 0,
+        "missing": 1,
+        "not in run": 1,
+        "bad selection": 2,
+        "html to a folder": 2,
+        "summary of nothing": 1,
+    }
+    for argv in (
+        ["diff", str(a), str(b), "--fail-if-slower", "-1"],
+        ["diff", str(a), str(b), "--json", "--markdown"],
+        ["summary", str(a), "--json", "--markdown"],
+        ["diff", str(a), str(b), "--fail-if-slower", "x"],
+    ):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2, argv
@@ -222,8 +238,23 @@ def test_compare_cli_exits_3_on_a_slower_variant_and_names_it(monkeypatch, capsy
             return self.net(x)
 
     monkeypatch.setattr(compare_cli, "_swapped_variants", lambda impls: {"sleepy": Slow})
-    argv = ["compare", "--steps", "5", "--warmup", "0", "--device", "cpu", "--width", "16", "--depth", "1",
-            "--batch-size", "4", "--check", "off"]
+    argv = [
+        "compare",
+        "--steps",
+        "5",
+        "--warmup",
+        "0",
+        "--device",
+        "cpu",
+        "--width",
+        "16",
+        "--depth",
+        "1",
+        "--batch-size",
+        "4",
+        "--check",
+        "off",
+    ]
     assert main(argv + ["--fail-if-slower", "50"]) == 3
     out, err = capsys.readouterr()
     assert "sleepy" in out and err.strip().endswith("slower than torch by more than 50%: sleepy")
@@ -246,19 +277,34 @@ GATE = Path(__file__).resolve().parent.parent / "examples" / "ci_gate"
 def _gate(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     train = f"{shlex.quote(sys.executable)} {shlex.quote(str(GATE / 'train.py'))} --logdir {{logdir}}"
     argv = [sys.executable, str(GATE / "gate.py"), *(a.replace("TRAIN", train) for a in args)]
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        argv, cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
 
 
 def test_the_gate_script_fails_a_slower_pull_request_and_passes_a_faster_one(tmp_path):
     """Main against a pull request that sleeps 30 ms a step in a label: exit 3, naming the label; its saved summary
     as the baseline of a pull request without the sleep: exit 0."""
-    done = _gate(tmp_path, "--base", "TRAIN", "--pr", "TRAIN --extra-ms 30", "--steps", "6", "--fail-if-slower", "5",
-                 "--workdir", "one", "--save-summary", "slow.json")
+    done = _gate(
+        tmp_path,
+        "--base",
+        "TRAIN",
+        "--pr",
+        "TRAIN --extra-ms 30",
+        "--steps",
+        "6",
+        "--fail-if-slower",
+        "5",
+        "--workdir",
+        "one",
+        "--save-summary",
+        "slow.json",
+    )
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
     assert "What grew: labels: label 'extra' +" in done.stdout.split("Regression (limit +5%)")[1]
-    done = _gate(tmp_path, "--base-summary", "slow.json", "--pr", "TRAIN", "--steps", "6", "--workdir", "two",
-                 "--markdown")
+    done = _gate(
+        tmp_path, "--base-summary", "slow.json", "--pr", "TRAIN", "--steps", "6", "--workdir", "two", "--markdown"
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.startswith("### kprof diff: B against A") and "**No regression (limit +5%)" in done.stdout
     assert not (tmp_path / "two" / "base").exists()  # the saved summary stood in for main's run

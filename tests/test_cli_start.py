@@ -52,20 +52,33 @@ def test_demo_hints_run_as_typed_without_the_venv_on_path(tmp_path: Path, group_
     """``make demo`` runs the demo through .venv/bin/python; the shell it returns to has no .venv/bin on PATH, so
     the printed commands must name the kprof that exists (here ``.venv/bin/kprof`` by its path)."""
     env = _env_without_venv_on_path()
-    demo = subprocess.run([sys.executable, "-m", "kprof_callbacks", "demo", "--steps", "24"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    demo = subprocess.run(
+        [sys.executable, "-m", "kprof_callbacks", "demo", "--steps", "24"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert demo.returncode == 0, demo.stderr[-3000:]
     hints = _printed_commands(demo.stdout)
     assert set(hints) == {"open the traces", "summary again"}, demo.stdout[-2000:]
 
-    summary = subprocess.run(["bash", "-c", hints["summary again"]], cwd=tmp_path, env=env, capture_output=True,
-                             text=True, timeout=300)
+    summary = subprocess.run(
+        ["bash", "-c", hints["summary again"]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert summary.returncode == 0, summary.stderr[-3000:]
     assert "Steps: 10 profiled" in summary.stdout
 
     # `--port 0`: the same command on a free port (a shared machine may already serve 6006)
-    server = subprocess.Popen(["bash", "-c", f"exec {hints['open the traces']} --port 0"], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        ["bash", "-c", f"exec {hints['open the traces']} --port 0"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         out = _read_until(server, "kprof tab:", timeout=180)
     finally:
@@ -122,7 +135,12 @@ def test_reading_traces_never_imports_torch(tmp_path: Path) -> None:
     run = tmp_path / "log" / "gpu"
     run.mkdir(parents=True)
     shutil.copy(FIXTURES / "gpu_small.pt.trace.json.gz", run / "gpuhost_1.1795000000000000000.pt.trace.json.gz")
-    result = subprocess.run([sys.executable, "-c", READ_WITHOUT_TORCH, str(run), str(tmp_path)], capture_output=True,
-                            text=True, cwd=tmp_path, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", READ_WITHOUT_TORCH, str(run), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]", f"imported while reading traces: {result.stdout}"

@@ -23,7 +23,6 @@ from kprof_callbacks.cli import main
 from kprof_callbacks.compare import ComparisonError, compare
 from kprof_callbacks.kernels import KernelBuildError
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -127,8 +126,10 @@ class CountingStep:
 def test_identical_variants_show_no_significant_difference(clock):
     """Two variants whose steps take 2 ms +- 5% (on the test's clock: a loaded machine once made this "noisy")."""
     base = mlp()
-    variants = {"a": Sleepy(base, jittered(0.002, 1), clock),
-                "b": Sleepy(copy.deepcopy(base), jittered(0.002, 2), clock)}
+    variants = {
+        "a": Sleepy(base, jittered(0.002, 1), clock),
+        "b": Sleepy(copy.deepcopy(base), jittered(0.002, 2), clock),
+    }
     # 99%: a 95% interval excludes 1.0 for identical variants one time in twenty, by construction
     result = compare(variants, loss_fn, BATCHES, steps=40, warmup=2, confidence=0.99)
     b = result["b"]
@@ -140,8 +141,10 @@ def test_identical_variants_show_no_significant_difference(clock):
 
 def test_slowed_variant_is_detected_as_slower_with_about_the_right_ratio(clock):
     base = mlp()
-    variants = {"fast": Sleepy(base, jittered(0.003, 1), clock),
-                "slow": Sleepy(copy.deepcopy(base), jittered(0.009, 2), clock)}
+    variants = {
+        "fast": Sleepy(base, jittered(0.003, 1), clock),
+        "slow": Sleepy(copy.deepcopy(base), jittered(0.009, 2), clock),
+    }
     result = compare(variants, loss_fn, BATCHES, steps=30, warmup=2)
     slow = result["slow"]
     assert slow.verdict == stats.SLOWER
@@ -150,7 +153,8 @@ def test_slowed_variant_is_detected_as_slower_with_about_the_right_ratio(clock):
 
 
 def test_a_step_fn_that_changes_its_batch_in_place_fails_no_correct_variant():
-    """Each variant gets its own copy of the batches: the in-place change of one never reaches another (or the caller)."""
+    """Each variant gets its own copy of the batches: the in-place change of one never reaches another (or the
+    caller)."""
     originals = [b.clone() for b in BATCHES]
 
     def scaling_step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -270,8 +274,13 @@ def test_a_variant_that_raises_is_reported_and_the_others_finish():
 
 def test_when_the_first_variant_fails_the_next_one_is_the_baseline():
     base = mlp()
-    result = compare({"broken": Broken(*base), "a": copy.deepcopy(base), "b": copy.deepcopy(base)}, loss_fn,
-                           BATCHES, steps=4, warmup=0)
+    result = compare(
+        {"broken": Broken(*base), "a": copy.deepcopy(base), "b": copy.deepcopy(base)},
+        loss_fn,
+        BATCHES,
+        steps=4,
+        warmup=0,
+    )
     assert result.baseline == "a" and result["a"].verdict == "baseline"
     assert result["b"].check_against == "a" and result["b"].speedup is not None
 
@@ -279,8 +288,15 @@ def test_when_the_first_variant_fails_the_next_one_is_the_baseline():
 # -- logdir ----------------------------------------------------------------------------------------------------------
 def test_logdir_gets_one_trace_folder_per_variant_and_compare_json(tmp_path):
     base = mlp()
-    result = compare({"torch": base, "copy": copy.deepcopy(base)}, loss_fn, BATCHES, steps=4, warmup=0,
-                           logdir=tmp_path, optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
+    result = compare(
+        {"torch": base, "copy": copy.deepcopy(base)},
+        loss_fn,
+        BATCHES,
+        steps=4,
+        warmup=0,
+        logdir=tmp_path,
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.01),
+    )
     for name in ("torch", "copy"):
         traces = list((tmp_path / name).glob("*.pt.trace.json"))
         assert len(traces) == 1
@@ -297,8 +313,7 @@ def test_logdir_gets_one_trace_folder_per_variant_and_compare_json(tmp_path):
 def test_with_a_logdir_each_variant_says_what_changed_in_its_traces(tmp_path):
     """compare(..., logdir=) diffs every variant's profiled steps against the baseline's (kprof.diff)."""
     variants = {"gelu": mlp(), "tanh": mlp(act=nn.Tanh())}
-    result = compare(variants, loss_fn, BATCHES, steps=4, warmup=0, check=False, logdir=tmp_path,
-                     profile={"active": 5})
+    result = compare(variants, loss_fn, BATCHES, steps=4, warmup=0, check=False, logdir=tmp_path, profile={"active": 5})
     assert result["gelu"].trace_diff is None  # the baseline
     diff = result["tanh"].trace_diff.lower()  # operators (aten::tanh) on a CPU, kernels (tanh_kernel_cuda) on a GPU
     assert "tanh" in diff and "gelu" in diff
@@ -329,8 +344,11 @@ def test_a_second_comparison_into_one_logdir_keeps_the_first_and_reads_only_its_
         assert first[name].trace_dir == str(tmp_path / "cmp" / name)
         assert second[name].trace_dir == str(tmp_path / "cmp-2" / name)
         assert len(_traces(first, name)) == len(_traces(second, name)) == 1
-    assert sorted(p.name for p in (tmp_path / "cmp").iterdir() if not p.name.startswith(".")) == ["a", "b",
-                                                                                                    "compare.json"]
+    assert sorted(p.name for p in (tmp_path / "cmp").iterdir() if not p.name.startswith(".")) == [
+        "a",
+        "b",
+        "compare.json",
+    ]
 
 
 def test_kprof_0_times_the_variants_and_keeps_the_result(tmp_path, monkeypatch):
@@ -373,8 +391,23 @@ def test_comparison_table_pandas_and_dict():
 
 # -- CLI -------------------------------------------------------------------------------------------------------------
 def test_cli_compares_the_builtin_model_with_its_swapped_copy(capsys):
-    code = main(["compare", "--steps", "3", "--warmup", "0", "--device", "cpu", "--width", "32", "--depth", "1",
-                 "--batch-size", "8"])
+    code = main(
+        [
+            "compare",
+            "--steps",
+            "3",
+            "--warmup",
+            "0",
+            "--device",
+            "cpu",
+            "--width",
+            "32",
+            "--depth",
+            "1",
+            "--batch-size",
+            "8",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("torch ", "kprof.swap "))}
@@ -383,7 +416,8 @@ def test_cli_compares_the_builtin_model_with_its_swapped_copy(capsys):
 
 
 def test_cli_runs_a_user_setup_and_profiles_both_variants(tmp_path, monkeypatch, capsys):
-    (tmp_path / "my_setup.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_setup.py").write_text(
+        textwrap.dedent("""
         import torch
         from torch import nn
 
@@ -392,11 +426,25 @@ def test_cli_runs_a_user_setup_and_profiles_both_variants(tmp_path, monkeypatch,
             model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 2)).to(device)
             batches = [torch.randn(4, 8, device=device) for _ in range(2)]
             return model, lambda m, x: m(x).square().mean(), batches
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     logdir = tmp_path / "log"
-    code = main(["compare", "--model", "my_setup:setup", "--steps", "3", "--warmup", "0", "--device", "cpu",
-                 "--logdir", str(logdir)])
+    code = main(
+        [
+            "compare",
+            "--model",
+            "my_setup:setup",
+            "--steps",
+            "3",
+            "--warmup",
+            "0",
+            "--device",
+            "cpu",
+            "--logdir",
+            str(logdir),
+        ]
+    )
     assert code == 0, capsys.readouterr().out
     assert list((logdir / "torch").glob("*.pt.trace.json")) and list((logdir / "kprof.swap").glob("*.pt.trace.json"))
     assert [v["name"] for v in json.loads((logdir / "compare.json").read_text())["variants"]] == ["torch", "kprof.swap"]
@@ -413,8 +461,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _run_example(name: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, str(EXAMPLES / name), *args, "--device", "cpu"], capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args, "--device", "cpu"], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
@@ -428,8 +477,21 @@ def test_square_example_reads_pow_and_mul_from_the_profiler():
 
 
 def test_compare_layers_example_swaps_and_compares():
-    out = _run_example("compare_layers.py", "--width", "16", "--depth", "1", "--seq", "4", "--batch", "2",
-                       "--vocab", "50", "--steps", "3")
+    out = _run_example(
+        "compare_layers.py",
+        "--width",
+        "16",
+        "--depth",
+        "1",
+        "--seq",
+        "4",
+        "--batch",
+        "2",
+        "--vocab",
+        "50",
+        "--steps",
+        "3",
+    )
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("torch ", "kernels "))}
     assert "reference" in rows["torch"] and "e-" in rows["kernels"].split()[-1]  # checked, in tolerance
 
@@ -552,7 +614,7 @@ def test_cuda_timing_and_peak_memory():
         assert v.peak_mem_mb > 0 and all(t > 0 and math.isfinite(t) for t in v.timing.times_ms)
 
 
-# -- the check under bf16 autocast --------------------------------------------------------------------------------------
+# -- the check under bf16 autocast ---------------------------------------------------------------------------------
 class Block(nn.Module):
     """Pre-norm MLP block; ``mistake`` plants one of the errors the check must catch in bf16."""
 
@@ -573,8 +635,13 @@ class Block(nn.Module):
         else:
             h = self.norm(x)
         h = self.up(h)
-        h = torch.relu(h) if self.mistake == "relu" else 0.5 * h * (1 + torch.erf(h / 2**0.5)) if self.rewrite \
+        h = (
+            torch.relu(h)
+            if self.mistake == "relu"
+            else 0.5 * h * (1 + torch.erf(h / 2**0.5))
+            if self.rewrite
             else nn.functional.gelu(h)
+        )
         return x + self.down(h)
 
 
@@ -606,8 +673,7 @@ def test_under_bf16_autocast_real_mistakes_still_fail(mistake):
 def test_compiled_variants_are_checked_and_their_compilation_is_reported_not_timed():
     pytest.importorskip("torch._dynamo")
     torch.manual_seed(0)
-    result = compare({"eager": Block(), "also": Block()}, _bf16_step, BF16_BATCHES, steps=3, warmup=1,
-                     compile=True)
+    result = compare({"eager": Block(), "also": Block()}, _bf16_step, BF16_BATCHES, steps=3, warmup=1, compile=True)
     assert result["also"].check_ok and result.settings["compile"]
     first = result["eager"]  # compiled in its first step ("also" may reuse that code: same class, same graph)
     # Dynamo traced it (inductor's cache on disk may have spared the compilation itself): far slower than a timed step
@@ -629,10 +695,10 @@ def test_a_noisy_measurement_gets_no_confident_verdict():
 def test_timed_and_trace_speedups_are_labelled_and_reconciled(tmp_path):
     """`kprof compare` on a CPU printed 0.735x (timed) and then 1.219x (from the traces) with no word on which to
     believe: the trace line says what it measured and, when the two disagree, which one to go by and why."""
+    from test_diff import write_trace
+
     from kprof_callbacks.analysis import diff
     from kprof_callbacks.compare.result import VariantResult, trace_summary
-
-    from test_diff import write_trace
 
     a = write_trace(tmp_path / "a.pt.trace.json", [{"aten::mm": 1200.0 + 10 * i} for i in range(5)])
     b = write_trace(tmp_path / "b.pt.trace.json", [{"aten::mm": 1000.0 + 10 * i} for i in range(5)])

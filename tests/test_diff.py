@@ -13,9 +13,9 @@ import torch
 import kprof_callbacks as kprof
 from kprof_callbacks import stats
 from kprof_callbacks.analysis import diff, summarize
-from kprof_callbacks.cli import main
 from kprof_callbacks.analysis.diff_inputs import parse_steps
 from kprof_callbacks.analysis.fmt import kernel_name, ranges
+from kprof_callbacks.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -23,8 +23,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # --- synthetic traces ---------------------------------------------------------------------------------------------
 
 
-def write_trace(path: Path, steps: list[dict[str, float]], *, kernels: list[dict[str, float]] | None = None,
-                first: int = 0) -> Path:
+def write_trace(
+    path: Path, steps: list[dict[str, float]], *, kernels: list[dict[str, float]] | None = None, first: int = 0
+) -> Path:
     """A torch.profiler-style chrome trace: step i runs the ops of ``steps[i]`` ({name: us}) back to back inside
     ``ProfilerStep#(first + i)``, and launches the kernels of ``kernels[i]`` ({name: us}) from a
     cudaLaunchKernel each."""
@@ -36,13 +37,42 @@ def write_trace(path: Path, steps: list[dict[str, float]], *, kernels: list[dict
             t += dur + 1.0
         for name, dur in (kernels[i] if kernels else {}).items():
             corr += 1
-            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t,
-                           "dur": 2.0, "args": {"correlation": corr}})
-            events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": t + 3.0, "dur": dur,
-                           "args": {"correlation": corr}})
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": 1,
+                    "tid": 1,
+                    "ts": t,
+                    "dur": 2.0,
+                    "args": {"correlation": corr},
+                }
+            )
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": name,
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": t + 3.0,
+                    "dur": dur,
+                    "args": {"correlation": corr},
+                }
+            )
             t += 3.0 + dur
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{first + i}", "pid": 1, "tid": 1,
-                       "ts": start, "dur": t - start})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{first + i}",
+                "pid": 1,
+                "tid": 1,
+                "ts": start,
+                "dur": t - start,
+            }
+        )
         t += 1.0
     path.write_text(json.dumps({"traceEvents": events}))
     return path
@@ -52,8 +82,15 @@ OPS = {f"aten::op{k}": base for k, base in enumerate(np.geomspace(20, 2000, 30))
 KERNELS = {f"kernel_{k}": base for k, base in enumerate(np.geomspace(5, 500, 12))}
 
 
-def noisy_run(path: Path, rng: np.random.Generator, n: int, *, cv: float = 0.1, slower: dict | None = None,
-              extra_kernel: str | None = None) -> Path:
+def noisy_run(
+    path: Path,
+    rng: np.random.Generator,
+    n: int,
+    *,
+    cv: float = 0.1,
+    slower: dict | None = None,
+    extra_kernel: str | None = None,
+) -> Path:
     """`n` steps of OPS and KERNELS with lognormal noise; `slower` multiplies some ops; `extra_kernel` adds one."""
     steps, kernels = [], []
     for _ in range(n):
@@ -100,8 +137,10 @@ def test_parse_steps_and_ranges():
 
 
 def test_kernel_names_shortened_for_display():
-    name = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
-            "TensorListMetadata<2>, std::plus<float>, float>(at::native::(anonymous namespace)::TensorListMetadata<2>)")
+    name = (
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+        "TensorListMetadata<2>, std::plus<float>, float>(at::native::(anonymous namespace)::TensorListMetadata<2>)"
+    )
     assert kernel_name(name) == "multi_tensor_apply_kernel<TensorListMetadata<2>, std::plus<float>, float>"
     assert kernel_name("sm80_xmma_gemm_f32f32") == "sm80_xmma_gemm_f32f32"
 
@@ -122,15 +161,22 @@ def test_injected_change_is_found_and_named(tmp_path):
     assert slowed.low <= 0.5 * OPS["aten::op25"] * np.exp(0.1**2 / 2) <= slowed.high  # the true change (lognormal mean)
     assert found[("op", "cudaLaunchKernel")].a_calls + 1 == found[("op", "cudaLaunchKernel")].b_calls  # its launch
     # The false discovery rate allows a noise row among 4 discoveries now and then (aten::op5 with this seed)
-    assert len(set(found) - {("op", "aten::op25"), ("kernel", "my_new_kernel"), ("count", "kernels run"),
-                             ("op", "cudaLaunchKernel")}) <= 1
+    assert (
+        len(
+            set(found)
+            - {("op", "aten::op25"), ("kernel", "my_new_kernel"), ("count", "kernels run"), ("op", "cudaLaunchKernel")}
+        )
+        <= 1
+    )
     assert d.step_time.verdict == stats.SLOWER and d.step_time.speedup < 1
     assert [c.name for c in d.contributors()] == ["my_new_kernel"]
     assert [c.name for c in d.contributors(("op",))][:2] == ["aten::op25", "cudaLaunchKernel"]
     assert "B is slower" in d.headline() and "kernel 'my_new_kernel'" in d.headline()
     reverse = diff(b, a)
-    assert {(c.kind, c.name, c.status) for c in reverse.significant()} >= {("kernel", "my_new_kernel", "gone"),
-                                                                          ("op", "aten::op25", "decreased")}
+    assert {(c.kind, c.name, c.status) for c in reverse.significant()} >= {
+        ("kernel", "my_new_kernel", "gone"),
+        ("op", "aten::op25", "decreased"),
+    }
     assert reverse.step_time.verdict == stats.FASTER
 
 
@@ -169,8 +215,10 @@ def test_noise_is_rarely_called_significant(tmp_path):
 def test_step_selections_of_one_run(tmp_path):
     """Steps 4-7 of one run got slower in one op; the selections name it, and checked before anything is read."""
     rng = np.random.default_rng(3)
-    steps = [{k: v * rng.lognormal(0, 0.05) * (3.0 if k == "aten::op10" and i >= 4 else 1.0) for k, v in OPS.items()}
-             for i in range(8)]
+    steps = [
+        {k: v * rng.lognormal(0, 0.05) * (3.0 if k == "aten::op10" and i >= 4 else 1.0) for k, v in OPS.items()}
+        for i in range(8)
+    ]
     run = tmp_path / "run"
     run.mkdir()
     write_trace(run / "w.1.pt.trace.json", steps[:4], first=10)
@@ -216,8 +264,10 @@ def test_logdir_of_runs_is_refused(tmp_path):
 
 def test_exports(tmp_path):
     rng = np.random.default_rng(4)
-    d = diff(noisy_run(tmp_path / "a.pt.trace.json", rng, 4),
-             noisy_run(tmp_path / "b.pt.trace.json", rng, 4, slower={"aten::op29": 2.0}))
+    d = diff(
+        noisy_run(tmp_path / "a.pt.trace.json", rng, 4),
+        noisy_run(tmp_path / "b.pt.trace.json", rng, 4, slower={"aten::op29": 2.0}),
+    )
     doc = json.loads(json.dumps(d.to_dict()))
     assert doc["step_time"]["verdict"] == d.step_time.verdict
     # 2x with 4 steps a side and 10% noise: p = 0.002, not enough against 44 rows (README: profile more steps)
@@ -260,8 +310,10 @@ def test_every_rows_interval_excludes_zero_exactly_when_its_verdict_is_a_change(
     for seed in range(30):
         rng = np.random.default_rng(500 + seed)
         slower = {"aten::op25": 1.3, "aten::op12": 1.15} if seed % 2 else None
-        d = diff(noisy_run(tmp_path / "a.pt.trace.json", rng, 6), noisy_run(tmp_path / "b.pt.trace.json", rng, 6,
-                                                                                slower=slower))
+        d = diff(
+            noisy_run(tmp_path / "a.pt.trace.json", rng, 6),
+            noisy_run(tmp_path / "b.pt.trace.json", rng, 6, slower=slower),
+        )
         kept = sum(c.p_value <= (1 - d.row_confidence) * (1 + 1e-9) for c in d.changes if not c.presence_changed)
         assert d.row_confidence == pytest.approx(1 - max(kept, 1) * 0.05 / len(d.changes))
         for c in d.changes:
@@ -277,7 +329,7 @@ def test_a_new_row_says_what_it_adds_and_whether_it_is_steady(tmp_path):
     """It used to read "NEW ToCopyBackward0 0 -> 24 calls/step: new, not significant"."""
     base = {"aten::mm": 100.0}
     a = write_trace(tmp_path / "a.pt.trace.json", [base] * 6)
-    steady = [{**base, **{f"ToCopyBackward0": 34.0}} for _ in range(6)]
+    steady = [{**base, **{"ToCopyBackward0": 34.0}} for _ in range(6)]
     once = [base] * 5 + [{**base, "aten::sporadic": 50.0}]
     d = diff(a, write_trace(tmp_path / "b.pt.trace.json", steady))
     new = next(c for c in d.changes if c.name == "ToCopyBackward0")
@@ -286,13 +338,14 @@ def test_a_new_row_says_what_it_adds_and_whether_it_is_steady(tmp_path):
     sporadic = next(c for c in d.changes if c.name == "aten::sporadic")
     assert (sporadic.status, sporadic.significant) == ("new", False)
     assert sporadic.verdict == "new in 1 of 6 steps, not steady (0.167 calls/step, +8.3 us per step)"
-    gone = next(c for c in diff(write_trace(tmp_path / "d.pt.trace.json", steady), a).changes
-                if c.name == "ToCopyBackward0")
+    gone = next(
+        c for c in diff(write_trace(tmp_path / "d.pt.trace.json", steady), a).changes if c.name == "ToCopyBackward0"
+    )
     assert gone.verdict == "gone: 1 calls/step, -34.0 us per step"
 
 
 def test_an_outlier_step_that_moves_the_mean_is_named_beside_the_verdict(tmp_path):
-    """"speedup 1.731x" next to "the mean step time changed by +178 ms": B's typical step is faster, one long step
+    """ "speedup 1.731x" next to "the mean step time changed by +178 ms": B's typical step is faster, one long step
     makes its mean slower, and the report says which step."""
     rng = np.random.default_rng(8)
     a = [{"aten::mm": 1000.0 * rng.lognormal(0, 0.05)} for _ in range(8)]
@@ -411,4 +464,3 @@ def test_cli(tmp_path, capsys):
     assert "step 7 not in" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _cli(str(a), str(b), "--confidence", "2")
-

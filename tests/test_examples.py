@@ -58,8 +58,7 @@ def test_diff_runs_names_what_autocast_changed(tmp_path):
 
 def test_lightning_gpt_swaps_its_layers_and_reports_throughput(tmp_path):
     """SwapCallback + ProfilerCallback(flops_per_batch=) on the GPT: kprof's layers train, TFLOP/s is reported."""
-    out = _run([sys.executable, str(EXAMPLES / "lightning_gpt.py"), "--root", str(tmp_path), "--steps", "20"],
-               tmp_path)
+    out = _run([sys.executable, str(EXAMPLES / "lightning_gpt.py"), "--root", str(tmp_path), "--steps", "20"], tmp_path)
     assert out.rstrip().endswith("layers: kprof_callbacks.kernels.layernorm")
     assert "(median over steps 0-19" in out and "TFLOP/s" in out and "from the FLOPs the program gave per step" in out
     if torch.cuda.is_available() and peaks.peak_tflops(torch.cuda.get_device_name(), "bf16"):

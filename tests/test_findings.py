@@ -15,10 +15,24 @@ from kprof_callbacks.analysis.tables import StepStats
 
 def _steps(wall_ms: list[float], loader_ms: list[float], numbers: list[int] | None = None) -> list[StepStats]:
     numbers = numbers or list(range(len(wall_ms)))
-    return [StepStats(step=n, rank=None, worker="w", wall_us=w * 1e3, gpu_busy_us=0.0, gpu_idle_us=0.0, kernel_us=0.0,
-                      memcpy_us=0.0, memset_us=0.0, comm_us=0.0, cpu_only_us=w * 1e3, dataloader_us=d * 1e3,
-                      peak_memory=0)
-            for n, w, d in zip(numbers, wall_ms, loader_ms)]
+    return [
+        StepStats(
+            step=n,
+            rank=None,
+            worker="w",
+            wall_us=w * 1e3,
+            gpu_busy_us=0.0,
+            gpu_idle_us=0.0,
+            kernel_us=0.0,
+            memcpy_us=0.0,
+            memset_us=0.0,
+            comm_us=0.0,
+            cpu_only_us=w * 1e3,
+            dataloader_us=d * 1e3,
+            peak_memory=0,
+        )
+        for n, w, d in zip(numbers, wall_ms, loader_ms)
+    ]
 
 
 def _diagnose(steps: list[StepStats]) -> dict[str, str]:
@@ -39,8 +53,10 @@ def test_data_loading_of_most_steps_is_a_finding_with_each_steps_time():
     loader = [9.0, 8.5, 9.2, 0.5, 8.8, 9.1]
     found = _diagnose(_steps([40.0 + d for d in loader], loader, [3, 4, 5, 9, 10, 11]))
     message = found["dataloader"]
-    assert message.startswith("Data loading takes 18% of a step (median over 6 steps; 8.90 ms per step; by step "
-                              "3: 9.00 ms, 4: 8.50 ms, 5: 9.20 ms, 9: 500 us, 10: 8.80 ms, 11: 9.10 ms)")
+    assert message.startswith(
+        "Data loading takes 18% of a step (median over 6 steps; 8.90 ms per step; by step "
+        "3: 9.00 ms, 4: 8.50 ms, 5: 9.20 ms, 9: 500 us, 10: 8.80 ms, 11: 9.10 ms)"
+    )
 
 
 def _with_syncs(per_step_syncs: list[int]) -> dict[str, str]:

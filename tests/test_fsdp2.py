@@ -24,9 +24,24 @@ SMALL = ["--layers", str(LAYERS), "--steps", "8"]
 
 def _torchrun(logdir: Path, name: str, *flags: str, ranks: int = 2) -> subprocess.CompletedProcess:
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", str(EXAMPLE),
-         "--logdir", str(logdir), "--name", name, *flags],
-        capture_output=True, text=True, timeout=600, cwd=logdir, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={ranks}",
+            str(EXAMPLE),
+            "--logdir",
+            str(logdir),
+            "--name",
+            name,
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=logdir,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -64,8 +79,11 @@ def test_every_rank_writes_its_trace_and_rank0_alone_prints_the_summary(runs):
 
 def test_collectives_by_phase_follow_the_sharding(runs):
     groups = LAYERS + 1  # each block and the root
-    assert _calls(runs["good"][0]) == {("all_gather", "forward"): {groups}, ("all_gather", "backward"): {LAYERS},
-                                       ("reduce_scatter", "backward"): {groups}}  # the root stays unsharded
+    assert _calls(runs["good"][0]) == {
+        ("all_gather", "forward"): {groups},
+        ("all_gather", "backward"): {LAYERS},
+        ("reduce_scatter", "backward"): {groups},
+    }  # the root stays unsharded
     assert _calls(runs["root"][0]) == {("all_gather", "forward"): {1}, ("reduce_scatter", "backward"): {1}}
     assert _calls(runs["kept"][0]) == {("all_gather", "forward"): {groups}, ("reduce_scatter", "backward"): {groups}}
     for s, _ in runs.values():
@@ -114,8 +132,23 @@ def _copy(trace: Path, folder: Path) -> None:
 def test_sixteen_ranks_on_two_hosts(tmp_path):
     """16 gloo processes: rank 3 computes 150 ms more each step, rank 11 sleeps 400 ms loading data. Ranks 8-15 are
     then moved to a host whose clock reads 3.7 s more: aligned on collective ends, the summary is the same."""
-    _torchrun(tmp_path, "sim", "--layers", "2", "--width", "32", "--batch", "2", "--steps", "8",
-              "--straggler", "3:150", "--slow-data", "11:400", ranks=16)
+    _torchrun(
+        tmp_path,
+        "sim",
+        "--layers",
+        "2",
+        "--width",
+        "32",
+        "--batch",
+        "2",
+        "--steps",
+        "8",
+        "--straggler",
+        "3:150",
+        "--slow-data",
+        "11:400",
+        ranks=16,
+    )
     one_host = kprof.summarize(tmp_path / "sim")
     (tmp_path / "two").mkdir()
     for trace in (tmp_path / "sim").glob("*.pt.trace.json"):
@@ -140,9 +173,14 @@ def test_sixteen_ranks_on_two_hosts(tmp_path):
 
 
 def test_lightning_model_parallel_strategy_profiles_every_rank(tmp_path):
-    done = subprocess.run([sys.executable, str(EXAMPLES / "fsdp2_fit.py"), "--root", str(tmp_path), "--steps", "8"],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "fsdp2_fit.py"), "--root", str(tmp_path), "--steps", "8"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "lightning_logs" / "version_0" / "kprof" / "train"
     s = kprof.summarize(run)
@@ -150,6 +188,9 @@ def test_lightning_model_parallel_strategy_profiles_every_rank(tmp_path):
     assert done.stdout.count("Communication by collective") == 1  # rank 0 alone prints
     groups = 4 + 1  # the example's CPU model: 4 blocks, and the root
     fsdp = {key: calls for key, calls in _calls(s).items() if key[0] in ("all_gather", "reduce_scatter")}
-    assert fsdp == {("all_gather", "forward"): {groups}, ("all_gather", "backward"): {groups - 1},
-                    ("reduce_scatter", "backward"): {groups}}  # Lightning adds a broadcast or two of its own
+    assert fsdp == {
+        ("all_gather", "forward"): {groups},
+        ("all_gather", "backward"): {groups - 1},
+        ("reduce_scatter", "backward"): {groups},
+    }  # Lightning adds a broadcast or two of its own
     assert all(f.groups == groups and f.unsharded_total > 0 for f in s.fsdp)

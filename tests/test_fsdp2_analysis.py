@@ -47,8 +47,9 @@ class _Trace:
         self.lanes = {20: 0.0, 21: 0.0}  # when each NCCL stream is free
 
     def host(self, name: str, ts: float, dur: float, cat: str = "user_annotation") -> None:
-        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts + self.l.clock,
-                            "dur": dur, "args": {}})
+        self.events.append(
+            {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts + self.l.clock, "dur": dur, "args": {}}
+        )
 
     def gpu(self, name: str, host_ts: float, ts: float, dur: float, stream: int, collective: str = "") -> float:
         """A kernel launched at host_ts, running [ts, ts + dur); returns its end."""
@@ -58,8 +59,18 @@ class _Trace:
         args = {"correlation": self.corr, "stream": stream, "device": 0}
         if collective:
             args["Collective name"] = collective
-        self.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream,
-                            "ts": ts + self.l.clock, "dur": dur, "args": args})
+        self.events.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": name,
+                "pid": 0,
+                "tid": stream,
+                "ts": ts + self.l.clock,
+                "dur": dur,
+                "args": args,
+            }
+        )
         return ts + dur
 
     def collective(self, host_ts: float, ready: float, dur: float, scatter: bool) -> float:
@@ -67,15 +78,31 @@ class _Trace:
         (all-gather and reduce-scatter share one unless `separate_groups`); returns its end."""
         lane = 21 if scatter and self.l.separate_groups else 20
         start = max(ready, self.lanes[lane])
-        self.lanes[lane] = self.gpu(NCCL, host_ts, start, dur, lane,
-                                    "_reduce_scatter_base" if scatter else "_allgather_base")
+        self.lanes[lane] = self.gpu(
+            NCCL, host_ts, start, dur, lane, "_reduce_scatter_base" if scatter else "_allgather_base"
+        )
         return self.lanes[lane]
 
     def memory(self, ts: float, nbytes: int, addr: int) -> None:
         self.allocated += nbytes
-        self.events.append({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "s": "t",
-                            "ts": ts + self.l.clock, "args": {"Addr": addr, "Bytes": nbytes, "Total Allocated":
-                                                              self.allocated, "Device Type": 1, "Device Id": 0}})
+        self.events.append(
+            {
+                "ph": "i",
+                "cat": "cpu_instant_event",
+                "name": "[memory]",
+                "pid": 1,
+                "tid": 1,
+                "s": "t",
+                "ts": ts + self.l.clock,
+                "args": {
+                    "Addr": addr,
+                    "Bytes": nbytes,
+                    "Total Allocated": self.allocated,
+                    "Device Type": 1,
+                    "Device Id": 0,
+                },
+            }
+        )
 
     def unshard(self, group: str, ts: float, size: int, addr: int) -> None:
         self.host(f"FSDP::all_gather_copy_out{group}", ts, 4.0)
@@ -138,8 +165,14 @@ class _Trace:
             t = self.step(number, t)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"rank{self.l.rank}_host{int(self.l.clock)}_{100 + self.l.rank}.1.pt.trace.json"
-        path.write_text(json.dumps({"traceEvents": self.events,
-                                    "distributedInfo": {"rank": self.l.rank, "world_size": 2, "backend": "nccl"}}))
+        path.write_text(
+            json.dumps(
+                {
+                    "traceEvents": self.events,
+                    "distributedInfo": {"rank": self.l.rank, "world_size": 2, "backend": "nccl"},
+                }
+            )
+        )
         return path
 
 
@@ -156,8 +189,11 @@ def _kinds(folder: Path) -> set[str]:
 def test_collectives_are_named_by_their_collective_name_and_accounted_per_step_and_phase(tmp_path):
     s = summarize(_run(tmp_path, "good"))
     rows = {(c.rank, c.step, c.collective, c.phase): c for c in s.comm}
-    assert {key[2:] for key in rows} == {("all_gather", "forward"), ("all_gather", "backward"),
-                                        ("reduce_scatter", "backward")}
+    assert {key[2:] for key in rows} == {
+        ("all_gather", "forward"),
+        ("all_gather", "backward"),
+        ("reduce_scatter", "backward"),
+    }
     assert {(key[0], key[1]) for key in rows} == {(r, n) for r in (0, 1) for n in STEPS}
     for c in s.comm:
         assert c.calls == BLOCKS
@@ -180,15 +216,19 @@ def test_collectives_are_named_by_their_collective_name_and_accounted_per_step_a
 SLOW_COMM = {"gather": 500.0, "scatter": 600.0}  # together longer than a block's backward
 
 
-@pytest.mark.parametrize(("finding", "good", "bad"), [
-    ("fsdp_all_gather", {}, {"prefetch": False}),
-    ("fsdp_all_gather", {}, {"root_only": True}),
-    ("fsdp_reduce_scatter", {}, {"root_only": True}),
-    ("fsdp_reduce_scatter", {}, {"scatter": 1200.0}),
-    ("fsdp_one_communicator", {"separate_groups": True, **SLOW_COMM}, SLOW_COMM),
-    ("fsdp_unsharded_memory", {}, {"reshard": False}),
-    ("fsdp_unsharded_memory", {}, {"root_only": True}),
-], ids=lambda v: str(v) if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()) or "default")
+@pytest.mark.parametrize(
+    ("finding", "good", "bad"),
+    [
+        ("fsdp_all_gather", {}, {"prefetch": False}),
+        ("fsdp_all_gather", {}, {"root_only": True}),
+        ("fsdp_reduce_scatter", {}, {"root_only": True}),
+        ("fsdp_reduce_scatter", {}, {"scatter": 1200.0}),
+        ("fsdp_one_communicator", {"separate_groups": True, **SLOW_COMM}, SLOW_COMM),
+        ("fsdp_unsharded_memory", {}, {"reshard": False}),
+        ("fsdp_unsharded_memory", {}, {"root_only": True}),
+    ],
+    ids=lambda v: str(v) if isinstance(v, str) else ",".join(f"{k}={x}" for k, x in v.items()) or "default",
+)
 def test_each_finding_fires_on_its_bad_layout_and_not_on_the_good_one(tmp_path, finding, good, bad):
     assert finding not in _kinds(_run(tmp_path, "good", **good))
     assert finding in _kinds(_run(tmp_path, "bad", **bad))
@@ -208,8 +248,11 @@ def test_unsharded_memory_at_the_peak_against_the_sharded_size(tmp_path):
     kept = summarize(_run(tmp_path, "kept", reshard=False))
     resharded = summarize(_run(tmp_path, "resharded"))
     for f in kept.fsdp:
-        assert (f.unsharded_total, f.unsharded_at_peak, f.groups_at_peak) == (BLOCKS * BLOCK_BYTES,
-                                                                              BLOCKS * BLOCK_BYTES, BLOCKS)
+        assert (f.unsharded_total, f.unsharded_at_peak, f.groups_at_peak) == (
+            BLOCKS * BLOCK_BYTES,
+            BLOCKS * BLOCK_BYTES,
+            BLOCKS,
+        )
         assert f.largest_group == BLOCK_BYTES and f.world_size == 2
     for f in resharded.fsdp:  # the peak comes as backward unshards its first block
         assert (f.unsharded_total, f.unsharded_at_peak, f.groups_at_peak) == (BLOCKS * BLOCK_BYTES, BLOCK_BYTES, 1)
@@ -235,22 +278,38 @@ def test_clock_offsets_are_recovered_and_the_late_rank_found_across_hosts(tmp_pa
 
 
 def test_collective_names_in_their_spellings():
-    spelled = {"ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "all_gather",
-               "ncclKernel_ReduceScatter_RING_LL_Sum___nv_bfloat16(ncclDevComm*, unsigned long, ncclWork*)":
-                   "reduce_scatter",
-               "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "all_reduce",
-               "gloo:all_gather": "all_gather", "c10d::_reduce_scatter_base_": "reduce_scatter",
-               "allgather_into_tensor_coalesced": "all_gather", "c10d::allreduce_": "all_reduce",
-               "nccl:broadcast": "broadcast", "c10d::alltoall_base_": "all_to_all", "c10d::recv_": "send_recv",
-               "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)": "send_recv", "gloo:barrier": "barrier",
-               "record_param_comms": "other", NCCL: "other"}
+    spelled = {
+        "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "all_gather",
+        "ncclKernel_ReduceScatter_RING_LL_Sum___nv_bfloat16(ncclDevComm*, unsigned long, ncclWork*)": "reduce_scatter",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "all_reduce",
+        "gloo:all_gather": "all_gather",
+        "c10d::_reduce_scatter_base_": "reduce_scatter",
+        "allgather_into_tensor_coalesced": "all_gather",
+        "c10d::allreduce_": "all_reduce",
+        "nccl:broadcast": "broadcast",
+        "c10d::alltoall_base_": "all_to_all",
+        "c10d::recv_": "send_recv",
+        "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)": "send_recv",
+        "gloo:barrier": "barrier",
+        "record_param_comms": "other",
+        NCCL: "other",
+    }
     assert {name: comm.collective_kind(name) for name in spelled} == spelled
 
 
 def _num(value: float) -> str:
     """charts.js num(): how the tab writes a number."""
-    return "0" if value == 0 else f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}" if abs(value) >= 10 \
-        else f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
+    return (
+        "0"
+        if value == 0
+        else f"{value:.0f}"
+        if abs(value) >= 100
+        else f"{value:.1f}"
+        if abs(value) >= 10
+        else f"{value:.2f}"
+        if abs(value) >= 1
+        else f"{value:.3f}"
+    )
 
 
 def test_tab_ranks_view_shows_each_rank_computing_and_communicating(tmp_path, chromium, group_leftovers):
@@ -262,13 +321,13 @@ def test_tab_ranks_view_shows_each_rank_computing_and_communicating(tmp_path, ch
     with TensorBoardServer(tmp_path / "log") as server:
         dom = chromium(f"{server.url}data/plugin_entry.html?name=kprof#run=fsdp", "--dump-dom")
     assert not group_leftovers(server.pid)
-    view = dom[dom.index("Ranks (means per step)"):]
+    view = dom[dom.index("Ranks (means per step)") :]
     for r in s.ranks:  # one bar per rank: computing, both, communicating, neither
         parts = {"computing": r.compute_us - r.overlap_us, "both": r.overlap_us, "communicating": r.exposed_comm_us}
         for name, us in parts.items():
             assert f"<title>rank {r.rank}: {name} {_num(us / 1000)} ms</title>" in view
     assert "waits for others" in view and "others wait for it" in view
-    table = view[view.index("Communication by collective"):]
+    table = view[view.index("Communication by collective") :]
     rows = re.findall(r'<tr><td class="name">(\d)</td><td class="name">(\w+)</td><td class="name">(\w+)</td>', table)
     assert sorted(rows) == sorted({(str(c.rank), c.collective, c.phase) for c in s.comm})
 
@@ -276,16 +335,19 @@ def test_tab_ranks_view_shows_each_rank_computing_and_communicating(tmp_path, ch
 def test_a_thread_waiting_inside_an_operator_is_not_computing(tmp_path):
     """CPU-only FSDP: a backward node (an operator) runs FSDP's pre-backward hook, which waits for a gloo all-gather
     on gloo's thread. Only the operators' own time computes, so the all-gather is exposed, not hidden."""
+
     def event(name: str, cat: str, ts: float, dur: float, tid: int = 1) -> dict:
         return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": {}}
 
-    events = [event("ProfilerStep#1", "user_annotation", 0, 1000),
-              event("autograd::engine::evaluate_function: AddBackward0", "cpu_op", 100, 800),
-              event("FSDP::pre_backward (blocks.0)", "user_annotation", 150, 700),
-              event("FSDP::all_gather (blocks.0)", "user_annotation", 200, 600),
-              event("c10d::_allgather_base_", "cpu_op", 210, 10),
-              event("gloo:all_gather", "user_annotation", 230, 560, tid=2),
-              event("aten::mm", "cpu_op", 860, 30)]
+    events = [
+        event("ProfilerStep#1", "user_annotation", 0, 1000),
+        event("autograd::engine::evaluate_function: AddBackward0", "cpu_op", 100, 800),
+        event("FSDP::pre_backward (blocks.0)", "user_annotation", 150, 700),
+        event("FSDP::all_gather (blocks.0)", "user_annotation", 200, 600),
+        event("c10d::_allgather_base_", "cpu_op", 210, 10),
+        event("gloo:all_gather", "user_annotation", 230, 560, tid=2),
+        event("aten::mm", "cpu_op", 860, 30),
+    ]
     path = tmp_path / "rank0_host_1.1.pt.trace.json"
     path.write_text(json.dumps({"traceEvents": events}))
     s = summarize(path)

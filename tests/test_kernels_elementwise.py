@@ -23,8 +23,12 @@ from kernel_checks import DEVICES, HAS_CUDA, assert_errors, errors_in_child, poi
 # (rtol, atol) per dtype against the float64 reference: a rounding or two of the dtype, and an absolute floor
 # for results near zero (float16 subnormals; float32 tanh-GELU loses digits to cancellation for x << 0,
 # as PyTorch's own kernel does). Gradients get GRAD_SLACK times more.
-TOL = {torch.float64: (1e-10, 1e-12), torch.float32: (1e-5, 1e-6), torch.float16: (2e-3, 1e-5),
-       torch.bfloat16: (1.6e-2, 1e-4)}
+TOL = {
+    torch.float64: (1e-10, 1e-12),
+    torch.float32: (1e-5, 1e-6),
+    torch.float16: (2e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-4),
+}
 GRAD_SLACK = 4
 # Sizes off every pack (16 bytes), block (256 threads x 2 packs) and CPU grain (32768), a size of 1, and a
 # row of one element.
@@ -89,19 +93,34 @@ def with_bias(shape):
 ops = torch.ops.kprof
 CASES = [
     Case("square", lambda x: ops.square(x), lambda g, x: [ops.square_backward(g, x)], torch.square, same),
-    Case("square-grid2d", lambda x: ops.square(x, "grid2d"), lambda g, x: [ops.square_backward(g, x)],
-         torch.square, same),
+    Case(
+        "square-grid2d", lambda x: ops.square(x, "grid2d"), lambda g, x: [ops.square_backward(g, x)], torch.square, same
+    ),
     Case("add", lambda a, b: ops.add(a, b), lambda g, a, b: [g, g], torch.add, pair),
     Case("gelu", lambda x: ops.gelu(x), lambda g, x: [ops.gelu_backward(g, x)], F.gelu, same),
-    Case("gelu-tanh", lambda x: ops.gelu(x, "tanh"), lambda g, x: [ops.gelu_backward(g, x, "tanh")],
-         lambda x: F.gelu(x, approximate="tanh"), same),
+    Case(
+        "gelu-tanh",
+        lambda x: ops.gelu(x, "tanh"),
+        lambda g, x: [ops.gelu_backward(g, x, "tanh")],
+        lambda x: F.gelu(x, approximate="tanh"),
+        same,
+    ),
 ]
 BIAS_CASES = [
-    Case("bias_gelu", lambda x, b: ops.bias_gelu(x, b), lambda g, x, b: list(ops.bias_gelu_backward(g, x, b)),
-         lambda x, b: F.gelu(x + b), with_bias),
-    Case("bias_gelu-tanh", lambda x, b: ops.bias_gelu(x, b, "tanh"),
-         lambda g, x, b: list(ops.bias_gelu_backward(g, x, b, "tanh")),
-         lambda x, b: F.gelu(x + b, approximate="tanh"), with_bias),
+    Case(
+        "bias_gelu",
+        lambda x, b: ops.bias_gelu(x, b),
+        lambda g, x, b: list(ops.bias_gelu_backward(g, x, b)),
+        lambda x, b: F.gelu(x + b),
+        with_bias,
+    ),
+    Case(
+        "bias_gelu-tanh",
+        lambda x, b: ops.bias_gelu(x, b, "tanh"),
+        lambda g, x, b: list(ops.bias_gelu_backward(g, x, b, "tanh")),
+        lambda x, b: F.gelu(x + b, approximate="tanh"),
+        with_bias,
+    ),
 ]
 
 
@@ -226,8 +245,7 @@ def test_fused_layers_follow_autocast_dtypes() -> None:
     assert out.dtype == torch.bfloat16
     out.float().sum().backward()
     assert fused.bias.grad is not None and fused.bias.grad.dtype == torch.float32
-    torch.testing.assert_close(out.float(), F.gelu(fused.weight @ x.T + fused.bias[:, None]).T,
-                               rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out.float(), F.gelu(fused.weight @ x.T + fused.bias[:, None]).T, rtol=2e-2, atol=2e-2)
 
 
 def test_profiler_sees_the_operators() -> None:
@@ -237,8 +255,14 @@ def test_profiler_sees_the_operators() -> None:
         out = kernels.gelu(x) + kernels.LinearGELU(8, 8)(x) + kernels.square(x)
         out.sum().backward()
     names = {e.name for e in prof.events()}
-    assert {"kprof::gelu", "kprof::bias_gelu", "kprof::square", "kprof::gelu_backward", "kprof::bias_gelu_backward",
-            "kprof::square_backward"} <= names
+    assert {
+        "kprof::gelu",
+        "kprof::bias_gelu",
+        "kprof::square",
+        "kprof::gelu_backward",
+        "kprof::bias_gelu_backward",
+        "kprof::square_backward",
+    } <= names
 
 
 BAD_INPUTS = [
@@ -284,9 +308,17 @@ def test_operators_reject_bad_input_with_python_errors(device: str) -> None:
     """Every check is a TORCH_CHECK raised before any launch, so bad input is a Python exception on every build (the
     CUDA build of the old square binding segfaulted on one). In a child process, so a crash fails only this test."""
     lines = errors_in_child(BAD_OPERATOR_CALLS, ("add", "gelu", "square"), device)
-    assert_errors(lines, [("ValueError", "grad has shape [5], expected [6, 4]"), ("TypeError", "b is Double"),
-                          ("ValueError", "grad has shape [5]"), ("ValueError", "grad has shape [3]"),
-                          ("ValueError", "bias has shape [6], expected [4]"), ("TypeError", "x is Int")])
+    assert_errors(
+        lines,
+        [
+            ("ValueError", "grad has shape [5], expected [6, 4]"),
+            ("TypeError", "b is Double"),
+            ("ValueError", "grad has shape [5]"),
+            ("ValueError", "grad has shape [3]"),
+            ("ValueError", "bias has shape [6], expected [4]"),
+            ("TypeError", "x is Int"),
+        ],
+    )
 
 
 def test_bench_prints_progress_to_stderr_and_one_table_to_stdout(capsys: pytest.CaptureFixture) -> None:

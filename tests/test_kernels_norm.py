@@ -16,8 +16,18 @@ from torch import nn
 from kprof_callbacks import kernels
 from kprof_callbacks.kernels._norm import stats_dtype
 
-from kernel_checks import (DEVICES, HAS_CUDA, TOL, LlamaMLP, assert_errors, cases, errors_in_child, poisoned_outputs,
-                           reference_grads, rel_err)
+from kernel_checks import (
+    DEVICES,
+    HAS_CUDA,
+    TOL,
+    LlamaMLP,
+    assert_errors,
+    cases,
+    errors_in_child,
+    poisoned_outputs,
+    reference_grads,
+    rel_err,
+)
 
 ops = torch.ops.kprof
 # (rows..., hidden): hidden 1, odd sizes off every pack and block width, 3-D, many rows, the CUDA maximum.
@@ -73,8 +83,9 @@ def test_rmsnorm_kernels_match_float64(device: str, shape: tuple[int, ...]) -> N
             dx, dw = ops.rms_norm_backward(dy, x, w, rstd, eps)
         assert rstd.dtype == stats_dtype(x)
 
-        ref, (gx, gw) = reference_grads(lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w,
-                                        [x, w], dy)
+        ref, (gx, gw) = reference_grads(
+            lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w, [x, w], dy
+        )
         tol = TOL[dtype]
         assert rel_err(y, ref) < tol, (dtype, wdtype)
         dx_terms = rstd[:, None] * w * dy.reshape(-1, n)
@@ -169,8 +180,15 @@ def test_profiler_sees_the_operators() -> None:
         out = mlp(ln(torch.randn(2, 8))) + kernels.rms_norm(torch.randn(2, 8), 8, torch.randn(8, requires_grad=True))
         out.sum().backward()
     names = {e.name for e in prof.events()}
-    assert {"kprof::layer_norm", "kprof::layer_norm_fwd", "kprof::layer_norm_backward", "kprof::rms_norm",
-            "kprof::rms_norm_backward", "kprof::swiglu", "kprof::swiglu_backward"} <= names
+    assert {
+        "kprof::layer_norm",
+        "kprof::layer_norm_fwd",
+        "kprof::layer_norm_backward",
+        "kprof::rms_norm",
+        "kprof::rms_norm_backward",
+        "kprof::swiglu",
+        "kprof::swiglu_backward",
+    } <= names
 
 
 def test_from_module_keeps_parameters_and_state_dict() -> None:
@@ -191,22 +209,30 @@ def test_bad_inputs_raise_clear_errors() -> None:
         (ValueError, "x of shape [4, 8] does not end in normalized_shape [7]", lambda: kernels.layer_norm(x, 7, w)),
         (ValueError, "weight is [7] on cpu, expected [8] on cpu", lambda: kernels.layer_norm(x, 8, torch.randn(7))),
         (TypeError, "weight dtype Float does not go with x dtype Double", lambda: kernels.layer_norm(x.double(), 8, w)),
-        (TypeError, "weight and bias dtypes differ",
-         lambda: kernels.layer_norm(x.bfloat16(), 8, w.bfloat16(), torch.randn(8))),
+        (
+            TypeError,
+            "weight and bias dtypes differ",
+            lambda: kernels.layer_norm(x.bfloat16(), 8, w.bfloat16(), torch.randn(8)),
+        ),
         (ValueError, "eps must be a number >= 0, got -1", lambda: kernels.rms_norm(x, 8, w, eps=-1.0)),
-        (ValueError, "normalized_shape must be a non-empty list of positive sizes",
-         lambda: kernels.rms_norm(x, [], w)),
+        (ValueError, "normalized_shape must be a non-empty list of positive sizes", lambda: kernels.rms_norm(x, [], w)),
         (ValueError, "impl must be", lambda: kernels.layer_norm(x, 8, w, impl="fast")),
         (ValueError, "impl='cuda' needs CUDA tensors", lambda: kernels.rms_norm(x, 8, w, impl="cuda")),
         (ValueError, "normalized_shape must be", lambda: kernels.LayerNorm(0)),
         (ValueError, "elementwise_affine=False", lambda: kernels.LayerNorm(8, elementwise_affine=False)),
-        (ValueError, "elementwise_affine=False",
-         lambda: kernels.RMSNorm.from_module(nn.RMSNorm(8, elementwise_affine=False))),
+        (
+            ValueError,
+            "elementwise_affine=False",
+            lambda: kernels.RMSNorm.from_module(nn.RMSNorm(8, elementwise_affine=False)),
+        ),
         (TypeError, "expected torch.nn.LayerNorm", lambda: kernels.LayerNorm.from_module(nn.RMSNorm(8))),
         (ValueError, "up has shape [4, 4], expected [4, 8]", lambda: kernels.swiglu(x, x[:, :4])),
         (TypeError, "up is Double on cpu", lambda: kernels.swiglu(x, x.double())),
-        (TypeError, "no nn.Linear attribute(s) ['w_gate', 'w_up', 'w_down']",
-         lambda: kernels.SwiGLUMLP.from_module(nn.Module())),
+        (
+            TypeError,
+            "no nn.Linear attribute(s) ['w_gate', 'w_up', 'w_down']",
+            lambda: kernels.SwiGLUMLP.from_module(nn.Module()),
+        ),
         (ValueError, "shapes do not chain", lambda: kernels.SwiGLUMLP.from_module(_bad_mlp())),
     ]
     for exc, message, call in cases:
@@ -235,12 +261,24 @@ def test_operators_reject_bad_input_with_python_errors(device: str) -> None:
     raw bindings' checks crashed the pytest worker on a GPU build before). In a child process, so a crash fails only
     this test."""
     lines = errors_in_child(BAD_OPERATOR_CALLS, ("layernorm", "rmsnorm", "swiglu"), device)
-    assert_errors(lines[:5], [("ValueError", "grad has shape [4, 7], expected [4, 8]"),
-                              ("ValueError", "mean must have shape [4]"), ("TypeError", "rstd has dtype Double"),
-                              ("ValueError", "normalized_shape must be"), ("ValueError", "grad has shape [2, 8]")])
+    assert_errors(
+        lines[:5],
+        [
+            ("ValueError", "grad has shape [4, 7], expected [4, 8]"),
+            ("ValueError", "mean must have shape [4]"),
+            ("TypeError", "rstd has dtype Double"),
+            ("ValueError", "normalized_shape must be"),
+            ("ValueError", "grad has shape [2, 8]"),
+        ],
+    )
     if device == "cuda":
-        assert_errors(lines[5:], [("ValueError", "weight is [8] on cpu, expected [8] on cuda"),
-                                  ("ValueError", "the CUDA kernels take rows of at most 8192 elements")])
+        assert_errors(
+            lines[5:],
+            [
+                ("ValueError", "weight is [8] on cpu, expected [8] on cuda"),
+                ("ValueError", "the CUDA kernels take rows of at most 8192 elements"),
+            ],
+        )
     else:  # the CPU kernels take both
         assert lines[5:] == ["no error", "no error"]
 
@@ -258,8 +296,9 @@ def test_cuda_limits_and_errors() -> None:
     with pytest.raises(ValueError, match="at most 8192 elements"):
         kernels.layer_norm(torch.randn(2, 8193, device="cuda"), 8193, w)
     with pytest.raises(TypeError, match="Double on cuda"):
-        kernels.rms_norm(torch.randn(2, 8, device="cuda", dtype=torch.float64), 8,
-                         torch.randn(8, device="cuda", dtype=torch.float64))
+        kernels.rms_norm(
+            torch.randn(2, 8, device="cuda", dtype=torch.float64), 8, torch.randn(8, device="cuda", dtype=torch.float64)
+        )
     with pytest.raises(ValueError, match="weight is"):
         kernels.layer_norm(torch.randn(2, 8, device="cuda"), 8, torch.randn(8))
     with pytest.raises(ValueError, match="longer than"):

@@ -16,8 +16,14 @@ import torch.nn.functional as F
 from kprof_callbacks import kernels
 from kprof_callbacks.kernels import _build
 
-from kernel_checks import (DEVICES, HAS_CUDA, assert_compiles_without_graph_breaks, graph_targets, operator_samples,
-                           poisoned_outputs)
+from kernel_checks import (
+    DEVICES,
+    HAS_CUDA,
+    assert_compiles_without_graph_breaks,
+    graph_targets,
+    operator_samples,
+    poisoned_outputs,
+)
 
 LIBRARIES = ("add", "gelu", "square", "swiglu", "layernorm", "rmsnorm")
 
@@ -29,8 +35,9 @@ def libraries() -> None:
 
 
 def test_every_operator_has_a_sample() -> None:
-    registered = {op for module in LIBRARIES for op in
-                  importlib.import_module(f"kprof_callbacks.kernels.{module}").LIBRARY.ops}
+    registered = {
+        op for module in LIBRARIES for op in importlib.import_module(f"kprof_callbacks.kernels.{module}").LIBRARY.ops
+    }
     assert {name for name, _ in operator_samples("cpu", torch.float64)} == registered
 
 
@@ -46,8 +53,10 @@ def test_a_norm_forward_is_not_differentiated_directly() -> None:
     """layer_norm_fwd/rms_norm_fwd return the statistics their backward reads; their gradients come from the public
     operators, so differentiating them directly is an error, not a silently missing gradient."""
     x, w = torch.randn(3, 5, requires_grad=True), torch.randn(5)
-    for call in (lambda: torch.ops.kprof.layer_norm_fwd(x, [5], w, None, 1e-5),
-                 lambda: torch.ops.kprof.rms_norm_fwd(x, [5], w, None)):
+    for call in (
+        lambda: torch.ops.kprof.layer_norm_fwd(x, [5], w, None, 1e-5),
+        lambda: torch.ops.kprof.rms_norm_fwd(x, [5], w, None),
+    ):
         with pytest.raises(RuntimeError, match="has no autograd of its own.*call that to get gradients"):
             call()
         with torch.no_grad():
@@ -70,17 +79,24 @@ PENALTY = {
     "gelu-tanh": (lambda x, p: F.gelu(x @ p["w"], approximate="tanh"), lambda x, p: kernels.gelu(x @ p["w"], "tanh")),
     "bias_gelu": (lambda x, p: F.gelu(x @ p["w"] + p["b"]), lambda x, p: kernels.bias_gelu(x @ p["w"], p["b"])),
     "swiglu": (lambda x, p: F.silu(x @ p["w"]) * (x @ p["v"]), lambda x, p: kernels.swiglu(x @ p["w"], x @ p["v"])),
-    "layer_norm": (lambda x, p: F.layer_norm(x @ p["w"], (7,), p["g"], p["b"]),
-                   lambda x, p: kernels.layer_norm(x @ p["w"], 7, p["g"], p["b"])),
-    "layer_norm-nobias": (lambda x, p: F.layer_norm(x @ p["w"], (7,), p["g"]),
-                          lambda x, p: kernels.layer_norm(x @ p["w"], 7, p["g"])),
-    "rms_norm": (lambda x, p: F.rms_norm(x @ p["w"], (7,), p["g"], 1e-5),
-                 lambda x, p: kernels.rms_norm(x @ p["w"], 7, p["g"], 1e-5)),
+    "layer_norm": (
+        lambda x, p: F.layer_norm(x @ p["w"], (7,), p["g"], p["b"]),
+        lambda x, p: kernels.layer_norm(x @ p["w"], 7, p["g"], p["b"]),
+    ),
+    "layer_norm-nobias": (
+        lambda x, p: F.layer_norm(x @ p["w"], (7,), p["g"]),
+        lambda x, p: kernels.layer_norm(x @ p["w"], 7, p["g"]),
+    ),
+    "rms_norm": (
+        lambda x, p: F.rms_norm(x @ p["w"], (7,), p["g"], 1e-5),
+        lambda x, p: kernels.rms_norm(x @ p["w"], 7, p["g"], 1e-5),
+    ),
 }
 
 
-def penalty_grads(fn, x: torch.Tensor, params: dict[str, torch.Tensor], weights: torch.Tensor
-                  ) -> list[torch.Tensor | None]:
+def penalty_grads(
+    fn, x: torch.Tensor, params: dict[str, torch.Tensor], weights: torch.Tensor
+) -> list[torch.Tensor | None]:
     """d/dparams of sum(weights * fn(x)) + |d sum(weights * fn(x)) / dx|^2: a WGAN-GP style gradient penalty."""
     x = x.clone().requires_grad_()
     out = (fn(x, params) * weights).sum()
@@ -98,8 +114,10 @@ def test_gradient_penalty_matches_torch(name: str) -> None:
         return torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_()
 
     params = {"w": param(6, 7), "v": param(6, 7), "b": param(7), "g": param(7)}
-    x, weights = torch.randn(5, 6, generator=gen, dtype=torch.float64), torch.randn(5, 7, generator=gen,
-                                                                                    dtype=torch.float64)
+    x, weights = (
+        torch.randn(5, 6, generator=gen, dtype=torch.float64),
+        torch.randn(5, 7, generator=gen, dtype=torch.float64),
+    )
     reference, ours = PENALTY[name]
     want = penalty_grads(reference, x, params, weights)
     got = penalty_grads(ours, x, params, weights)
@@ -112,8 +130,10 @@ def test_gradient_penalty_matches_torch(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["gelu", "layer_norm", "rms_norm", "swiglu"])
 def test_gradgradcheck(name: str) -> None:
-    params = {k: torch.randn(*s, dtype=torch.float64, requires_grad=True)
-              for k, s in {"w": (4, 7), "v": (4, 7), "b": (7,), "g": (7,)}.items()}
+    params = {
+        k: torch.randn(*s, dtype=torch.float64, requires_grad=True)
+        for k, s in {"w": (4, 7), "v": (4, 7), "b": (7,), "g": (7,)}.items()
+    }
     fn = PENALTY[name][1]
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda x, *p: fn(x, dict(zip(params, p))), (x, *params.values()))
@@ -138,8 +158,9 @@ def autocast_pairs(x: torch.Tensor) -> dict[str, tuple]:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("input_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_autocast_dtypes_follow_the_replaced_op(device: str, autocast_dtype: torch.dtype,
-                                                input_dtype: torch.dtype) -> None:
+def test_autocast_dtypes_follow_the_replaced_op(
+    device: str, autocast_dtype: torch.dtype, input_dtype: torch.dtype
+) -> None:
     x = torch.randn(4, 24, device=device).to(input_dtype)
     with torch.autocast(device, dtype=autocast_dtype):
         for name, (reference, ours) in autocast_pairs(x).items():
@@ -153,8 +174,9 @@ def test_functional_forms_compile_without_graph_breaks() -> None:
     def step(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         h = kernels.layer_norm(x, x.shape[-1], w, b, impl="cpp")
         h = kernels.add(kernels.bias_gelu(h, b, "tanh", impl="cpp"), kernels.square(h, impl="cpp"), impl="cpp")
-        return kernels.rms_norm(kernels.swiglu(h, kernels.gelu(h, impl="cpp"), impl="cpp"), (x.shape[-1],), w,
-                                impl="cpp")
+        return kernels.rms_norm(
+            kernels.swiglu(h, kernels.gelu(h, impl="cpp"), impl="cpp"), (x.shape[-1],), w, impl="cpp"
+        )
 
     assert_compiles_without_graph_breaks(step)
 
@@ -212,8 +234,9 @@ def test_the_eager_entry_hands_what_it_does_not_take_to_the_operator() -> None:
     with Mode():
         kernels.layer_norm(x, 4, w)
     assert torch.ops.kprof.layer_norm.default in Logged.calls
-    torch.testing.assert_close(layernorm.LIBRARY.layer_norm(x, (4,), w, None, eps=1e-3), F.layer_norm(x, (4,), w,
-                                                                                                      eps=1e-3))
+    torch.testing.assert_close(
+        layernorm.LIBRARY.layer_norm(x, (4,), w, None, eps=1e-3), F.layer_norm(x, (4,), w, eps=1e-3)
+    )
     torch.testing.assert_close(gelu.LIBRARY.gelu(x), F.gelu(x))  # the OpOverload applies the schema's default
     with pytest.raises(ValueError, match="kprof layer_norm"):
         layernorm.LIBRARY.layer_norm(x, (5,), w, None, 1e-5)

@@ -8,6 +8,7 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
+
 from kprof_callbacks import kernels
 
 from kernel_checks import DEVICES, TOL, LlamaMLP, cases, poisoned_outputs, reference_grads, rel_err
@@ -72,6 +73,9 @@ def test_swiglu_mlp_from_module() -> None:
     out, ref = mlp(x), src(x)
     assert rel_err(out, ref.double()) < 1e-5
     dy = torch.randn_like(out)
-    for got, want in zip(torch.autograd.grad(out, [x, *mlp.parameters()], dy),
-                         torch.autograd.grad(ref, [x, *src.parameters()], dy), strict=True):
+    for got, want in zip(
+        torch.autograd.grad(out, [x, *mlp.parameters()], dy),
+        torch.autograd.grad(ref, [x, *src.parameters()], dy),
+        strict=True,
+    ):
         assert rel_err(got, want.double()) < 1e-4

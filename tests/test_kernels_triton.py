@@ -24,8 +24,14 @@ from kprof_callbacks import kernels
 from kprof_callbacks.cli import main
 from kprof_callbacks.kernels import _triton
 
-from kernel_checks import (HAS_CUDA, TRITON_DEVICE, assert_compiles_without_graph_breaks, operator_samples,
-                           poisoned_outputs, reference_grads)
+from kernel_checks import (
+    HAS_CUDA,
+    TRITON_DEVICE,
+    assert_compiles_without_graph_breaks,
+    operator_samples,
+    poisoned_outputs,
+    reference_grads,
+)
 
 if sys.platform != "linux":  # the dev extra installs triton where Triton has wheels: Linux, CI's platform
     pytest.importorskip("triton", reason="Triton ships wheels for Linux only")
@@ -83,24 +89,59 @@ def norm_scale(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor) -> torch.T
 EPS = 1e-6
 ELEMENTWISE = [
     Case("gelu", lambda x: kernels.gelu(x, impl="triton"), F.gelu, lambda s: [s], gelu_scale),
-    Case("gelu-tanh", lambda x: kernels.gelu(x, "tanh", impl="triton"), lambda x: F.gelu(x, approximate="tanh"),
-         lambda s: [s], gelu_scale),
-    Case("swiglu", lambda g, u: kernels.swiglu(g, u, impl="triton"), lambda g, u: F.silu(g) * u, lambda s: [s, s],
-         swiglu_scale),
+    Case(
+        "gelu-tanh",
+        lambda x: kernels.gelu(x, "tanh", impl="triton"),
+        lambda x: F.gelu(x, approximate="tanh"),
+        lambda s: [s],
+        gelu_scale,
+    ),
+    Case(
+        "swiglu",
+        lambda g, u: kernels.swiglu(g, u, impl="triton"),
+        lambda g, u: F.silu(g) * u,
+        lambda s: [s, s],
+        swiglu_scale,
+    ),
 ]
 BIAS = [
-    Case("bias_gelu", lambda x, b: kernels.bias_gelu(x, b, impl="triton"), lambda x, b: F.gelu(x + b),
-         lambda s: [s, s[-1:]], gelu_scale),
-    Case("bias_gelu-tanh", lambda x, b: kernels.bias_gelu(x, b, "tanh", impl="triton"),
-         lambda x, b: F.gelu(x + b, approximate="tanh"), lambda s: [s, s[-1:]], gelu_scale),
+    Case(
+        "bias_gelu",
+        lambda x, b: kernels.bias_gelu(x, b, impl="triton"),
+        lambda x, b: F.gelu(x + b),
+        lambda s: [s, s[-1:]],
+        gelu_scale,
+    ),
+    Case(
+        "bias_gelu-tanh",
+        lambda x, b: kernels.bias_gelu(x, b, "tanh", impl="triton"),
+        lambda x, b: F.gelu(x + b, approximate="tanh"),
+        lambda s: [s, s[-1:]],
+        gelu_scale,
+    ),
 ]
 NORMS = [
-    Case("layer_norm", lambda x, w, b: kernels.layer_norm(x, x.shape[-1], w, b, EPS, impl="triton"),
-         lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, EPS), lambda s: [s, s[-1:], s[-1:]], norm_scale),
-    Case("layer_norm-nobias", lambda x, w: kernels.layer_norm(x, x.shape[-1], w, None, EPS, impl="triton"),
-         lambda x, w: F.layer_norm(x, x.shape[-1:], w, None, EPS), lambda s: [s, s[-1:]], norm_scale),
-    Case("rms_norm", lambda x, w: kernels.rms_norm(x, x.shape[-1], w, EPS, impl="triton"),
-         lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS), lambda s: [s, s[-1:]], norm_scale),
+    Case(
+        "layer_norm",
+        lambda x, w, b: kernels.layer_norm(x, x.shape[-1], w, b, EPS, impl="triton"),
+        lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, EPS),
+        lambda s: [s, s[-1:], s[-1:]],
+        norm_scale,
+    ),
+    Case(
+        "layer_norm-nobias",
+        lambda x, w: kernels.layer_norm(x, x.shape[-1], w, None, EPS, impl="triton"),
+        lambda x, w: F.layer_norm(x, x.shape[-1:], w, None, EPS),
+        lambda s: [s, s[-1:]],
+        norm_scale,
+    ),
+    Case(
+        "rms_norm",
+        lambda x, w: kernels.rms_norm(x, x.shape[-1], w, EPS, impl="triton"),
+        lambda x, w: F.rms_norm(x, x.shape[-1:], w, EPS),
+        lambda s: [s, s[-1:]],
+        norm_scale,
+    ),
 ]
 # Sizes off the 1024-element block, one element; bias rows of one column, odd columns, two column blocks (1100 > 1024)
 # and more row tiles than programs (the backward's loop); norm rows of one element, off every power of two, past the
@@ -108,8 +149,12 @@ NORMS = [
 SHAPES = [(1,), (7,), (3, 1001), (2049,), (2, 3, 257)]
 BIAS_SHAPES = [(1, 1), (37, 1), (3, 129), (2, 5, 64), (9, 1100), (300, 36)]
 NORM_SHAPES = [(3, 1), (7, 1000), (5, 1030), (2, 3, 64), (4099, 8), (2, 10000)]
-PARAMS = [(c, s) for cases, shapes in ((ELEMENTWISE, SHAPES), (BIAS, BIAS_SHAPES), (NORMS, NORM_SHAPES))
-          for c in cases for s in shapes]
+PARAMS = [
+    (c, s)
+    for cases, shapes in ((ELEMENTWISE, SHAPES), (BIAS, BIAS_SHAPES), (NORMS, NORM_SHAPES))
+    for c in cases
+    for s in shapes
+]
 
 
 @pytest.mark.parametrize(("case", "shape"), PARAMS, ids=[f"{c.name}-{'x'.join(map(str, s))}" for c, s in PARAMS])
@@ -118,8 +163,9 @@ def test_triton_matches_float64(case: Case, shape: tuple[int, ...]) -> None:
     plus a rounding of the dtype of the result and 8 of the terms it is a sum of (PyTorch's own error may happen to
     be smaller where a result cancels to near zero)."""
     for dtype in DTYPES:
-        inputs = [torch.randn(s, device=DEVICE).mul_(2).add_(0.5).to(dtype).requires_grad_()
-                  for s in case.shapes(shape)]
+        inputs = [
+            torch.randn(s, device=DEVICE).mul_(2).add_(0.5).to(dtype).requires_grad_() for s in case.shapes(shape)
+        ]
         with poisoned_outputs():
             out = case.triton(*inputs)
             dy = torch.randn_like(out)
@@ -146,8 +192,9 @@ def test_norm_forwards_return_float32_statistics(bias: bool) -> None:
     assert mean.dtype == rstd.dtype == rms_rstd.dtype == torch.float32 and mean.shape == rstd.shape == (37,)
     torch.testing.assert_close(mean.double(), xd.mean(-1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(rstd.double(), (xd.var(-1, correction=0) + 1e-5).rsqrt(), rtol=1e-5, atol=0)
-    torch.testing.assert_close(rms_rstd.double(), (xd.square().mean(-1) + torch.finfo(torch.float32).eps).rsqrt(),
-                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        rms_rstd.double(), (xd.square().mean(-1) + torch.finfo(torch.float32).eps).rsqrt(), rtol=1e-5, atol=0
+    )
 
 
 def test_backward_is_reproducible() -> None:
@@ -157,8 +204,10 @@ def test_backward_is_reproducible() -> None:
     dy = torch.randn(300, 40, device=DEVICE)
 
     def grads() -> list[torch.Tensor]:
-        return [*torch.autograd.grad(kernels.layer_norm(x, 40, w, b, impl="triton"), [x, w, b], dy),
-                *torch.autograd.grad(kernels.bias_gelu(x, b, impl="triton"), [x, b], dy)]
+        return [
+            *torch.autograd.grad(kernels.layer_norm(x, 40, w, b, impl="triton"), [x, w, b], dy),
+            *torch.autograd.grad(kernels.bias_gelu(x, b, impl="triton"), [x, b], dy),
+        ]
 
     assert all(torch.equal(a, c) for a, c in zip(grads(), grads(), strict=True))
 
@@ -170,9 +219,20 @@ def triton_ops() -> set[str]:
 
 def test_every_triton_operator_is_registered_and_has_a_sample() -> None:
     names = triton_ops()
-    assert names == {"gelu", "gelu_backward", "bias_gelu", "bias_gelu_backward", "swiglu", "swiglu_backward",
-                     "layer_norm", "layer_norm_fwd", "layer_norm_backward", "rms_norm", "rms_norm_fwd",
-                     "rms_norm_backward"}
+    assert names == {
+        "gelu",
+        "gelu_backward",
+        "bias_gelu",
+        "bias_gelu_backward",
+        "swiglu",
+        "swiglu_backward",
+        "layer_norm",
+        "layer_norm_fwd",
+        "layer_norm_backward",
+        "rms_norm",
+        "rms_norm_fwd",
+        "rms_norm_backward",
+    }
     assert all(hasattr(ops, f"triton_{name}") for name in names)
     assert names <= {name for name, _ in operator_samples(DEVICE, torch.float32, "triton_")}
 
@@ -327,9 +387,19 @@ def test_every_launch_compiles_for_sm90() -> None:
     Python, not Triton's compiler)."""
     count, kernels_compiled = as_on_an_h100(COMPILE_EVERY_LAUNCH)[-1].split(" ", 1)
     assert int(count) == 3 * 3 * 16  # per dtype and row length: 8 forward launches and their 8 backwards
-    assert kernels_compiled == str(sorted(["gelu_triton._forward", "gelu_triton._backward",
-                                           "gelu_triton._bias_backward", "swiglu_triton._forward",
-                                           "swiglu_triton._backward", "norm_triton._forward", "norm_triton._backward"]))
+    assert kernels_compiled == str(
+        sorted(
+            [
+                "gelu_triton._forward",
+                "gelu_triton._backward",
+                "gelu_triton._bias_backward",
+                "swiglu_triton._forward",
+                "swiglu_triton._backward",
+                "norm_triton._forward",
+                "norm_triton._backward",
+            ]
+        )
+    )
 
 
 def test_torch_compile_traces_into_the_compiled_kernels() -> None:
@@ -350,9 +420,21 @@ def test_profiler_sees_the_operators() -> None:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         step(x, w, w).sum().backward()
     names = {e.name for e in prof.events()}
-    assert {f"kprof::triton_{op}" for op in ("gelu", "gelu_backward", "bias_gelu", "bias_gelu_backward", "swiglu",
-                                            "swiglu_backward", "layer_norm_fwd", "layer_norm_backward", "rms_norm_fwd",
-                                            "rms_norm_backward")} <= names
+    assert {
+        f"kprof::triton_{op}"
+        for op in (
+            "gelu",
+            "gelu_backward",
+            "bias_gelu",
+            "bias_gelu_backward",
+            "swiglu",
+            "swiglu_backward",
+            "layer_norm_fwd",
+            "layer_norm_backward",
+            "rms_norm_fwd",
+            "rms_norm_backward",
+        )
+    } <= names
 
 
 # -- layers, swap, errors ---------------------------------------------------------------------------------------------
@@ -373,8 +455,11 @@ def test_bad_inputs_are_clear_errors() -> None:
     cases = [
         (TypeError, "kprof triton_gelu: x is int64", lambda: kernels.gelu(x.long(), impl="triton")),
         (TypeError, "x is float64", lambda: kernels.gelu(x.double(), impl="triton")),
-        (ValueError, "approximate must be 'none' or 'tanh', got 'fast'",
-         lambda: kernels.gelu(x, "fast", impl="triton")),
+        (
+            ValueError,
+            "approximate must be 'none' or 'tanh', got 'fast'",
+            lambda: kernels.gelu(x, "fast", impl="triton"),
+        ),
         (ValueError, "bias has shape [3], expected [8]", lambda: kernels.bias_gelu(x, w[:3], impl="triton")),
         (ValueError, "x must have at least one dimension", lambda: kernels.bias_gelu(x[0, 0], w[:1], impl="triton")),
         (ValueError, "up has shape [4, 4], expected [4, 8]", lambda: kernels.swiglu(x, x[:, :4], impl="triton")),
@@ -382,17 +467,32 @@ def test_bad_inputs_are_clear_errors() -> None:
         (ValueError, "grad has shape [5], expected [4, 8]", lambda: ops.triton_gelu_backward(x[0, :5], x)),
         (ValueError, "does not end in normalized_shape [7]", lambda: kernels.layer_norm(x, 7, w[:7], impl="triton")),
         (ValueError, "weight is [7]", lambda: kernels.layer_norm(x, 8, w[:7], impl="triton")),
-        (TypeError, "weight dtype bfloat16 does not go with x dtype float32",
-         lambda: kernels.rms_norm(x, 8, w.bfloat16(), impl="triton")),
+        (
+            TypeError,
+            "weight dtype bfloat16 does not go with x dtype float32",
+            lambda: kernels.rms_norm(x, 8, w.bfloat16(), impl="triton"),
+        ),
         (ValueError, "eps must be a number >= 0, got -1", lambda: kernels.rms_norm(x, 8, w, -1.0, impl="triton")),
-        (ValueError, "rows of at most 65536 elements",
-         lambda: kernels.rms_norm(x.new_ones(1, 65537), 65537, w.new_ones(65537), impl="triton")),
-        (ValueError, "mean must have shape [4]", lambda: ops.triton_layer_norm_backward(x, x, w, mean[:3], rstd, 1e-5,
-                                                                                         False)),
-        (ValueError, "longer than the 65536 elements the Triton kernels take",
-         lambda: kernels.LayerNorm.from_module(nn.LayerNorm(65537, device="meta"), impl="triton")),
-        (TypeError, "supported: float32/float16/bfloat16 on CUDA and by the Triton kernels",
-         lambda: kernels.RMSNorm.from_module(nn.RMSNorm(8, dtype=torch.float64), impl="triton")),
+        (
+            ValueError,
+            "rows of at most 65536 elements",
+            lambda: kernels.rms_norm(x.new_ones(1, 65537), 65537, w.new_ones(65537), impl="triton"),
+        ),
+        (
+            ValueError,
+            "mean must have shape [4]",
+            lambda: ops.triton_layer_norm_backward(x, x, w, mean[:3], rstd, 1e-5, False),
+        ),
+        (
+            ValueError,
+            "longer than the 65536 elements the Triton kernels take",
+            lambda: kernels.LayerNorm.from_module(nn.LayerNorm(65537, device="meta"), impl="triton"),
+        ),
+        (
+            TypeError,
+            "supported: float32/float16/bfloat16 on CUDA and by the Triton kernels",
+            lambda: kernels.RMSNorm.from_module(nn.RMSNorm(8, dtype=torch.float64), impl="triton"),
+        ),
         (ValueError, "kprof add has no Triton kernels", lambda: kernels.add(x, x, impl="triton")),
     ]
     for exc, message, call in cases:
@@ -414,8 +514,27 @@ def test_bench_checks_and_lists_the_triton_twins(capsys: pytest.CaptureFixture) 
 
 def test_compare_ab_tests_each_impl_on_one_model(capsys: pytest.CaptureFixture) -> None:
     native = "cuda" if HAS_CUDA else "cpp"
-    code = main(["compare", "--steps", "3", "--warmup", "0", "--device", DEVICE, "--width", "32", "--depth", "1",
-                 "--batch-size", "8", "--check", "raise", "--impls", f"{native},triton,torch"])
+    code = main(
+        [
+            "compare",
+            "--steps",
+            "3",
+            "--warmup",
+            "0",
+            "--device",
+            DEVICE,
+            "--width",
+            "32",
+            "--depth",
+            "1",
+            "--batch-size",
+            "8",
+            "--check",
+            "raise",
+            "--impls",
+            f"{native},triton,torch",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     rows = [line.split()[0] for line in out.splitlines() if line.startswith(("torch ", "kprof.swap"))]
@@ -438,11 +557,14 @@ except ValueError as exc:
 @pytest.mark.skipif(HAS_CUDA, reason="on a GPU the interpreter is off and CPU tensors are the error case in-process")
 def test_cpu_tensors_need_the_interpreter() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", NO_INTERPRETER], capture_output=True, text=True, timeout=300,
-                            env=env)
+    result = subprocess.run(
+        [sys.executable, "-c", NO_INTERPRETER], capture_output=True, text=True, timeout=300, env=env
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "x is on cpu: the Triton kernels take CUDA tensors; cpu tensors run only in Triton's interpreter " \
-           "(TRITON_INTERPRET=1" in result.stdout
+    assert (
+        "x is on cpu: the Triton kernels take CUDA tensors; cpu tensors run only in Triton's interpreter "
+        "(TRITON_INTERPRET=1" in result.stdout
+    )
 
 
 WITHOUT_TRITON = """

@@ -17,10 +17,10 @@ import torch
 
 import kprof_callbacks as kprof
 from kprof_callbacks import layout, peaks, scalars
-from kprof_callbacks.history import KEEP_STEPS
-from kprof_callbacks.session import EARLY_MEMORY_STEPS
 from kprof_callbacks.analysis.growth import growth
 from kprof_callbacks.analysis.trends import growing_sites
+from kprof_callbacks.history import KEEP_STEPS
+from kprof_callbacks.session import EARLY_MEMORY_STEPS
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 STEPS = np.arange(0, 300, 2)  # memory sampled every 2 steps
@@ -155,8 +155,10 @@ def test_a_cuda_leak_is_found_at_its_exact_rate_and_its_site_named(tmp_path):
 
 def test_growing_sites_name_the_programs_own_frame_of_allocations_still_alive(tmp_path):
     def frames(line: int) -> list[dict]:
-        return [{"filename": "/usr/lib/python3/site-packages/torch/nn/modules/linear.py", "line": 125, "name": "f"},
-                {"filename": "/home/me/train.py", "line": line, "name": "train"}]
+        return [
+            {"filename": "/usr/lib/python3/site-packages/torch/nn/modules/linear.py", "line": 125, "name": "f"},
+            {"filename": "/home/me/train.py", "line": line, "name": "train"},
+        ]
 
     trace = [{"action": "alloc", "addr": 1 + i, "size": 2**20, "frames": frames(10)} for i in range(15)]  # warm-up
     for i in range(20):
@@ -238,9 +240,16 @@ def test_the_dense_peak_table(name, dtype, peak):
 
 @pytest.mark.parametrize(
     "name, tbps",
-    [("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0), ("NVIDIA H200", 4.8), ("NVIDIA GH200 480GB", 4.0),
-     ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA A100-SXM4-40GB", 1.555), ("NVIDIA L40S", 0.864),
-     ("NVIDIA GeForce RTX 4090", None)],
+    [
+        ("NVIDIA H100 80GB HBM3", 3.35),
+        ("NVIDIA H100 PCIe", 2.0),
+        ("NVIDIA H200", 4.8),
+        ("NVIDIA GH200 480GB", 4.0),
+        ("NVIDIA A100-SXM4-80GB", 2.039),
+        ("NVIDIA A100-SXM4-40GB", 1.555),
+        ("NVIDIA L40S", 0.864),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
 )
 def test_the_memory_bandwidth_table(name, tbps):
     assert peaks.memory_tbps(name) == tbps

@@ -111,10 +111,16 @@ def test_the_fixed_cost_loop_under_lightning(tmp_path):
     data = DataLoader(TensorDataset(torch.randn(STEPS * 64, 256)), batch_size=64)
     csv = CSVLogger(tmp_path, name="csv")
     ends, starts = _Clock(), _Clock()
-    trainer = L.Trainer(default_root_dir=tmp_path, logger=[TensorBoardLogger(tmp_path), csv], max_steps=STEPS,
-                        callbacks=[ends, kprof.ProfilerCallback(summary=False, **SCHEDULE), starts],
-                        log_every_n_steps=4, enable_progress_bar=False, enable_model_summary=False,
-                        enable_checkpointing=False)
+    trainer = L.Trainer(
+        default_root_dir=tmp_path,
+        logger=[TensorBoardLogger(tmp_path), csv],
+        max_steps=STEPS,
+        callbacks=[ends, kprof.ProfilerCallback(summary=False, **SCHEDULE), starts],
+        log_every_n_steps=4,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
     trainer.fit(_FixedCost(), data)
     (run,) = (tmp_path / "lightning_logs").glob("version_*/kprof/train")
     mine = np.r_[np.nan, 1e3 * (np.array(ends.times[1:]) - np.array(starts.times[:-1]))]
@@ -133,8 +139,17 @@ def test_the_slow_step_trigger_does_not_fire_on_a_window_end(tmp_path, monkeypat
         return results(prof)
 
     monkeypatch.setattr(torch_compat, "window_results", slow_stop)
-    with kprof.session(tmp_path, run="r", trigger="slow_step", slow_factor=2.0, slow_min_steps=5, cooldown=0,
-                       warmup=1, active=2, max_captures=3) as s:
+    with kprof.session(
+        tmp_path,
+        run="r",
+        trigger="slow_step",
+        slow_factor=2.0,
+        slow_min_steps=5,
+        cooldown=0,
+        warmup=1,
+        active=2,
+        max_captures=3,
+    ) as s:
         for step in range(30):
             time.sleep(SLEEP)
             if step == 10:

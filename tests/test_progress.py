@@ -1,4 +1,5 @@
-"""One progress meter (kprof_callbacks.progress) for long work: compare's steps and bench's rows, as summaries use it."""
+"""One progress meter (kprof_callbacks.progress) for long work: compare's steps and bench's rows, as summaries
+use it."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from kprof_callbacks.compare import compare
 from kprof_callbacks import bench
+from kprof_callbacks.compare import compare
 from kprof_callbacks.progress import Progress
 
 
@@ -34,9 +35,16 @@ def test_compare_reports_every_training_step_it_runs(tmp_path):
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     batches = [torch.randn(4, 8) for _ in range(2)]
     seen = []
-    compare({"a": model, "b": nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))},
-            lambda m, x: m(x).square().mean(), batches, steps=4, warmup=1, check=False, logdir=tmp_path / "log",
-            progress=lambda done, total: seen.append((done, total)))
+    compare(
+        {"a": model, "b": nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))},
+        lambda m, x: m(x).square().mean(),
+        batches,
+        steps=4,
+        warmup=1,
+        check=False,
+        logdir=tmp_path / "log",
+        progress=lambda done, total: seen.append((done, total)),
+    )
     profiled = 1 + 1 + 3  # compare's own schedule: wait 1, warmup 1, active 3
     assert seen[-1] == (2 * (1 + 4 + profiled),) * 2
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
@@ -44,8 +52,17 @@ def test_compare_reports_every_training_step_it_runs(tmp_path):
 
 def test_bench_rows_print_above_a_progress_bar(capsys):
     op = next(op for op in bench.OPS if op.name == "add")
-    rows = bench.run_benchmarks([op], bench.QUICK_SIZES, "cpu", compile_ref=False, triton=False, warmup=1, iters=2,
-                                on_row=lambda rows: None, progress=True)
+    rows = bench.run_benchmarks(
+        [op],
+        bench.QUICK_SIZES,
+        "cpu",
+        compile_ref=False,
+        triton=False,
+        warmup=1,
+        iters=2,
+        on_row=lambda rows: None,
+        progress=True,
+    )
     err = capsys.readouterr().err
     assert len(rows) == 2 and err.count("[kprof bench] |") == 2
     assert "kprof bench: 100%" in err and "2/2" in err

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_ci_gate import timed_comparison
+from test_diff import write_trace
 
 from kprof_callbacks.analysis import diff, report, summarize
 from kprof_callbacks.analysis.fmt import row_name
-from test_ci_gate import timed_comparison
-from test_diff import write_trace
 
 ODD = "aten::odd|name<T>_x*"  # a table pipe, a would-be HTML tag, would-be emphasis
 SCRIPT = "<script>alert(1)</script>"
@@ -21,8 +21,7 @@ IMG = '<img src="http://example.com/x.png" onerror="alert(1)">'
 
 
 def _odd_run(path: Path, rng: np.random.Generator, slow: float = 1.0) -> Path:
-    steps = [{ODD: 100.0 * slow * rng.lognormal(0, 0.02), "aten::mm": 50.0 * rng.lognormal(0, 0.02)}
-             for _ in range(6)]
+    steps = [{ODD: 100.0 * slow * rng.lognormal(0, 0.02), "aten::mm": 50.0 * rng.lognormal(0, 0.02)} for _ in range(6)]
     kernels = [{SCRIPT: 40.0 * rng.lognormal(0, 0.02), IMG: 5.0} for _ in range(6)]
     return write_trace(path, steps, kernels=kernels)
 
@@ -105,8 +104,11 @@ def test_compare_markdown_parses_as_a_table():
 
 
 def _views(runs) -> dict[str, str]:
-    return {"summary": summarize(runs[0])._repr_html_(), "diff": diff(*runs)._repr_html_(),
-            "compare": timed_comparison(0, slower=1.3)._repr_html_()}
+    return {
+        "summary": summarize(runs[0])._repr_html_(),
+        "diff": diff(*runs)._repr_html_(),
+        "compare": timed_comparison(0, slower=1.3)._repr_html_(),
+    }
 
 
 class _Tags(HTMLParser):
@@ -132,9 +134,34 @@ def test_notebook_views_fetch_and_run_nothing_and_escape_names(runs):
         assert html.startswith('<div class="kprof"><style>') and html.endswith("</div>"), kind
         page = _Tags()
         page.feed(html)
-        assert page.tags <= {"div", "style", "section", "h1", "h2", "h3", "p", "b", "br", "ul", "li", "table", "tr",
-                             "th", "td", "svg", "g", "rect", "line", "text", "title", "path", "i", "span", "figure",
-                             "figcaption"}, (kind, page.tags)
+        assert page.tags <= {
+            "div",
+            "style",
+            "section",
+            "h1",
+            "h2",
+            "h3",
+            "p",
+            "b",
+            "br",
+            "ul",
+            "li",
+            "table",
+            "tr",
+            "th",
+            "td",
+            "svg",
+            "g",
+            "rect",
+            "line",
+            "text",
+            "title",
+            "path",
+            "i",
+            "span",
+            "figure",
+            "figcaption",
+        }, (kind, page.tags)
         assert not {"src", "href", "xlink:href", "srcset", "action"} & set(page.attrs), kind
         assert not [a for a in page.attrs if a.startswith("on")], kind
         assert "url(" not in html and "@import" not in html, kind

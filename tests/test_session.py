@@ -48,7 +48,9 @@ def _events(path):
 
 
 def _profiler_steps(path) -> list[int]:
-    return sorted(int(m.group(1)) for e in _events(path) if (m := re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", ""))))
+    return sorted(
+        int(m.group(1)) for e in _events(path) if (m := re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", "")))
+    )
 
 
 def test_schedule_writes_one_trace_per_cycle_with_absolute_step_numbers(tmp_path):
@@ -114,7 +116,7 @@ def test_torch_opens_its_step_range_only_for_steps_a_window_may_record(tmp_path,
     # steps count from 0: wait 0-2, warm-up 3, recorded 4-5; again wait 6-8, warm-up 9, recorded 10-11
     expected = [3, 4, 5, 9, 10, 11] if trigger == "schedule" else [7, 8, 9]
     assert opened == expected
-    assert [_profiler_steps(f) for f in s.trace_files] == [expected[i:i + 2] for i in range(1, len(expected), 3)]
+    assert [_profiler_steps(f) for f in s.trace_files] == [expected[i : i + 2] for i in range(1, len(expected), 3)]
 
 
 def _nullcontext():
@@ -373,8 +375,9 @@ def test_on_demand_off_main_thread_falls_back_to_file_with_warning(tmp_path):
 def test_slow_step_triggers_capture_and_records_the_slow_step(tmp_path):
     # a factor far above scheduling noise on a busy CI machine, steps of at least 5 ms (a 45 ms hiccup of a 0.5 ms
     # step fired the trigger under load), and a step far above that: 200x the median step this machine has shown
-    with kprof.session(tmp_path, run="r", trigger="slow_step", slow_factor=50.0, slow_min_steps=10, warmup=0,
-                       active=2) as s:
+    with kprof.session(
+        tmp_path, run="r", trigger="slow_step", slow_factor=50.0, slow_min_steps=10, warmup=0, active=2
+    ) as s:
         _train(s, 20, sleep_at={i: 0.005 for i in range(20)})
         _train(s, 1, sleep_at={0: max(0.3, 200 * statistics.median(s.step_times))})
         _train(s, 9)

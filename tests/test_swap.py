@@ -27,8 +27,12 @@ from kernel_checks import DEVICES, HAS_CUDA, TRITON_DEVICE, graph_targets
 
 def small_model() -> nn.Module:
     return nn.Sequential(
-        nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32),
-        nn.Linear(32, 32), nn.GELU(approximate="tanh"), nn.RMSNorm(32),
+        nn.Linear(16, 32),
+        nn.GELU(),
+        nn.LayerNorm(32),
+        nn.Linear(32, 32),
+        nn.GELU(approximate="tanh"),
+        nn.RMSNorm(32),
         nn.Linear(32, 1),
     )
 
@@ -87,8 +91,9 @@ def test_report_lists_swaps_and_reasons_for_skips(caplog: pytest.LogCaptureFixtu
         pass
 
     shared = nn.GELU()
-    model = nn.Sequential(nn.LayerNorm(8, elementwise_affine=False), MyGELU(), shared, nn.Linear(8, 8), shared,
-                          nn.ReLU())
+    model = nn.Sequential(
+        nn.LayerNorm(8, elementwise_affine=False), MyGELU(), shared, nn.Linear(8, 8), shared, nn.ReLU()
+    )
     with caplog.at_level(logging.INFO, logger="kprof_callbacks.swap"):
         fast = swap(model, {nn.GELU: kernels.GELU, nn.LayerNorm: "LayerNorm", nn.ReLU: "NoSuchLayer"})
     report = fast.kprof_swap_report
@@ -148,8 +153,7 @@ def test_build_failure_surfaces_at_swap_time_and_fallback_keeps_torch_layers(tmp
     """In a fresh process (one whose operators are not registered yet) with an empty cache and no C++ compiler:
     swap raises KernelBuildError; with fallback=True it keeps nn.GELU, warns and the model still runs."""
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "CXX": str(tmp_path / "no-such-compiler")}
-    result = subprocess.run([sys.executable, "-c", BROKEN_BUILD], capture_output=True, text=True, env=env,
-                            timeout=300)
+    result = subprocess.run([sys.executable, "-c", BROKEN_BUILD], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = dict(line.split(": ", 1) for line in result.stdout.splitlines())
     assert lines["swap"].startswith("KernelBuildError") and "no C++ compiler" in lines["swap"]
@@ -161,8 +165,9 @@ def test_build_failure_surfaces_at_swap_time_and_fallback_keeps_torch_layers(tmp
 def test_impl_reaches_every_swapped_layer() -> None:
     model = small_model()
     reference = swap(model, impl="torch")
-    assert [m.impl for m in reference if isinstance(m, kernels.GELU | kernels.LayerNorm | kernels.RMSNorm)] == \
-        ["torch"] * 4
+    assert [m.impl for m in reference if isinstance(m, kernels.GELU | kernels.LayerNorm | kernels.RMSNorm)] == [
+        "torch"
+    ] * 4
     assert "impl=torch" in repr(reference[2])
     x = torch.randn(16, 16)
     torch.testing.assert_close(reference(x), model(x))  # PyTorch's own ops inside the kprof layers
@@ -188,8 +193,9 @@ def gpt_pair(device: str = "cpu", impl: str | None = None) -> tuple[nn.Module, n
 
 # The compiled GPT tests run each kernel impl named (under torch.compile an automatic impl traces torch's math):
 # the C++ kernels on the CPU, and the Triton twins where they run.
-GPT_IMPLS = pytest.mark.parametrize(("impl", "device"), [("cpp", "cpu"), ("triton", TRITON_DEVICE)],
-                                    ids=["cpp", "triton"])
+GPT_IMPLS = pytest.mark.parametrize(
+    ("impl", "device"), [("cpp", "cpu"), ("triton", TRITON_DEVICE)], ids=["cpp", "triton"]
+)
 
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -242,8 +248,11 @@ def test_compiled_swapped_gpt_with_automatic_layers_is_the_torch_models_graph() 
     assert swapped_graph == torch_graph and not [t for t in swapped_graph if "kprof" in t]
 
 
-@pytest.mark.parametrize(("impl", "device"), [(None, "cpu"), pytest.param(None, "cuda", marks=DEVICES[1].marks),
-                                              ("triton", TRITON_DEVICE)], ids=["auto-cpu", "auto-cuda", "triton"])
+@pytest.mark.parametrize(
+    ("impl", "device"),
+    [(None, "cpu"), pytest.param(None, "cuda", marks=DEVICES[1].marks), ("triton", TRITON_DEVICE)],
+    ids=["auto-cpu", "auto-cuda", "triton"],
+)
 def test_swapped_gpt_matches_torch_under_bf16_autocast(impl: str | None, device: str) -> None:
     """A bf16 autocast training step: the swapped model's loss and gradients equal the torch model's to bf16 noise,
     eager and compiled, and the kprof layers return the dtypes torch's layers return."""
@@ -279,8 +288,13 @@ def test_swapped_gpt_matches_torch_under_bf16_autocast(impl: str | None, device:
 def test_gpt_swap_example_runs_and_reports_no_graph_break() -> None:
     example = Path(__file__).resolve().parents[1] / "examples" / "gpt_swap.py"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, str(example), "--device", "cpu", "--steps", "3"], capture_output=True,
-                            text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(example), "--device", "cpu", "--steps", "3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "swapped ln_f: nn.LayerNorm -> kernels.LayerNorm" in result.stdout
     assert "1 graph(s), 0 graph break(s)" in result.stdout

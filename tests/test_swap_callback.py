@@ -46,8 +46,14 @@ def data() -> DataLoader:
 
 
 def trainer(tmp_path, callbacks, **kwargs) -> L.Trainer:
-    options = dict(default_root_dir=tmp_path, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                   enable_checkpointing=False, max_steps=6)
+    options = dict(
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        max_steps=6,
+    )
     return L.Trainer(callbacks=callbacks, **{**options, **kwargs})
 
 
@@ -147,11 +153,19 @@ DDP = textwrap.dedent(
 def test_ddp_every_rank_swaps_and_trains_the_same_layers(tmp_path):
     script = tmp_path / "swap_ddp.py"
     script.write_text(DDP)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path), str(Path(__file__).parent)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
     assert [line.split(":")[0] for line in lines] == ["rank 0", "rank 1"], done.stderr[-3000:]
     assert {line.split(": ")[1] for line in lines} == {lines[0].split(": ")[1]}  # same layers, same weights
-    assert lines[0].split(": ")[1].startswith("kprof_callbacks.kernels.layernorm.LayerNorm "
-                                              "kprof_callbacks.kernels.gelu.GELU")
+    assert (
+        lines[0]
+        .split(": ")[1]
+        .startswith("kprof_callbacks.kernels.layernorm.LayerNorm kprof_callbacks.kernels.gelu.GELU")
+    )

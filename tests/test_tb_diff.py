@@ -42,8 +42,10 @@ def _runs(logdir: Path) -> None:
     for name, options in (("base", {}), ("slow", {"slower": {"aten::op25": 1.5}, "extra_kernel": "my_new_kernel"})):
         (logdir / name).mkdir()
         noisy_run(logdir / name / "w.1.pt.trace.json", rng, 8, **options)
-    steps = [{k: v * rng.lognormal(0, 0.05) * (3.0 if k == "aten::op10" and i >= 4 else 1.0) for k, v in OPS.items()}
-             for i in range(8)]
+    steps = [
+        {k: v * rng.lognormal(0, 0.05) * (3.0 if k == "aten::op10" and i >= 4 else 1.0) for k, v in OPS.items()}
+        for i in range(8)
+    ]
     (logdir / "steps").mkdir()
     write_trace(logdir / "steps" / "w.1.pt.trace.json", steps[:4], first=10)
     write_trace(logdir / "steps" / "w.2.pt.trace.json", steps[4:], first=14)
@@ -67,8 +69,15 @@ def logdir(tmp_path_factory) -> Path:
     logdir = tmp_path_factory.mktemp("diff-log").resolve()
     _runs(logdir)
     model = _model()
-    kprof.compare({"torch": model, "copy": copy.deepcopy(model)}, lambda m, b: m(b).pow(2).mean(),
-                  [torch.randn(8, 16) for _ in range(3)], steps=4, warmup=1, block=2, logdir=logdir / "ab")
+    kprof.compare(
+        {"torch": model, "copy": copy.deepcopy(model)},
+        lambda m, b: m(b).pow(2).mean(),
+        [torch.randn(8, 16) for _ in range(3)],
+        steps=4,
+        warmup=1,
+        block=2,
+        logdir=logdir / "ab",
+    )
     return logdir
 
 
@@ -98,18 +107,23 @@ def _without_sources(data: dict) -> dict:
 
 
 # -- the route ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("a, b, a_steps, b_steps", [
-    ("base", "slow", None, None),
-    ("steps", "steps", "10-13", "14-17"),
-    ("gelu", "relu", None, "2,4"),
-])
+@pytest.mark.parametrize(
+    "a, b, a_steps, b_steps",
+    [
+        ("base", "slow", None, None),
+        ("steps", "steps", "10-13", "14-17"),
+        ("gelu", "relu", None, "2,4"),
+    ],
+)
 def test_route_is_kprof_diff_of_the_runs(tb, logdir, a, b, a_steps, b_steps):
     steps = {key: value for key, value in (("a_steps", a_steps), ("b_steps", b_steps)) if value}
     data = _diff(tb, a=a, b=b, **steps)
     expected = kprof.diff(_side(logdir, a, a_steps), _side(logdir, b, b_steps))
     assert _without_sources(data["diff"]) == _without_sources(json.loads(json.dumps(expected.to_dict())))
     assert (data["diff"]["a"]["source"], data["diff"]["b"]["source"]) == (
-        f"{a}@steps={a_steps}" if a_steps else a, f"{b}@steps={b_steps}" if b_steps else b)
+        f"{a}@steps={a_steps}" if a_steps else a,
+        f"{b}@steps={b_steps}" if b_steps else b,
+    )
     assert data["headline"] == expected.headline()
     assert data["names"] == [fmt.row_name(c.kind, c.name) for c in expected.changes]
     assert [g["title"] for g in data["groups"]] == [title for title, _, _ in diff_report.GROUPS]
@@ -134,21 +148,25 @@ def test_diff_is_kept_until_either_run_changes(tb, logdir):
     assert fresh["computed_at"] > first["computed_at"]
     assert fresh["diff"]["b"]["samples"] == 2 * first["diff"]["b"]["samples"]
     assert _without_sources(fresh["diff"]) == _without_sources(
-        json.loads(json.dumps(kprof.diff(logdir / "c1", logdir / "c2").to_dict())))
+        json.loads(json.dumps(kprof.diff(logdir / "c1", logdir / "c2").to_dict()))
+    )
 
 
-@pytest.mark.parametrize("params, code, said", [
-    ({"a": "base"}, 400, "missing ?b="),
-    ({"a": "nope", "b": "base"}, 404, "no folder 'nope'"),
-    ({"a": "base", "b": "../.."}, 404, "no folder"),
-    ({"a": "base", "b": "ab"}, 404, "no trace files in run 'ab'"),
-    ({"a": "base", "b": "slow", "a_steps": "2-x"}, 400, "a_steps: bad step selection"),
-    ({"a": "base", "b": "slow", "b_steps": "0-99999999999"}, 400, "b_steps: bad step selection"),
-    ({"a": "base", "b": "ba\0se"}, 400, "NUL byte"),
-    ({"a": "broken", "b": "base"}, 422, "run 'broken': nothing readable in broken"),
-    ({"a": "steps", "b": "base", "a_steps": "3"}, 422, "a: step 3 not in steps (profiled steps: 10-17)"),
-    ({"a": "steps", "b": "steps", "a_steps": "10-12", "b_steps": "12-14"}, 422, "overlap (steps 12)"),
-])
+@pytest.mark.parametrize(
+    "params, code, said",
+    [
+        ({"a": "base"}, 400, "missing ?b="),
+        ({"a": "nope", "b": "base"}, 404, "no folder 'nope'"),
+        ({"a": "base", "b": "../.."}, 404, "no folder"),
+        ({"a": "base", "b": "ab"}, 404, "no trace files in run 'ab'"),
+        ({"a": "base", "b": "slow", "a_steps": "2-x"}, 400, "a_steps: bad step selection"),
+        ({"a": "base", "b": "slow", "b_steps": "0-99999999999"}, 400, "b_steps: bad step selection"),
+        ({"a": "base", "b": "ba\0se"}, 400, "NUL byte"),
+        ({"a": "broken", "b": "base"}, 422, "run 'broken': nothing readable in broken"),
+        ({"a": "steps", "b": "base", "a_steps": "3"}, 422, "a: step 3 not in steps (profiled steps: 10-17)"),
+        ({"a": "steps", "b": "steps", "a_steps": "10-12", "b_steps": "12-14"}, 422, "overlap (steps 12)"),
+    ],
+)
 def test_what_cannot_be_diffed_is_a_4xx_with_a_message(tb, params, code, said):
     started = time.monotonic()
     got, body = _error(tb, **params)
@@ -190,7 +208,7 @@ def test_diff_view_renders_the_known_change(tb, logdir, chromium, tmp_path):
         assert (f"{title}: " in dom) == bool(rows)  # no labels in these traces: no table
         assert not rows or f"{title}: {sum(c.significant for c in rows)} of {len(rows)} significant" in dom
     timed = [c for c in d.significant() if c.kind != "count"]
-    chart = dom[dom.index('id="diff-chart"'):]
+    chart = dom[dom.index('id="diff-chart"') :]
     assert chart.count(f'fill="{CHANGE_COLORS["increased"]}"') == sum(c.change > 0 for c in timed) > 0
     assert chart.count(f'fill="{CHANGE_COLORS["decreased"]}"') == sum(c.change < 0 for c in timed)
     shot = tmp_path / "diff-view.png"

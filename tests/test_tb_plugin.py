@@ -74,8 +74,15 @@ def logdir(tmp_path_factory) -> Path:
 def comparison(logdir: Path):
     model = _model()
     batches = [torch.randn(8, 16) for _ in range(3)]
-    return kprof.compare({"torch": model, "copy": copy.deepcopy(model)}, lambda m, b: m(b).pow(2).mean(), batches,
-                         steps=4, warmup=1, block=2, logdir=logdir / "ab")
+    return kprof.compare(
+        {"torch": model, "copy": copy.deepcopy(model)},
+        lambda m, b: m(b).pow(2).mean(),
+        batches,
+        steps=4,
+        warmup=1,
+        block=2,
+        logdir=logdir / "ab",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -197,14 +204,17 @@ def test_trace_download_is_the_file_on_disk(tb, sessions):
         assert response.read() == path.read_bytes()
 
 
-@pytest.mark.parametrize("route, params", [
-    ("summary", {"run": "../.."}),
-    ("summary", {"run": "nope"}),
-    ("summary", {"run": "ab"}),  # a folder, but no trace files in it
-    ("trace", {"run": "baseline", "file": "../live/x.pt.trace.json"}),
-    ("trace", {"run": "baseline", "file": "events.out.tfevents.0"}),
-    ("compare", {"dir": "baseline"}),
-])
+@pytest.mark.parametrize(
+    "route, params",
+    [
+        ("summary", {"run": "../.."}),
+        ("summary", {"run": "nope"}),
+        ("summary", {"run": "ab"}),  # a folder, but no trace files in it
+        ("trace", {"run": "baseline", "file": "../live/x.pt.trace.json"}),
+        ("trace", {"run": "baseline", "file": "events.out.tfevents.0"}),
+        ("compare", {"dir": "baseline"}),
+    ],
+)
 def test_unknown_runs_and_files_are_404(tb, route, params):
     assert _http_error(tb, route, **params) == 404
 
@@ -226,14 +236,17 @@ def test_timeline_serves_the_median_step_then_any_step_of_a_file(tb, sessions):
         assert data["lanes"][0]["kind"] == "thread"
 
 
-@pytest.mark.parametrize("params, code", [
-    ({"step": "99"}, 404),
-    ({"step": "two"}, 400),
-    ({"step": "--5"}, 400),
-    ({"step": "1e3"}, 400),
-    ({"file": BAD_TRACE}, 422),
-    ({"file": "nope.pt.trace.json"}, 404),
-])
+@pytest.mark.parametrize(
+    "params, code",
+    [
+        ({"step": "99"}, 404),
+        ({"step": "two"}, 400),
+        ({"step": "--5"}, 400),
+        ({"step": "1e3"}, 400),
+        ({"file": BAD_TRACE}, 422),
+        ({"file": "nope.pt.trace.json"}, 404),
+    ],
+)
 def test_timeline_refuses_unknown_steps_bad_numbers_and_broken_files(tb, sessions, params, code):
     good = sessions["baseline"].trace_files[0].name
     assert _http_error(tb, "timeline", **{"run": "baseline", "file": good, **params}) == code
@@ -274,15 +287,20 @@ def _svg_number(dom: str, pattern: str) -> list[float]:
 
 def test_step_time_chart_marks_windows_and_labels_medians_beside_the_line(tb, chromium):
     dom = chromium(f"{tb.url}data/plugin_entry.html?name=kprof#run=baseline", "--dump-dom")
-    chart = dom[dom.index("Step time over the run"):dom.index("Per-step breakdown")]
+    chart = dom[dom.index("Step time over the run") : dom.index("Per-step breakdown")]
     assert chart.count('class="window"') == 1 and "profiled 2–3" in chart
-    line_end = max(float(x) for x in re.findall(r'([\d.]+),[\d.]+', re.search(r'<polyline points="([^"]*)"', chart)[1]))
+    line_end = max(float(x) for x in re.findall(r"([\d.]+),[\d.]+", re.search(r'<polyline points="([^"]*)"', chart)[1]))
     labels = re.findall(r'<text x="([\d.]+)" y="[\d.]+" class="tick (median[\w-]*)-label">([^<]*)</text>', chart)
     assert [(cls, text.split(":")[0]) for _, cls, text in labels] == [
-        ("median", "median, all 6 steps"), ("median-profiled", "median, 2 profiled")]
+        ("median", "median, all 6 steps"),
+        ("median-profiled", "median, 2 profiled"),
+    ]
     assert all(float(x) > line_end for x, _, _ in labels)  # in the margin, never on the line
-    band = re.search(r'<polygon points="[^"]*" fill="#9c755f" fill-opacity="0.55" class="profiler">'
-                     r'<title>([^<]*)', chart)
+    band = re.search(
+        r'<polygon points="[^"]*" fill="#9c755f" fill-opacity="0.55" class="profiler">'
+        r"<title>([^<]*)",
+        chart,
+    )
     assert band and band[1].startswith("kprof's own cost: ") and "over 6 steps, most at step " in band[1]
     assert "kprof's own cost (kprof/profiler_ms: " in chart  # the legend
 
@@ -348,8 +366,12 @@ def empty_tb(tmp_path_factory, group_leftovers):
 
 def test_empty_logdir_is_inactive_and_lists_nothing(empty_tb):
     assert empty_tb.get_json("data/plugins_listing")["kprof"]["enabled"] is False
-    assert _get(empty_tb, "runs") == {"logdir": str(Path(empty_tb.logdir).resolve()), "runs": [], "comparisons": [],
-                                      "legend": _roundtrip(breakdown.legend())}
+    assert _get(empty_tb, "runs") == {
+        "logdir": str(Path(empty_tb.logdir).resolve()),
+        "runs": [],
+        "comparisons": [],
+        "legend": _roundtrip(breakdown.legend()),
+    }
 
 
 def test_empty_logdir_page_says_how_to_produce_a_run(empty_tb, chromium):
@@ -410,13 +432,13 @@ def test_a_big_run_is_summarized_in_the_background_with_progress_while_other_req
     import threading
 
     from tensorboard.plugins import base_plugin
+    from test_analysis import _scaled
     from werkzeug.test import Client
     from werkzeug.wrappers import Response
 
     from kprof_callbacks.analysis import reader
     from kprof_callbacks.analysis import summary as summary_module
     from kprof_callbacks.tensorboard import plugin as plugin_module
-    from test_analysis import _scaled
 
     (tmp_path / "log").mkdir()
     big = _scaled(tmp_path / "log", mb=1.0, name="big").parent

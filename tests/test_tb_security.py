@@ -58,20 +58,41 @@ def tb(tmp_path_factory, group_leftovers):
     (logdir / "loop").mkdir()
     (logdir / "loop" / "compare.json").symlink_to(logdir / "loop" / "compare.json")  # a link to itself
     (run / "host_1.400.pt.trace.json").symlink_to(run / "host_1.400.pt.trace.json")
-    for name, text in {"list": "[]", "number": '{"variants": 5}', "unnamed": '{"variants": [{"name": 1}]}',
-                       "trace_dir": '{"variants": [{"name": "a", "trace_dir": 7}]}', "json": "{not json",
-                       "nul": '{"variants": [{"name": "a", "trace_dir": "x\\u0000y"}]}'}.items():
+    for name, text in {
+        "list": "[]",
+        "number": '{"variants": 5}',
+        "unnamed": '{"variants": [{"name": 1}]}',
+        "trace_dir": '{"variants": [{"name": "a", "trace_dir": 7}]}',
+        "json": "{not json",
+        "nul": '{"variants": [{"name": "a", "trace_dir": "x\\u0000y"}]}',
+    }.items():
         (logdir / f"bad-{name}").mkdir()
         (logdir / f"bad-{name}" / "compare.json").write_text(text)
     crash = logdir / "crash"
     crash.mkdir()
     shutil.copy(FIXTURE, crash / TRACE)
     (crash / "host_1.200.pt.trace.json").write_bytes(
-        _trace_with(lambda e: e.setdefault("args", {}).update(correlation=2**70)))
+        _trace_with(lambda e: e.setdefault("args", {}).update(correlation=2**70))
+    )
     (crash / "host_1.300.pt.trace.json").write_bytes(_trace_with(lambda e: e.update(ts=1e300) if "ts" in e else None))
-    (crash / ZERO_STEPS).write_text(json.dumps({"traceEvents": [  # a median step of 0 us once divided by zero
-        {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1, "ts": 10 * n,
-         "dur": 5 * (n == 2)} for n in range(3)]}))
+    (crash / ZERO_STEPS).write_text(
+        json.dumps(
+            {
+                "traceEvents": [  # a median step of 0 us once divided by zero
+                    {
+                        "ph": "X",
+                        "cat": "user_annotation",
+                        "name": f"ProfilerStep#{n}",
+                        "pid": 1,
+                        "tid": 1,
+                        "ts": 10 * n,
+                        "dur": 5 * (n == 2),
+                    }
+                    for n in range(3)
+                ]
+            }
+        )
+    )
     with TensorBoardServer(logdir) as server:
         yield server
     assert not group_leftovers(server.pid), "TensorBoard left processes behind"
@@ -136,24 +157,27 @@ def test_malformed_compare_json_is_a_4xx_with_a_message(tb, name):
     assert "compare.json" in body
 
 
-@pytest.mark.parametrize("route, params", [
-    ("summary", {"run": "ru\0n"}),
-    ("steptime", {"run": "ru\0n"}),
-    ("compare", {"dir": "bad-\0list"}),
-    ("trace", {"run": "run", "file": f"{TRACE}\0"}),
-    ("timeline", {"run": "run", "file": f"{TRACE}\0"}),
-    ("summary", {"run": "r" * 5000}),
-    ("summary", {"run": "/".join(["r" * 200] * 40)}),
-    ("compare", {"dir": "d" * 300}),
-    ("trace", {"run": "run", "file": "f" * 300}),
-    ("timeline", {"run": "run", "file": TRACE, "step": "x"}),
-    ("timeline", {"run": "run", "file": TRACE, "step": "9" * 40}),
-    ("diff", {"a": "run", "b": "ru\0n"}),
-    ("diff", {"a": "r" * 5000, "b": "run"}),
-    ("diff", {"a": "run", "b": "run", "a_steps": "9" * 5000}),
-    ("diff", {"a": "run", "b": "run", "b_steps": "1-" + "9" * 40}),
-    ("diff", {"a": "run", "b": "linked"}),
-])
+@pytest.mark.parametrize(
+    "route, params",
+    [
+        ("summary", {"run": "ru\0n"}),
+        ("steptime", {"run": "ru\0n"}),
+        ("compare", {"dir": "bad-\0list"}),
+        ("trace", {"run": "run", "file": f"{TRACE}\0"}),
+        ("timeline", {"run": "run", "file": f"{TRACE}\0"}),
+        ("summary", {"run": "r" * 5000}),
+        ("summary", {"run": "/".join(["r" * 200] * 40)}),
+        ("compare", {"dir": "d" * 300}),
+        ("trace", {"run": "run", "file": "f" * 300}),
+        ("timeline", {"run": "run", "file": TRACE, "step": "x"}),
+        ("timeline", {"run": "run", "file": TRACE, "step": "9" * 40}),
+        ("diff", {"a": "run", "b": "ru\0n"}),
+        ("diff", {"a": "r" * 5000, "b": "run"}),
+        ("diff", {"a": "run", "b": "run", "a_steps": "9" * 5000}),
+        ("diff", {"a": "run", "b": "run", "b_steps": "1-" + "9" * 40}),
+        ("diff", {"a": "run", "b": "linked"}),
+    ],
+)
 def test_nul_bytes_long_names_and_bad_numbers_are_4xx_with_a_message(tb, route, params):
     code, body = _status(tb, route, **params)
     assert 400 <= code < 500, (code, body)

@@ -76,7 +76,9 @@ def test_scalars_tab_has_step_time_for_every_step(tensorboard, profiled_logdir):
         return values if len(values) == profiled_logdir.steps else None
 
     step_ms = tensorboard.wait_for(lambda: points("kprof/step_time_ms"), "step-time scalars", timeout=30)
-    assert [step for _, step, _ in step_ms] == list(range(profiled_logdir.steps))  # the whole run, 0-based like ProfilerStep#N
+    assert [step for _, step, _ in step_ms] == list(
+        range(profiled_logdir.steps)
+    )  # the whole run, 0-based like ProfilerStep#N
     expected_ms = [t * 1e3 for t in profiled_logdir.step_times]
     assert [value for _, _, value in step_ms] == pytest.approx(expected_ms, rel=1e-5)
 
@@ -210,8 +212,12 @@ def test_busy_port_fails_within_2_s_with_one_line(tmp_path, capsys, taken_port):
 
 
 def test_busy_port_from_the_command_line_is_one_line(tmp_path, taken_port):
-    done = subprocess.run([sys.executable, "-m", "kprof_callbacks", "tensorboard", str(tmp_path), "--port",
-                           str(taken_port)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "kprof_callbacks", "tensorboard", str(tmp_path), "--port", str(taken_port)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.splitlines() == [done.stderr.strip()] and "is in use" in done.stderr
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from kprof_callbacks.analysis import breakdown, summarize
+from kprof_callbacks.analysis.reader import read_trace
 from kprof_callbacks.analysis.slices import KINDS, TraceSlices, find_steps, median_step
 from kprof_callbacks.analysis.steps import windows
 from kprof_callbacks.analysis.svgtimeline import render
 from kprof_callbacks.analysis.timeline import build
-from kprof_callbacks.analysis.reader import read_trace
 from kprof_callbacks.cli import main
 from kprof_callbacks.tensorboard.cache import FileCache
 
@@ -41,8 +41,13 @@ def test_each_step_holds_exactly_the_events_of_its_window(path):
     slices = TraceSlices.read(path)
     win = windows(build(read_trace(path)))
     assert [s.step for s in slices.steps()] == win.number.tolist()
-    timed = [e for e in _raw(path) if e.get("ph") == "X" and e.get("cat") in
-             ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset")]
+    timed = [
+        e
+        for e in _raw(path)
+        if e.get("ph") == "X"
+        and e.get("cat")
+        in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset")
+    ]
     for number, lo, hi in zip(win.number.tolist(), win.lo.tolist(), win.hi.tolist()):
         piece = slices.step(number)
         inside = [e for e in timed if _ns(e["ts"]) < hi and max(_ns(e["ts"]) + _ns(e["dur"]), _ns(e["ts"]) + 1) > lo]
@@ -70,7 +75,10 @@ def test_launch_links_follow_correlation_ids():
 def test_threads_come_first_with_names_and_nesting_then_streams():
     piece = TraceSlices.read(SMALL).step(3)
     assert [(lane.name, lane.kind) for lane in piece.lanes] == [
-        ("thread 610 (python3)", "thread"), ("thread 637 (pt_autograd_0)", "thread"), ("GPU 0 stream 7", "stream")]
+        ("thread 610 (python3)", "thread"),
+        ("thread 637 (pt_autograd_0)", "thread"),
+        ("GPU 0 stream 7", "stream"),
+    ]
     host = np.flatnonzero(piece.kind < KINDS.index("kernel"))
     nested = host[piece.parent[host] >= 0]
     parents = piece.parent[nested]
@@ -95,14 +103,24 @@ def _x(name: str, cat: str, ts: float, dur: float, tid: int = 1, pid: int = 1, *
 
 
 def test_overlapping_gpu_work_on_one_stream_gets_rows_and_a_missing_step_is_a_key_error(tmp_path):
-    path = _trace([_x("ProfilerStep#0", "user_annotation", 0, 100), _x("a", "kernel", 10, 50, tid=7, pid=0),
-                   _x("b", "kernel", 20, 10, tid=7, pid=0), _x("c", "kernel", 40, 30, tid=7, pid=0),
-                   _x("d", "kernel", 15, 5, tid=8, pid=0)], tmp_path)
+    path = _trace(
+        [
+            _x("ProfilerStep#0", "user_annotation", 0, 100),
+            _x("a", "kernel", 10, 50, tid=7, pid=0),
+            _x("b", "kernel", 20, 10, tid=7, pid=0),
+            _x("c", "kernel", 40, 30, tid=7, pid=0),
+            _x("d", "kernel", 15, 5, tid=8, pid=0),
+        ],
+        tmp_path,
+    )
     piece = TraceSlices.read(path).step(0)
     rows = {piece.names[piece.name[i]]: int(piece.row[i]) for i in range(len(piece))}
     assert rows == {"ProfilerStep#0": 0, "a": 0, "b": 1, "c": 1, "d": 0}
-    assert [(lane.name, lane.rows) for lane in piece.lanes] == [("thread 1", 1), ("GPU 0 stream 7", 2),
-                                                               ("GPU 0 stream 8", 1)]
+    assert [(lane.name, lane.rows) for lane in piece.lanes] == [
+        ("thread 1", 1),
+        ("GPU 0 stream 7", 2),
+        ("GPU 0 stream 8", 1),
+    ]
     with pytest.raises(KeyError, match="no step 5"):
         TraceSlices.read(path).step(5)
 
@@ -126,8 +144,9 @@ def test_svg_has_a_rectangle_per_visible_event_and_merges_the_rest(tmp_path):
     merged = svg.count("events under a pixel wide")
     assert svg.count("<rect") == wide + merged and merged > 0
     assert "&lt;step 3&gt; &amp; &quot;more&quot;" in svg and "<step 3>" not in svg
-    assert svg.count('class="ln"') == sum(1 for i in np.flatnonzero(piece.link >= 0).tolist()
-                                          if piece.dur[i] * 880 / piece.span_ns >= 1)
+    assert svg.count('class="ln"') == sum(
+        1 for i in np.flatnonzero(piece.link >= 0).tolist() if piece.dur[i] * 880 / piece.span_ns >= 1
+    )
     assert "ProfilerStep#3" in svg and "GPU 0 stream 7" in svg and "launched by cudaLaunchKernel" in svg
 
 
@@ -135,20 +154,29 @@ def _lightning_like_trace(tmp_path: Path) -> Path:
     """Two steps in which Optimizer.step#SGD.step holds forward and backward, as under Lightning's closure."""
     events = []
     for n, t in enumerate((0, 1000)):
-        events += [_x(f"ProfilerStep#{n}", "user_annotation", t, 900),
-                   _x("Optimizer.step#SGD.step", "user_annotation", t + 10, 800),
-                   _x("forward", "user_annotation", t + 20, 300), _x("aten::mm", "cpu_op", t + 30, 200),
-                   _x("backward", "user_annotation", t + 400, 300), _x("aten::mm", "cpu_op", t + 410, 200),
-                   _x("optimizer_step", "user_annotation", t + 720, 50),
-                   _x("zero_grad", "user_annotation", t + 850, 20)]
+        events += [
+            _x(f"ProfilerStep#{n}", "user_annotation", t, 900),
+            _x("Optimizer.step#SGD.step", "user_annotation", t + 10, 800),
+            _x("forward", "user_annotation", t + 20, 300),
+            _x("aten::mm", "cpu_op", t + 30, 200),
+            _x("backward", "user_annotation", t + 400, 300),
+            _x("aten::mm", "cpu_op", t + 410, 200),
+            _x("optimizer_step", "user_annotation", t + 720, 50),
+            _x("zero_grad", "user_annotation", t + 850, 20),
+        ]
     return _trace(events, tmp_path)
 
 
 def test_labels_that_contain_labels_name_them_in_every_report(tmp_path, capsys):
     path = _lightning_like_trace(tmp_path)
     labels = {lb.name: lb.contains for lb in summarize(path).labels}
-    assert labels == {"Optimizer.step#SGD.step": ("backward", "forward", "optimizer_step"), "forward": (),
-                      "backward": (), "optimizer_step": (), "zero_grad": ()}
+    assert labels == {
+        "Optimizer.step#SGD.step": ("backward", "forward", "optimizer_step"),
+        "forward": (),
+        "backward": (),
+        "optimizer_step": (),
+        "zero_grad": (),
+    }
     html = tmp_path / "report.html"
     assert main(["summary", str(path), "--html", str(html)]) == 0
     out = capsys.readouterr().out
@@ -193,9 +221,20 @@ def test_every_report_names_the_breakdown_alike(tmp_path, capsys):
     assert main(["summary", str(SMALL)]) == 0
     steps = next(headers for title, headers in _tables(capsys.readouterr().out) if title.startswith("Steps"))
     names = [cell.strip() for cell in steps if cell.strip()]
-    assert names[1:] == [breakdown.COLUMNS[k] for k in ("wall_us", "gpu_busy_us", "gpu_idle_us", "kernel_us",
-                                                         "memcpy_us", "memset_us", "cpu_only_us", "other_us",
-                                                         "peak_memory")]
+    assert names[1:] == [
+        breakdown.COLUMNS[k]
+        for k in (
+            "wall_us",
+            "gpu_busy_us",
+            "gpu_idle_us",
+            "kernel_us",
+            "memcpy_us",
+            "memset_us",
+            "cpu_only_us",
+            "other_us",
+            "peak_memory",
+        )
+    ]
     assert [p.name for p in breakdown.PARTS] == [breakdown.COLUMNS[p.key] for p in breakdown.PARTS]
     assert breakdown.KIND_COLORS["kernel"] == breakdown.PARTS[0].color
     assert set(breakdown.KIND_COLORS) == set(KINDS)

@@ -33,7 +33,8 @@ def _profiled_steps(tmp_path, enabled: bool) -> list[str]:
     """Names of the ProfilerStep ranges torch records while step ranges are on or off."""
     out = tmp_path / "trace.json"
     prof = torch.profiler.profile(
-        activities=[ProfilerActivity.CPU], schedule=torch.profiler.schedule(wait=0, warmup=0, active=3),
+        activities=[ProfilerActivity.CPU],
+        schedule=torch.profiler.schedule(wait=0, warmup=0, active=3),
         on_trace_ready=lambda p: p.export_chrome_trace(str(out)),
     )
     with prof:
@@ -41,7 +42,9 @@ def _profiled_steps(tmp_path, enabled: bool) -> list[str]:
             torch_compat.step_ranges(prof, enabled)
             torch.ones(4).sum()
             prof.step()
-    return [e["name"] for e in json.loads(out.read_text())["traceEvents"] if e.get("name", "").startswith("ProfilerStep")]
+    return [
+        e["name"] for e in json.loads(out.read_text())["traceEvents"] if e.get("name", "").startswith("ProfilerStep")
+    ]
 
 
 def test_step_ranges_turn_torchs_profilerstep_ranges_on_and_off(tmp_path):

@@ -13,8 +13,20 @@ from kprof_callbacks import summarize
 from kprof_callbacks.cli import main
 
 HUGE = [2**63, 2**64 + 5, -(2**63) - 1, 10**30]
-CATEGORIES = ["cpu_op", "user_annotation", "python_function", "cuda_runtime", "kernel", "gpu_memcpy", "gpu_memset",
-              "gpu_user_annotation", "[memory]", "Trace", "ac2g", "nonsense"]
+CATEGORIES = [
+    "cpu_op",
+    "user_annotation",
+    "python_function",
+    "cuda_runtime",
+    "kernel",
+    "gpu_memcpy",
+    "gpu_memset",
+    "gpu_user_annotation",
+    "[memory]",
+    "Trace",
+    "ac2g",
+    "nonsense",
+]
 
 
 def _number(rng: random.Random, big: bool) -> float | int:
@@ -24,11 +36,29 @@ def _number(rng: random.Random, big: bool) -> float | int:
 
 def _event(rng: random.Random, big: bool) -> dict:
     step = rng.choice([rng.randint(0, 20), *(HUGE if big else [])])
-    name = rng.choice([f"ProfilerStep#{step}", "aten::mm", "aten::add_", "cudaLaunchKernel", "sgemm", "forward",
-                       "nccl:all_reduce", "ProfilerStep#", "ProfilerStep#x", ""])
-    event = {"ph": rng.choice(["X", "X", "X", "i", "s", "f"]), "name": name, "cat": rng.choice(CATEGORIES),
-             "pid": rng.choice([0, 1, 12345, "Spans", -1]), "tid": rng.choice([0, 1, 7, "stream 7", -1]),
-             "ts": _number(rng, big), "dur": _number(rng, big)}
+    name = rng.choice(
+        [
+            f"ProfilerStep#{step}",
+            "aten::mm",
+            "aten::add_",
+            "cudaLaunchKernel",
+            "sgemm",
+            "forward",
+            "nccl:all_reduce",
+            "ProfilerStep#",
+            "ProfilerStep#x",
+            "",
+        ]
+    )
+    event = {
+        "ph": rng.choice(["X", "X", "X", "i", "s", "f"]),
+        "name": name,
+        "cat": rng.choice(CATEGORIES),
+        "pid": rng.choice([0, 1, 12345, "Spans", -1]),
+        "tid": rng.choice([0, 1, 7, "stream 7", -1]),
+        "ts": _number(rng, big),
+        "dur": _number(rng, big),
+    }
     args = {}
     for key in ("External id", "correlation", "Bytes", "Total Allocated", "Device Type", "bytes"):
         if rng.random() < 0.3:
@@ -44,10 +74,28 @@ def _trace(rng: random.Random, big: bool) -> dict:
     events = [_event(rng, big) for _ in range(rng.randint(0, 40))]
     if rng.random() < 0.7:  # most traces have steps and a timed op inside them
         start = rng.uniform(0, 100)
-        events.append({"ph": "X", "name": "ProfilerStep#3", "cat": "user_annotation", "pid": 1, "tid": 1,
-                       "ts": start, "dur": rng.choice([0, 50.0, 1e3])})
-        events.append({"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": start + 1,
-                       "dur": rng.choice([0, 5.0])})
+        events.append(
+            {
+                "ph": "X",
+                "name": "ProfilerStep#3",
+                "cat": "user_annotation",
+                "pid": 1,
+                "tid": 1,
+                "ts": start,
+                "dur": rng.choice([0, 50.0, 1e3]),
+            }
+        )
+        events.append(
+            {
+                "ph": "X",
+                "name": "aten::mm",
+                "cat": "cpu_op",
+                "pid": 1,
+                "tid": 1,
+                "ts": start + 1,
+                "dur": rng.choice([0, 5.0]),
+            }
+        )
     return {"traceEvents": events}
 
 
@@ -70,24 +118,70 @@ def test_random_traces_never_raise_out_of_summarize(tmp_path, seed):
 
 
 BAD = {
-    "external id of 2**63": {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1, "dur": 2,
-                             "args": {"External id": 2**63}},
-    "bytes of 2**64": {"ph": "i", "name": "[memory]", "cat": "cpu_instant_event", "pid": 1, "tid": 1, "ts": 1,
-                       "args": {"Bytes": 2**64, "Total Allocated": 2**64, "Device Type": 0}},
-    "30-digit step": {"ph": "X", "name": f"ProfilerStep#{10**29}", "cat": "user_annotation", "pid": 1, "tid": 1,
-                      "ts": 1, "dur": 5},
-    "device events only": {"ph": "X", "name": "sgemm", "cat": "kernel", "pid": 0, "tid": 7, "ts": 1, "dur": 5,
-                           "args": {"correlation": 3}},
-    "a step of zero length": {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "pid": 1, "tid": 1,
-                              "ts": 5, "dur": 0},
-    "a negative duration": {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 1,
-                            "dur": -9223372036854775},
+    "external id of 2**63": {
+        "ph": "X",
+        "name": "aten::mm",
+        "cat": "cpu_op",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1,
+        "dur": 2,
+        "args": {"External id": 2**63},
+    },
+    "bytes of 2**64": {
+        "ph": "i",
+        "name": "[memory]",
+        "cat": "cpu_instant_event",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1,
+        "args": {"Bytes": 2**64, "Total Allocated": 2**64, "Device Type": 0},
+    },
+    "30-digit step": {
+        "ph": "X",
+        "name": f"ProfilerStep#{10**29}",
+        "cat": "user_annotation",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1,
+        "dur": 5,
+    },
+    "device events only": {
+        "ph": "X",
+        "name": "sgemm",
+        "cat": "kernel",
+        "pid": 0,
+        "tid": 7,
+        "ts": 1,
+        "dur": 5,
+        "args": {"correlation": 3},
+    },
+    "a step of zero length": {
+        "ph": "X",
+        "name": "ProfilerStep#1",
+        "cat": "user_annotation",
+        "pid": 1,
+        "tid": 1,
+        "ts": 5,
+        "dur": 0,
+    },
+    "a negative duration": {
+        "ph": "X",
+        "name": "aten::mm",
+        "cat": "cpu_op",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1,
+        "dur": -9223372036854775,
+    },
 }
 
 
 def _good_events() -> list[dict]:
-    return [{"ph": "X", "name": "ProfilerStep#2", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
-            {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 10, "dur": 20}]
+    return [
+        {"ph": "X", "name": "ProfilerStep#2", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 10, "dur": 20},
+    ]
 
 
 @pytest.mark.parametrize("case", list(BAD))

@@ -36,8 +36,10 @@ def profile(command: str, logdir: Path, steps: int) -> Path:
         raise SystemExit(f"[gate] the command failed (exit status {done.returncode}): {command}")
     runs = sorted({p.parent for p in logdir.rglob("*.pt.trace.json*") if not p.name.endswith(".partial")})
     if len(runs) != 1:
-        raise SystemExit(f"[gate] expected one run folder of traces under {logdir}, found {len(runs)}: "
-                         "does the command pass {logdir} to kprof.session?")
+        raise SystemExit(
+            f"[gate] expected one run folder of traces under {logdir}, found {len(runs)}: "
+            "does the command pass {logdir} to kprof.session?"
+        )
     return runs[0]
 
 

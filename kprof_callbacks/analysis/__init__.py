@@ -8,10 +8,15 @@ from __future__ import annotations
 from .._lazy import lazy_names
 
 _NAMES = {
-    "Summary": ".summary", "summarize": ".summary",
-    "Change": ".tracediff", "Diff": ".tracediff", "diff": ".tracediff",
-    **dict.fromkeys(("Diagnostic", "KernelStats", "LabelStats", "OpStats", "Problem", "RankStats", "StepSkew",
-                     "StepStats"), ".tables"),
+    "Summary": ".summary",
+    "summarize": ".summary",
+    "Change": ".tracediff",
+    "Diff": ".tracediff",
+    "diff": ".tracediff",
+    **dict.fromkeys(
+        ("Diagnostic", "KernelStats", "LabelStats", "OpStats", "Problem", "RankStats", "StepSkew", "StepStats"),
+        ".tables",
+    ),
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = lazy_names(__name__, _NAMES)

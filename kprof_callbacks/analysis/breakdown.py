@@ -24,29 +24,52 @@ class Part:
 
 PARTS = (
     Part("gpu_busy_us", "GPU busy", "#4e79a7", "kernels, copies or sets running on any stream"),
-    Part("cpu_only_us", "host only", "#f28e2b", "host operators running while no GPU work runs (on a CPU-only run: "
-         "all host operator time)"),
+    Part(
+        "cpu_only_us",
+        "host only",
+        "#f28e2b",
+        "host operators running while no GPU work runs (on a CPU-only run: all host operator time)",
+    ),
     Part("other_us", "other", "#bab0ac", "neither: Python between operators, waits, sleeps"),
 )
 
 COLUMNS = {
-    "wall_us": "wall", "gpu_busy_us": "GPU busy", "gpu_idle_us": "GPU idle", "kernel_us": "kernels",
-    "memcpy_us": "memcpy", "memset_us": "memset", "comm_us": "comm", "cpu_only_us": "host only", "other_us": "other",
-    "dataloader_us": "data loading", "peak_memory": "peak memory",
+    "wall_us": "wall",
+    "gpu_busy_us": "GPU busy",
+    "gpu_idle_us": "GPU idle",
+    "kernel_us": "kernels",
+    "memcpy_us": "memcpy",
+    "memset_us": "memset",
+    "comm_us": "comm",
+    "cpu_only_us": "host only",
+    "other_us": "other",
+    "dataloader_us": "data loading",
+    "peak_memory": "peak memory",
 }
 """The name of each per-step figure, as every report heads its column."""
 
 KIND_COLORS = {
-    "operator": PARTS[1].color, "label": "#b07aa1", "python": "#c7c7c7", "runtime": "#e15759", "step": "#d6d6d6",
-    "kernel": PARTS[0].color, "memcpy": "#59a14f", "memset": "#76b7b2", "communication": "#edc948",
+    "operator": PARTS[1].color,
+    "label": "#b07aa1",
+    "python": "#c7c7c7",
+    "runtime": "#e15759",
+    "step": "#d6d6d6",
+    "kernel": PARTS[0].color,
+    "memcpy": "#59a14f",
+    "memset": "#76b7b2",
+    "communication": "#edc948",
 }
 """Timeline colours by event kind (`slices.KINDS`): host operators in the host-only orange, kernels in GPU blue."""
 
 RANK_PARTS = (
     Part("compute_only_us", "computing", PARTS[0].color, "computation while no communication runs"),
     Part("overlap_us", "both", "#a0cbe8", "communication hidden behind computation"),
-    Part("exposed_comm_us", "communicating", KIND_COLORS["communication"],
-         "communication while nothing computes: the step waits for it"),
+    Part(
+        "exposed_comm_us",
+        "communicating",
+        KIND_COLORS["communication"],
+        "communication while nothing computes: the step waits for it",
+    ),
     Part("rest_us", "neither", PARTS[2].color, "the rest of the step"),
 )
 """A rank's mean step as the ranks view stacks it: the four add up to the step."""
@@ -67,5 +90,10 @@ def value(part: Part, step: StepStats) -> float:
 
 def legend() -> dict[str, Any]:
     """Everything above as JSON, for the kprof tab."""
-    return {"parts": [dataclasses.asdict(p) for p in PARTS], "columns": COLUMNS, "kinds": KIND_COLORS,
-            "changes": CHANGE_COLORS, "rank_parts": [dataclasses.asdict(p) for p in RANK_PARTS]}
+    return {
+        "parts": [dataclasses.asdict(p) for p in PARTS],
+        "columns": COLUMNS,
+        "kinds": KIND_COLORS,
+        "changes": CHANGE_COLORS,
+        "rank_parts": [dataclasses.asdict(p) for p in RANK_PARTS],
+    }

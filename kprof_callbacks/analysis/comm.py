@@ -25,14 +25,35 @@ from .steps import StepTimes, Windows, comm_events, launch_times
 from .tables import CommStats, Diagnostic, FsdpStep, StepStats
 from .timeline import Timeline
 
-KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "reduce", "all_to_all", "send_recv", "gather",
-         "scatter", "barrier", "other")
+KINDS = (
+    "all_gather",
+    "reduce_scatter",
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "send_recv",
+    "gather",
+    "scatter",
+    "barrier",
+    "other",
+)
 """The collectives, as the tables name them."""
 
-_WORDS = (("reducescatter", "reduce_scatter"), ("allgather", "all_gather"), ("allreduce", "all_reduce"),
-          ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("barrier", "barrier"), ("sendrecv", "send_recv"),
-          ("send", "send_recv"), ("recv", "send_recv"), ("reduce", "reduce"), ("gather", "gather"),
-          ("scatter", "scatter"))
+_WORDS = (
+    ("reducescatter", "reduce_scatter"),
+    ("allgather", "all_gather"),
+    ("allreduce", "all_reduce"),
+    ("alltoall", "all_to_all"),
+    ("broadcast", "broadcast"),
+    ("barrier", "barrier"),
+    ("sendrecv", "send_recv"),
+    ("send", "send_recv"),
+    ("recv", "send_recv"),
+    ("reduce", "reduce"),
+    ("gather", "gather"),
+    ("scatter", "scatter"),
+)
 QUEUED_NS = 10_000  # an all-gather starting this soon after a reduce-scatter ended was waiting for it
 
 
@@ -118,8 +139,9 @@ def calls(tl: Timeline) -> Calls:
     )
 
 
-def _rows(tl: Timeline, win: Windows, compute: iv.Intervals, c: Calls, owner: np.ndarray,
-          phase: np.ndarray) -> list[CommStats]:
+def _rows(
+    tl: Timeline, win: Windows, compute: iv.Intervals, c: Calls, owner: np.ndarray, phase: np.ndarray
+) -> list[CommStats]:
     """One row per step, collective and phase that ran."""
     rows = []
     inside = owner >= 0
@@ -130,9 +152,19 @@ def _rows(tl: Timeline, win: Windows, compute: iv.Intervals, c: Calls, owner: np
         overlap = iv.length_in(iv.intersect(spans, compute), win.lo, win.hi)
         count = np.bincount(owner[pick & c.carrier], minlength=win.lo.size)
         for i in np.flatnonzero((total > 0) | (count > 0)).tolist():
-            rows.append(CommStats(tl.source.rank, tl.source.worker, int(win.number[i]), KINDS[k], fsdp.PHASES[p],
-                                  int(count[i]), float(total[i]) / 1000.0, float(overlap[i]) / 1000.0,
-                                  float(total[i] - overlap[i]) / 1000.0))
+            rows.append(
+                CommStats(
+                    tl.source.rank,
+                    tl.source.worker,
+                    int(win.number[i]),
+                    KINDS[k],
+                    fsdp.PHASES[p],
+                    int(count[i]),
+                    float(total[i]) / 1000.0,
+                    float(overlap[i]) / 1000.0,
+                    float(total[i] - overlap[i]) / 1000.0,
+                )
+            )
     return rows
 
 
@@ -188,8 +220,9 @@ def analyze(tl: Timeline, times: StepTimes) -> FileComm:
 
     n = win.lo.size
     edges = _edge(c, owner, n, "all_gather", last=False), _edge(c, owner, n, "reduce_scatter", last=True)
-    stats = fsdp.step_stats(tl, win, times.compute, spans("all_gather"), spans("reduce_scatter"), edges,
-                            _queued(c, owner, n), phases)
+    stats = fsdp.step_stats(
+        tl, win, times.compute, spans("all_gather"), spans("reduce_scatter"), edges, _queued(c, owner, n), phases
+    )
     return FileComm(_rows(tl, win, times.compute, c, owner, phase), stats, _transfers(win, c, owner))
 
 
@@ -222,8 +255,19 @@ def totals(rows: list[CommStats], steps: list[StepStats]) -> list[CollectiveTota
         means = {who: v / max(n_steps.get(who, 1), 1) for who, v in by_rank.items()}
         mean = np.mean(list(means.values()), axis=0)
         worst = max(means, key=lambda who: means[who][3])
-        out.append(CollectiveTotals(collective, phase, len(means), float(mean[0]), float(mean[1]), float(mean[2]),
-                                    float(mean[3]), worst[0], float(means[worst][3])))
+        out.append(
+            CollectiveTotals(
+                collective,
+                phase,
+                len(means),
+                float(mean[0]),
+                float(mean[1]),
+                float(mean[2]),
+                float(mean[3]),
+                worst[0],
+                float(means[worst][3]),
+            )
+        )
     return sorted(out, key=lambda t: (-t.exposed_us, t.collective, t.phase))
 
 

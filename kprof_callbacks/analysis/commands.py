@@ -72,8 +72,15 @@ def _written(out: Path, write: Callable[[Path], object], command: str, what: str
 
 
 def run_summary(
-    path: Path, *, as_json: bool = False, markdown: bool = False, html: Path | None = None, top: int = 10,
-    sort: str = "cuda", stacks: Path | None = None, jobs: int = 1,
+    path: Path,
+    *,
+    as_json: bool = False,
+    markdown: bool = False,
+    html: Path | None = None,
+    top: int = 10,
+    sort: str = "cuda",
+    stacks: Path | None = None,
+    jobs: int = 1,
 ) -> int:
     """Run `kprof summary`; returns the exit status."""
     from .html import write_html
@@ -106,8 +113,16 @@ def run_summary(
 
 
 def run_diff(
-    a: str, b: str, *, as_json: bool = False, markdown: bool = False, html: Path | None = None, top: int = 10,
-    confidence: float = 0.95, jobs: int = 1, fail_if_slower: float | None = None,
+    a: str,
+    b: str,
+    *,
+    as_json: bool = False,
+    markdown: bool = False,
+    html: Path | None = None,
+    top: int = 10,
+    confidence: float = 0.95,
+    jobs: int = 1,
+    fail_if_slower: float | None = None,
 ) -> int:
     """Run `kprof diff`; returns the exit status."""
     from .diff_inputs import load, split
@@ -137,8 +152,11 @@ def run_diff(
     if as_json:
         doc = result.to_dict()
         if fail_if_slower is not None:
-            doc["gate"] = {"fail_if_slower_pct": fail_if_slower, "regressed": regressed,
-                           "report": gate(result, fail_if_slower)}
+            doc["gate"] = {
+                "fail_if_slower_pct": fail_if_slower,
+                "regressed": regressed,
+                "report": gate(result, fail_if_slower),
+            }
         print(json.dumps(doc, indent=1))
     elif markdown:
         print(result.to_markdown(top=top, fail_if_slower=fail_if_slower))

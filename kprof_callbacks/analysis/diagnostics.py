@@ -31,8 +31,18 @@ GREW_ROWS, GREW_SHARE = 4, 0.05  # a slow step's finding names up to 4 rows, eac
 COMM_SHARE = 0.20
 OVERLAP_SHARE = 0.50
 STRAGGLER_LAG = 0.10
-SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-                        "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipMemcpy"})
+SYNC_CALLS = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "cudaMemcpy",
+        "hipStreamSynchronize",
+        "hipDeviceSynchronize",
+        "hipEventSynchronize",
+        "hipMemcpy",
+    }
+)
 SCALAR_READ = "aten::_local_scalar_dense"  # .item(), bool(), int() of a tensor
 EVAL_LABELS = ("validation_step", "test_step", "predict_step")  # the Lightning callback's labels of an eval loop
 
@@ -95,8 +105,9 @@ def gather(tl: Timeline, win: Windows) -> Evidence:
     return ev
 
 
-def diagnose(steps: list[StepStats], ranks: list[RankStats], skew: list[StepSkew], ev: Evidence,
-             per_step: PerStep) -> list[Diagnostic]:
+def diagnose(
+    steps: list[StepStats], ranks: list[RankStats], skew: list[StepSkew], ev: Evidence, per_step: PerStep
+) -> list[Diagnostic]:
     """All findings for one run, warnings first."""
     found = []
     wall = sum(s.wall_us for s in steps)
@@ -107,14 +118,29 @@ def diagnose(steps: list[StepStats], ranks: list[RankStats], skew: list[StepSkew
     if len(ranks) > 1 and all(r.rank is not None for r in ranks):
         found += _rank_findings(ranks, skew)
     if not ev.has_gpu:
-        found.append(Diagnostic("no_gpu", "info", (
-            "No GPU activity in the trace (a CPU-only run, or ProfilerActivity.CUDA not enabled): "
-            "GPU columns are left out and compute means host operators.")))
+        found.append(
+            Diagnostic(
+                "no_gpu",
+                "info",
+                (
+                    "No GPU activity in the trace (a CPU-only run, or ProfilerActivity.CUDA not enabled): "
+                    "GPU columns are left out and compute means host operators."
+                ),
+            )
+        )
     if ev.files_without_steps:
-        found.append(Diagnostic("no_steps", "info", (
-            f"No ProfilerStep# ranges in {', '.join(ev.files_without_steps[:3])}"
-            f"{' and others' if len(ev.files_without_steps) > 3 else ''}: each such trace is one step covering all of it; "
-            "call prof.step() (or Session.step()) once per iteration for per-step numbers.")))
+        found.append(
+            Diagnostic(
+                "no_steps",
+                "info",
+                (
+                    f"No ProfilerStep# ranges in {', '.join(ev.files_without_steps[:3])}"
+                    f"{' and others' if len(ev.files_without_steps) > 3 else ''}: each such trace is one step "
+                    "covering all of it; "
+                    "call prof.step() (or Session.step()) once per iteration for per-step numbers."
+                ),
+            )
+        )
     return sorted(found, key=lambda d: d.severity != "warning")
 
 
@@ -127,11 +153,20 @@ def _data_loading(steps: list[StepStats]) -> list[Diagnostic]:
     share = median(s.dataloader_us / s.wall_us for s in timed)
     shown = ", ".join(f"{s.step}: {fmt.duration(s.dataloader_us)}" for s in timed[:EVIDENCE_STEPS])
     more = f" and {len(timed) - EVIDENCE_STEPS} more" if len(timed) > EVIDENCE_STEPS else ""
-    return [Diagnostic("dataloader", "warning", (
-        f"Data loading takes {fmt.share(share)} of a step (median over {len(timed)} steps; "
-        f"{fmt.duration(median(s.dataloader_us for s in timed))} per step; by step {shown}{more}): the training loop "
-        "waits for batches; raise DataLoader num_workers, set persistent_workers=True and pin_memory=True, or move "
-        "decoding/augmentation off the main process."))]
+    return [
+        Diagnostic(
+            "dataloader",
+            "warning",
+            (
+                f"Data loading takes {fmt.share(share)} of a step (median over {len(timed)} steps; "
+                f"{fmt.duration(median(s.dataloader_us for s in timed))} per step; by step {shown}{more}): the "
+                "training loop "
+                "waits for batches; raise DataLoader num_workers, set persistent_workers=True and pin_memory=True, or "
+                "move "
+                "decoding/augmentation off the main process."
+            ),
+        )
+    ]
 
 
 def _gpu_findings(steps: list[StepStats], wall: float, ev: Evidence, per_step: PerStep) -> list[Diagnostic]:
@@ -139,21 +174,46 @@ def _gpu_findings(steps: list[StepStats], wall: float, ev: Evidence, per_step: P
     idle_share = median(s.gpu_idle_us / s.wall_us for s in steps if s.wall_us) if wall else 0.0
     if idle_share > IDLE_SHARE:
         host = sum(s.cpu_only_us for s in steps) / wall
-        found.append(Diagnostic("gpu_idle", "warning", (
-            f"The GPU is idle {fmt.share(idle_share)} of a step (median over {len(steps)} steps; host-only work "
-            f"{fmt.share(host)} of step time): it waits for the host; check the input pipeline and host-side work "
-            "between kernels (Python overhead, synchronizations, logging).")))
+        found.append(
+            Diagnostic(
+                "gpu_idle",
+                "warning",
+                (
+                    f"The GPU is idle {fmt.share(idle_share)} of a step (median over {len(steps)} steps; host-only "
+                    "work "
+                    f"{fmt.share(host)} of step time): it waits for the host; check the input pipeline and host-side "
+                    "work "
+                    "between kernels (Python overhead, synchronizations, logging)."
+                ),
+            )
+        )
     if ev.kernels >= 100 and ev.small_kernels / ev.kernels >= 0.5 and idle_share > IDLE_SHARE * 2 / 3:
-        found.append(Diagnostic("launch_bound", "warning", (
-            f"Launch-bound: {fmt.share(ev.small_kernels / ev.kernels)} of {ev.kernels} kernels run under "
-            f"{SMALL_KERNEL_US:.0f} us (mean {fmt.duration(ev.small_kernel_us / max(ev.small_kernels, 1))}) and the GPU "
-            f"is idle {fmt.share(idle_share)} of a step between them: the host cannot launch kernels fast enough; fuse ops "
-            "(torch.compile), capture CUDA graphs, or use larger batches.")))
+        found.append(
+            Diagnostic(
+                "launch_bound",
+                "warning",
+                (
+                    f"Launch-bound: {fmt.share(ev.small_kernels / ev.kernels)} of {ev.kernels} kernels run under "
+                    f"{SMALL_KERNEL_US:.0f} us (mean {fmt.duration(ev.small_kernel_us / max(ev.small_kernels, 1))}) "
+                    "and the GPU "
+                    f"is idle {fmt.share(idle_share)} of a step between them: the host cannot launch kernels fast "
+                    "enough; fuse ops "
+                    "(torch.compile), capture CUDA graphs, or use larger batches."
+                ),
+            )
+        )
     if ev.pageable_copies:
-        found.append(Diagnostic("pageable_memcpy", "warning", (
-            f"{ev.pageable_copies} host<->device copies from pageable memory ({fmt.size(ev.pageable_bytes)}, "
-            f"{fmt.duration(ev.pageable_us)} in {len(steps)} steps): they are synchronous and slower; use "
-            "DataLoader(pin_memory=True) or tensor.pin_memory(), then .to(device, non_blocking=True).")))
+        found.append(
+            Diagnostic(
+                "pageable_memcpy",
+                "warning",
+                (
+                    f"{ev.pageable_copies} host<->device copies from pageable memory ({fmt.size(ev.pageable_bytes)}, "
+                    f"{fmt.duration(ev.pageable_us)} in {len(steps)} steps): they are synchronous and slower; use "
+                    "DataLoader(pin_memory=True) or tensor.pin_memory(), then .to(device, non_blocking=True)."
+                ),
+            )
+        )
     found += _syncs(steps, ev, per_step)
     return found
 
@@ -161,19 +221,30 @@ def _gpu_findings(steps: list[StepStats], wall: float, ev: Evidence, per_step: P
 def _syncs(steps: list[StepStats], ev: Evidence, per_step: PerStep) -> list[Diagnostic]:
     """Host-GPU synchronizations in the typical step (the median step has one): a sync in one step, such as a loss
     logged every N steps, is not a finding."""
-    syncing = [i for i, (kind, name) in enumerate(zip(per_step.kind, per_step.name))
-               if kind == "op" and (name in SYNC_CALLS or name == SCALAR_READ)]
+    syncing = [
+        i
+        for i, (kind, name) in enumerate(zip(per_step.kind, per_step.name))
+        if kind == "op" and (name in SYNC_CALLS or name == SCALAR_READ)
+    ]
     counts = per_step.calls[syncing].max(axis=0) if syncing else np.zeros(len(per_step.steps))
     if not counts.size or np.median(counts) < 1:
         return []
     n_sync = sum(ev.syncs.values())
     calls = ", ".join(f"{name} x{count}" for name, count in ev.syncs.most_common())
     shown = ", ".join(f"{s.step}: {c:g}" for s, c in list(zip(per_step.steps, counts.tolist()))[:EVIDENCE_STEPS])
-    return [Diagnostic("sync", "warning", (
-        f"{(n_sync or ev.scalar_reads) / len(steps):.1f} host-GPU synchronizations per step "
-        f"({calls or 'none from the runtime'}; {ev.scalar_reads} tensor reads by .item()/bool()/int(), "
-        f"{fmt.duration(ev.sync_us)} blocked; by step {shown}): the host stalls until the GPU catches up; keep values "
-        "on the GPU, log every N steps, avoid .item()/.cpu()/print(tensor) inside the step."))]
+    return [
+        Diagnostic(
+            "sync",
+            "warning",
+            (
+                f"{(n_sync or ev.scalar_reads) / len(steps):.1f} host-GPU synchronizations per step "
+                f"({calls or 'none from the runtime'}; {ev.scalar_reads} tensor reads by .item()/bool()/int(), "
+                f"{fmt.duration(ev.sync_us)} blocked; by step {shown}): the host stalls until the GPU catches up; "
+                "keep values "
+                "on the GPU, log every N steps, avoid .item()/.cpu()/print(tensor) inside the step."
+            ),
+        )
+    ]
 
 
 def slow_threshold(walls: np.ndarray) -> float:
@@ -210,18 +281,34 @@ def _slow_steps(steps: list[StepStats], per_step: PerStep, eval_calls: Counter) 
     if len(slow) > 1:
         spread = len({(s.rank, s.worker) for _, s, _, _ in slow})
         more = f" ({len(slow)} steps above {limit:.2g}x" + (f" on {spread} ranks/workers)" if spread > 1 else ")")
-    head = (f"Step {worst.step}{where} took {fmt.duration(worst.wall_us)}, {ratio:.1f}x the median "
-            f"{fmt.duration(typical)}")
+    head = (
+        f"Step {worst.step}{where} took {fmt.duration(worst.wall_us)}, {ratio:.1f}x the median {fmt.duration(typical)}"
+    )
     calls = eval_calls[(worst.rank, worst.worker, worst.step)]
     if calls:
-        return [Diagnostic("eval_in_step", "info", (
-            f"{head}{more}: it ran an evaluation loop ({calls} validation/test/predict steps) inside the training "
-            "step, so that time is evaluation, not a slow training step; profile it on its own with "
-            "ProfilerCallback(stages=('validate',)) or trainer.validate()."))]
+        return [
+            Diagnostic(
+                "eval_in_step",
+                "info",
+                (
+                    f"{head}{more}: it ran an evaluation loop ({calls} validation/test/predict steps) inside the "
+                    "training "
+                    "step, so that time is evaluation, not a slow training step; profile it on its own with "
+                    "ProfilerCallback(stages=('validate',)) or trainer.validate()."
+                ),
+            )
+        ]
     normal = [s for s in workers[(worst.rank, worst.worker)] if s.wall_us <= limit * typical]
-    return [Diagnostic("slow_step", "warning", (
-        f"{head}{more}. {_grew_in(per_step, worst, normal)} Look at what ran in it (first-iteration warm-up, "
-        "allocator growth, garbage collection, checkpointing, recompilation)."))]
+    return [
+        Diagnostic(
+            "slow_step",
+            "warning",
+            (
+                f"{head}{more}. {_grew_in(per_step, worst, normal)} Look at what ran in it (first-iteration warm-up, "
+                "allocator growth, garbage collection, checkpointing, recompilation)."
+            ),
+        )
+    ]
 
 
 def _grew_in(per_step: PerStep, slow: StepStats, normal: list[StepStats]) -> str:
@@ -233,8 +320,10 @@ def _grew_in(per_step: PerStep, slow: StepStats, normal: list[StepStats]) -> str
     top = [i for i in np.argsort(-grew, kind="stable")[:GREW_ROWS].tolist() if grew[i] >= GREW_SHARE * extra]
     against = f"against the median of the {len(normal)} other step{'s' * (len(normal) != 1)}"
     if not top:
-        return (f"No operator, label or GPU activity grew by {fmt.share(GREW_SHARE)} of its extra "
-                f"{fmt.duration(extra)} ({against}): the time went between them (Python, GC, I/O outside torch ops).")
+        return (
+            f"No operator, label or GPU activity grew by {fmt.share(GREW_SHARE)} of its extra "
+            f"{fmt.duration(extra)} ({against}): the time went between them (Python, GC, I/O outside torch ops)."
+        )
     typical_calls = np.median(per_step.calls[:, cols], axis=1)
 
     def item(i: int) -> str:
@@ -254,25 +343,51 @@ def _rank_findings(ranks: list[RankStats], skew: list[StepSkew]) -> list[Diagnos
         lag = sum(s.lag_us for s in mine) / len(mine)
         base = sum(s.median_compute_us for s in mine) / len(mine)
         if times * 2 >= len(skew) and base and lag / base >= STRAGGLER_LAG:
-            found.append(Diagnostic("straggler", "warning", (
-                f"Rank {rank} is the straggler: slowest in {times} of {len(skew)} steps, computing "
-                f"{fmt.duration(lag)} (+{fmt.share(lag / base)}) longer than the other ranks (median); they wait for "
-                "it in the collectives. Check uneven batch sizes or sequence lengths, its data loading, and its GPU "
-                "(clocks, temperature, other processes).")))
+            found.append(
+                Diagnostic(
+                    "straggler",
+                    "warning",
+                    (
+                        f"Rank {rank} is the straggler: slowest in {times} of {len(skew)} steps, computing "
+                        f"{fmt.duration(lag)} (+{fmt.share(lag / base)}) longer than the other ranks (median); they "
+                        "wait for "
+                        "it in the collectives. Check uneven batch sizes or sequence lengths, its data loading, and "
+                        "its GPU "
+                        "(clocks, temperature, other processes)."
+                    ),
+                )
+            )
     worst = max(ranks, key=lambda r: r.comm_share)
     mean_share = sum(r.comm_share for r in ranks) / len(ranks)
     if mean_share >= COMM_SHARE:
-        found.append(Diagnostic("comm_share", "warning", (
-            f"Communication takes {fmt.share(mean_share)} of step time on average (rank {worst.rank}: "
-            f"{fmt.share(worst.comm_share)}); {fmt.share(1 - mean_share)} is left for everything else. Grow the "
-            "per-rank batch, use gradient accumulation (no_sync), or compress gradients.")))
+        found.append(
+            Diagnostic(
+                "comm_share",
+                "warning",
+                (
+                    f"Communication takes {fmt.share(mean_share)} of step time on average (rank {worst.rank}: "
+                    f"{fmt.share(worst.comm_share)}); {fmt.share(1 - mean_share)} is left for everything else. Grow "
+                    "the "
+                    "per-rank batch, use gradient accumulation (no_sync), or compress gradients."
+                ),
+            )
+        )
     comm = sum(r.comm_us for r in ranks)
     if comm and mean_share >= COMM_SHARE / 4:
         overlap = sum(r.overlap_us for r in ranks) / comm
         if overlap < OVERLAP_SHARE:
             exposed = sum(r.exposed_comm_us for r in ranks) / len(ranks)
-            found.append(Diagnostic("overlap", "warning", (
-                f"Only {fmt.share(overlap)} of communication overlaps computation; {fmt.duration(exposed)} per step "
-                "per rank is exposed. DDP overlaps gradient all-reduce with backward: check bucket_cap_mb, "
-                "find_unused_parameters=False, and that no synchronization sits between backward and the optimizer.")))
+            found.append(
+                Diagnostic(
+                    "overlap",
+                    "warning",
+                    (
+                        f"Only {fmt.share(overlap)} of communication overlaps computation; {fmt.duration(exposed)} "
+                        "per step "
+                        "per rank is exposed. DDP overlaps gradient all-reduce with backward: check bucket_cap_mb, "
+                        "find_unused_parameters=False, and that no synchronization sits between backward and the "
+                        "optimizer."
+                    ),
+                )
+            )
     return found

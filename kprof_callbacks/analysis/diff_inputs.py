@@ -53,8 +53,10 @@ def _parse(x: Source, label: str) -> Input:
     if isinstance(x, Summary):
         return Input(x.name, None, None, x)
     if not isinstance(x, (str, os.PathLike)):
-        raise TypeError(f"{label} must be a run folder, trace file, saved summary, 'PATH@steps=2-4' or a Summary, "
-                        f"got {type(x).__name__}")
+        raise TypeError(
+            f"{label} must be a run folder, trace file, saved summary, 'PATH@steps=2-4' or a Summary, "
+            f"got {type(x).__name__}"
+        )
     text = os.fspath(x)
     path, steps = split(text) if isinstance(x, str) else (Path(text), None)
     if not path.exists():
@@ -94,8 +96,10 @@ def load(a: Source, b: Source, *, jobs: int = 1, progress: ProgressArg = False) 
 
 
 def _several(path: Path, names: list[str]) -> ValueError:
-    return ValueError(f"{path} holds {len(names)} runs ({', '.join(names[:5])}): "
-                      "diff one run folder, trace file or saved summary against another")
+    return ValueError(
+        f"{path} holds {len(names)} runs ({', '.join(names[:5])}): "
+        "diff one run folder, trace file or saved summary against another"
+    )
 
 
 def _one_run(path: Path) -> Summary:
@@ -116,8 +120,10 @@ def _columns(side: Input, label: str) -> list[int]:
         return list(range(len(numbers)))
     missing = sorted(set(side.steps) - set(numbers))
     if missing:
-        raise ValueError(f"{label}: step{'s' * (len(missing) > 1)} {fmt.ranges(missing)} not in {side.summary.name} "
-                         f"(profiled steps: {fmt.ranges(n for n in numbers if n >= 0) or 'none numbered'})")
+        raise ValueError(
+            f"{label}: step{'s' * (len(missing) > 1)} {fmt.ranges(missing)} not in {side.summary.name} "
+            f"(profiled steps: {fmt.ranges(n for n in numbers if n >= 0) or 'none numbered'})"
+        )
     wanted = set(side.steps)
     return [i for i, n in enumerate(numbers) if n in wanted]
 

@@ -50,12 +50,15 @@ def _step_line(d: Diff) -> str:
     pct = f"{100 * d.confidence:g}%"
     times = f"{fmt.duration(t.a_median_us)} -> {fmt.duration(t.b_median_us)} (medians)"
     if t.verdict == stats.TOO_FEW:
-        line = (f"Step time: {times}, speedup {t.speedup:.3f}x (typical step): too few steps for a verdict "
-                f"({t.a_steps} against {t.b_steps}; the rank test needs {t.min_steps} a side at {pct}).")
+        line = (
+            f"Step time: {times}, speedup {t.speedup:.3f}x (typical step): too few steps for a verdict "
+            f"({t.a_steps} against {t.b_steps}; the rank test needs {t.min_steps} a side at {pct})."
+        )
     else:
         interval = f"speedup {t.speedup:.3f}x [{pct} CI {t.low:.3f}x-{t.high:.3f}x] (typical step, rank test)"
         line = f"Step time: {times}, {interval}: " + (
-            "no significant difference." if t.verdict == stats.SAME else f"B is {t.verdict}.")
+            "no significant difference." if t.verdict == stats.SAME else f"B is {t.verdict}."
+        )
     return f"{line} {t.note}" if t.note else line
 
 
@@ -98,11 +101,19 @@ def _explained(d: Diff, top: int) -> str:
     for kinds in (DEVICE_KINDS, ("op",), ("label",)):
         rows = d.contributors(kinds, top, min_share=MIN_SHARE)
         if rows:
-            return "Accounting for it: " + ", ".join(
-                f"{fmt.row_label(c.kind, c.name)} {_signed(c.change, fmt.duration)} per step "
-                f"({fmt.share(d.share_of_step_change(c))} of the change in mean step time)" for c in rows) + "."
-    return (f"No significant change of an operator, label or GPU activity accounts for {fmt.share(MIN_SHARE)} of "
-            "it or more.")
+            return (
+                "Accounting for it: "
+                + ", ".join(
+                    f"{fmt.row_label(c.kind, c.name)} {_signed(c.change, fmt.duration)} per step "
+                    f"({fmt.share(d.share_of_step_change(c))} of the change in mean step time)"
+                    for c in rows
+                )
+                + "."
+            )
+    return (
+        f"No significant change of an operator, label or GPU activity accounts for {fmt.share(MIN_SHARE)} of "
+        "it or more."
+    )
 
 
 def headline(d: Diff, top: int) -> str:
@@ -133,15 +144,18 @@ def _grew(d: Diff, top: int) -> str:
         if rows:
             groups.append((rows[0].change, f"{title}: " + ", ".join(_grown(d, c) for c in rows)))
     if not groups:
-        return ("No operator, label or GPU activity grew significantly: the time went between them (host overhead, "
-                "waits), or the rows vary too much for their steps.")
+        return (
+            "No operator, label or GPU activity grew significantly: the time went between them (host overhead, "
+            "waits), or the rows vary too much for their steps."
+        )
     return "What grew: " + "; ".join(text for _, text in sorted(groups, key=lambda g: -g[0])) + "."
 
 
 def _grown(d: Diff, c: Change) -> str:
     """A row that grew: by how much per step, and its share of the change in mean step time (when that grew)."""
-    share = (f", {fmt.share(d.share_of_step_change(c))} of the change in mean step time"
-             if d.mean_step_change_us > 0 else "")
+    share = (
+        f", {fmt.share(d.share_of_step_change(c))} of the change in mean step time" if d.mean_step_change_us > 0 else ""
+    )
     return f"{fmt.row_label(c.kind, c.name)} {_signed(c.change, fmt.duration)} per step ({c.status}{share})"
 
 
@@ -155,23 +169,30 @@ def gate(d: Diff, pct: float, top: int = HEADLINE_ROWS) -> str:
         return f"No verdict (limit +{pct:g}%): {exc}."
     t = d.step_time
     low, high = t.change_interval
-    moved = (f"{abs(t.change):.1%} {'slower' if t.change > 0 else 'faster'} than A's"
-             if round(abs(t.change), 3) else "as long as A's")
+    moved = (
+        f"{abs(t.change):.1%} {'slower' if t.change > 0 else 'faster'} than A's"
+        if round(abs(t.change), 3)
+        else "as long as A's"
+    )
     change = f"B's typical step is {moved} [{100 * d.confidence:g}% CI {low:+.1%} to {high:+.1%}]"
     if failed:
         return f"Regression (limit +{pct:g}%): {change}, all of the interval above the limit. {_grew(d, top)}"
-    return (f"No regression (limit +{pct:g}%): {change}; the gate fails only when B is significantly slower and the "
-            "whole interval lies above the limit.")
+    return (
+        f"No regression (limit +{pct:g}%): {change}; the gate fails only when B is significantly slower and the "
+        "whole interval lies above the limit."
+    )
 
 
 def _rule(d: Diff) -> str:
-    return ("Step time: the typical step, the median of the A/B ratios over all pairs of steps, with the Mann-Whitney "
-            "rank test's interval (it excludes 1 exactly when the test finds a shift). Rows: per-step means; a change "
-            "is significant when Welch's t-test passes the Benjamini-Hochberg false-discovery control across all "
-            f"rows (rate {fmt.share(1 - d.confidence)}) and it exceeds the noise threshold "
-            f"({fmt.share(d.noise_threshold)} of A); each row's interval is Welch's at the level that control used "
-            f"({100 * d.row_confidence:.3g}%), so it excludes 0 for the rows it kept; new and gone rows are tested on "
-            "their calls per step")
+    return (
+        "Step time: the typical step, the median of the A/B ratios over all pairs of steps, with the Mann-Whitney "
+        "rank test's interval (it excludes 1 exactly when the test finds a shift). Rows: per-step means; a change "
+        "is significant when Welch's t-test passes the Benjamini-Hochberg false-discovery control across all "
+        f"rows (rate {fmt.share(1 - d.confidence)}) and it exceeds the noise threshold "
+        f"({fmt.share(d.noise_threshold)} of A); each row's interval is Welch's at the level that control used "
+        f"({100 * d.row_confidence:.3g}%), so it excludes 0 for the rows it kept; new and gone rows are tested on "
+        "their calls per step"
+    )
 
 
 def render(d: Diff, top: int) -> str:
@@ -180,8 +201,12 @@ def render(d: Diff, top: int) -> str:
     parts = [f"{head}\n{'=' * len(head)}\nA: {_side(d.a)}\nB: {_side(d.b)}", headline(d, HEADLINE_ROWS)]
     parts += [f"{t.title}\n{text_table(t.headers, t.rows)}" for t in tables(d, top)]
     if d.diagnostics:
-        parts.append("\n".join(["Findings"] + [f"{'+' if x.change == 'appeared' else '-'} {x.change}: {x.message}"
-                                               for x in d.diagnostics]))
+        parts.append(
+            "\n".join(
+                ["Findings"]
+                + [f"{'+' if x.change == 'appeared' else '-'} {x.change}: {x.message}" for x in d.diagnostics]
+            )
+        )
     parts.append("\n".join([f"{_rule(d)}."] + [f"Note: {n}" for n in d.notes]))
     return "\n\n".join(parts)
 
@@ -207,8 +232,10 @@ def _signed_bars(rows: Sequence[Change], width: int = 900) -> str:
     row, text = 18, 330
     half = (width - text - 20) / 2
     centre = text + half
-    out = [f'<svg width="{width}" height="{row * len(rows) + 4}" role="img">',
-           f'<line x1="{centre}" y1="0" x2="{centre}" y2="{row * len(rows) + 4}" stroke="#999"/>']
+    out = [
+        f'<svg width="{width}" height="{row * len(rows) + 4}" role="img">',
+        f'<line x1="{centre}" y1="0" x2="{centre}" y2="{row * len(rows) + 4}" stroke="#999"/>',
+    ]
     for i, c in enumerate(rows):
         y, w = i * row + 2, max(1.0, (half - 70) * abs(c.change) / top)
         x = centre if c.change > 0 else centre - w
@@ -216,28 +243,38 @@ def _signed_bars(rows: Sequence[Change], width: int = 900) -> str:
         tx = centre + w + 4 if c.change > 0 else centre - w - 4
         anchor = "start" if c.change > 0 else "end"
         color = CHANGE_COLORS["increased" if c.change > 0 else "decreased"]
-        out.append(f'<text x="0" y="{y + 13}" font-size="12">{escape(fmt.row_label(c.kind, c.name, 48))}</text>'
-                   f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row - 4}" '
-                   f'fill="{color}"><title>{escape(c.name)}: {escape(label)}</title>'
-                   f'</rect><text x="{tx:.1f}" y="{y + 13}" font-size="12" text-anchor="{anchor}">'
-                   f"{escape(_signed(c.change, fmt.duration))}</text>")
+        out.append(
+            f'<text x="0" y="{y + 13}" font-size="12">{escape(fmt.row_label(c.kind, c.name, 48))}</text>'
+            f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row - 4}" '
+            f'fill="{color}"><title>{escape(c.name)}: {escape(label)}</title>'
+            f'</rect><text x="{tx:.1f}" y="{y + 13}" font-size="12" text-anchor="{anchor}">'
+            f"{escape(_signed(c.change, fmt.duration))}</text>"
+        )
     return "".join(out) + "</svg>"
 
 
 def body(d: Diff, top: int) -> str:
     """The report's HTML without the page around it (the file's body, a notebook's view)."""
     timed = [c for c in d.significant() if c.kind != "count"][:top]
-    parts = [f"<h1>kprof diff: B against A</h1><p>A: {escape(_side(d.a))}<br>B: {escape(_side(d.b))}</p>",
-             f"<p><b>{escape(headline(d, HEADLINE_ROWS))}</b></p>"]
+    parts = [
+        f"<h1>kprof diff: B against A</h1><p>A: {escape(_side(d.a))}<br>B: {escape(_side(d.b))}</p>",
+        f"<p><b>{escape(headline(d, HEADLINE_ROWS))}</b></p>",
+    ]
     if timed:
         parts.append(f"<h2>Significant changes in time per step</h2>{_signed_bars(timed)}")
     for t in tables(d, top, width=300):
         parts.append(f"<h2>{escape(t.title)}</h2>{table(t.headers, t.rows)}")
     if d.diagnostics:
-        parts.append("<h2>Findings</h2><ul>" + "".join(
-            f'<li class="{"warning" if x.change == "appeared" else "info"}">{escape(x.change)}: '
-            f"{escape(x.message)}</li>" for x in d.diagnostics) + "</ul>")
-    parts.append(f"<p class=\"info\">{escape(_rule(d))}.</p>")
+        parts.append(
+            "<h2>Findings</h2><ul>"
+            + "".join(
+                f'<li class="{"warning" if x.change == "appeared" else "info"}">{escape(x.change)}: '
+                f"{escape(x.message)}</li>"
+                for x in d.diagnostics
+            )
+            + "</ul>"
+        )
+    parts.append(f'<p class="info">{escape(_rule(d))}.</p>')
     parts += [f'<p class="info">Note: {escape(n)}</p>' for n in d.notes]
     return "<section>" + "".join(parts) + "</section>"
 

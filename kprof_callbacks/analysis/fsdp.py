@@ -138,8 +138,16 @@ def _unsharded(tl: Timeline, win: Windows) -> _Unsharded:
     return out
 
 
-def step_stats(tl: Timeline, win: Windows, compute: iv.Intervals, gather: iv.Intervals, scatter: iv.Intervals,
-               edges: tuple[iv.Intervals, iv.Intervals], queued: np.ndarray, ph: Phases) -> list[FsdpStep]:
+def step_stats(
+    tl: Timeline,
+    win: Windows,
+    compute: iv.Intervals,
+    gather: iv.Intervals,
+    scatter: iv.Intervals,
+    edges: tuple[iv.Intervals, iv.Intervals],
+    queued: np.ndarray,
+    ph: Phases,
+) -> list[FsdpStep]:
     """One row per step of a trace with FSDP labels (none without). `edges`: per step, the first all-gather and the
     last reduce-scatter, which nothing in the step can hide unless computation runs beside them; `queued`: per step,
     how long all-gathers waited for reduce-scatters to end (ns)."""
@@ -151,15 +159,30 @@ def step_stats(tl: Timeline, win: Windows, compute: iv.Intervals, gather: iv.Int
     both = iv.length_in(iv.intersect(gather, scatter), win.lo, win.hi)
     mem = _unsharded(tl, win)
     src = tl.source
-    return [FsdpStep(src.rank, src.worker, src.world_size, int(win.number[i]), int(mem.groups[i]),
-                     float(head[i]) / 1000.0, float(tail[i]) / 1000.0, float(both[i]) / 1000.0,
-                     float(queued[i]) / 1000.0, int(mem.total[i]),
-                     int(mem.at_peak[i]), int(mem.groups_at_peak[i]), int(mem.largest[i]), int(mem.peak[i]))
-            for i in range(win.lo.size)]
+    return [
+        FsdpStep(
+            src.rank,
+            src.worker,
+            src.world_size,
+            int(win.number[i]),
+            int(mem.groups[i]),
+            float(head[i]) / 1000.0,
+            float(tail[i]) / 1000.0,
+            float(both[i]) / 1000.0,
+            float(queued[i]) / 1000.0,
+            int(mem.total[i]),
+            int(mem.at_peak[i]),
+            int(mem.groups_at_peak[i]),
+            int(mem.largest[i]),
+            int(mem.peak[i]),
+        )
+        for i in range(win.lo.size)
+    ]
 
 
-def findings(totals: list[CollectiveTotals], rows: list[FsdpStep], steps: list[StepStats],
-             nccl: bool) -> list[Diagnostic]:
+def findings(
+    totals: list[CollectiveTotals], rows: list[FsdpStep], steps: list[StepStats], nccl: bool
+) -> list[Diagnostic]:
     """FSDP's findings (none for a trace without FSDP labels). `totals`: communication means per step and rank
     (`comm.totals`); `nccl`: whether the collectives ran on NCCL, whose one communicator serializes them."""
     if not rows or not steps:
@@ -190,43 +213,72 @@ def _mean(rows: list[FsdpStep], field: str) -> float:
 
 def _gather_finding(gather: CollectiveTotals, rows: list[FsdpStep], step: float) -> Diagnostic:
     groups = max(r.groups for r in rows)
-    why = ("one FSDP group holds the whole model (fully_shard on the root alone), so its all-gather has no "
-           "computation to hide behind: apply fully_shard to each block before the root" if groups == 1 else
-           "FSDP hides a block's all-gather behind the previous block's computation only when it is issued early "
-           "enough: prefetch explicitly (block.set_modules_to_forward_prefetch([next blocks])), keep synchronizations "
-           "(.item(), .cpu()) out of forward so the host runs ahead, or grow the per-rank batch")
-    return Diagnostic("fsdp_all_gather", "warning", (
-        f"All-gather is exposed in forward: {fmt.duration(gather.exposed_us)} per step per rank "
-        f"({fmt.share(gather.exposed_us / step)} of the step, {fmt.share(gather.exposed_us / gather.total_us)} of "
-        f"forward all-gather time; {fmt.duration(_mean(rows, 'first_gather_exposed_us'))} of it in the first "
-        f"all-gather, at the start of forward; {groups} FSDP group{'s' * (groups != 1)}); {why}."))
+    why = (
+        "one FSDP group holds the whole model (fully_shard on the root alone), so its all-gather has no "
+        "computation to hide behind: apply fully_shard to each block before the root"
+        if groups == 1
+        else "FSDP hides a block's all-gather behind the previous block's computation only when it is issued early "
+        "enough: prefetch explicitly (block.set_modules_to_forward_prefetch([next blocks])), keep synchronizations "
+        "(.item(), .cpu()) out of forward so the host runs ahead, or grow the per-rank batch"
+    )
+    return Diagnostic(
+        "fsdp_all_gather",
+        "warning",
+        (
+            f"All-gather is exposed in forward: {fmt.duration(gather.exposed_us)} per step per rank "
+            f"({fmt.share(gather.exposed_us / step)} of the step, {fmt.share(gather.exposed_us / gather.total_us)} of "
+            f"forward all-gather time; {fmt.duration(_mean(rows, 'first_gather_exposed_us'))} of it in the first "
+            f"all-gather, at the start of forward; {groups} FSDP group{'s' * (groups != 1)}); {why}."
+        ),
+    )
 
 
 def _scatter_finding(exposed: float, total: float, rows: list[FsdpStep], step: float) -> Diagnostic:
-    return Diagnostic("fsdp_reduce_scatter", "warning", (
-        f"Reduce-scatter is exposed: {fmt.duration(exposed)} per step per rank ({fmt.share(exposed / step)} of the "
-        f"step, {fmt.share(exposed / total)} of reduce-scatter time; "
-        f"{fmt.duration(_mean(rows, 'last_scatter_exposed_us'))} of it in the last one, at the end of backward). "
-        "A group's gradients reduce-scatter behind the backward of the groups before it, so the last group (the "
-        "root's: embeddings, head) has nothing left to hide behind: shard each block so the root group stays "
-        "small; where reduce-scatter outlasts backward computation, reduce in bf16 "
-        "(MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) or grow the per-rank batch."))
+    return Diagnostic(
+        "fsdp_reduce_scatter",
+        "warning",
+        (
+            f"Reduce-scatter is exposed: {fmt.duration(exposed)} per step per rank ({fmt.share(exposed / step)} of the "
+            f"step, {fmt.share(exposed / total)} of reduce-scatter time; "
+            f"{fmt.duration(_mean(rows, 'last_scatter_exposed_us'))} of it in the last one, at the end of backward). "
+            "A group's gradients reduce-scatter behind the backward of the groups before it, so the last group (the "
+            "root's: embeddings, head) has nothing left to hide behind: shard each block so the root group stays "
+            "small; where reduce-scatter outlasts backward computation, reduce in bf16 "
+            "(MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) or grow the per-rank batch."
+        ),
+    )
 
 
-def _serialized_finding(back: CollectiveTotals, scatter_total: float, rows: list[FsdpStep],
-                        step: float) -> list[Diagnostic]:
+def _serialized_finding(
+    back: CollectiveTotals, scatter_total: float, rows: list[FsdpStep], step: float
+) -> list[Diagnostic]:
     both, queued = _mean(rows, "gather_scatter_concurrent_us"), _mean(rows, "gather_queued_us")
-    if both >= CONCURRENT_PART * min(back.total_us, scatter_total) or queued < EXPOSED_SHARE * step \
-            or back.exposed_us < EXPOSED_SHARE * step:
+    if (
+        both >= CONCURRENT_PART * min(back.total_us, scatter_total)
+        or queued < EXPOSED_SHARE * step
+        or back.exposed_us < EXPOSED_SHARE * step
+    ):
         return []
-    return [Diagnostic("fsdp_one_communicator", "warning", (
-        f"All-gather and reduce-scatter never run at the same time in backward ({fmt.duration(back.total_us)} of "
-        f"all-gather and {fmt.duration(scatter_total)} of reduce-scatter per step, {fmt.duration(both)} together): "
-        f"all-gathers wait {fmt.duration(queued)} per step for a reduce-scatter to end, and "
-        f"{fmt.duration(back.exposed_us)} of backward all-gather is exposed ({fmt.share(back.exposed_us / step)} of "
-        "the step). On one NCCL communicator the next block's all-gather queues behind the last reduce-scatter; give "
-        "reduce-scatter its own process group (FSDPModule.set_separate_reduce_scatter_group()) so the two can run at "
-        "once."))]
+    return [
+        Diagnostic(
+            "fsdp_one_communicator",
+            "warning",
+            (
+                f"All-gather and reduce-scatter never run at the same time in backward ({fmt.duration(back.total_us)} "
+                "of "
+                f"all-gather and {fmt.duration(scatter_total)} of reduce-scatter per step, {fmt.duration(both)} "
+                "together): "
+                f"all-gathers wait {fmt.duration(queued)} per step for a reduce-scatter to end, and "
+                f"{fmt.duration(back.exposed_us)} of backward all-gather is exposed "
+                f"({fmt.share(back.exposed_us / step)} of "
+                "the step). On one NCCL communicator the next block's all-gather queues behind the last "
+                "reduce-scatter; give "
+                "reduce-scatter its own process group (FSDPModule.set_separate_reduce_scatter_group()) so the two can "
+                "run at "
+                "once."
+            ),
+        )
+    ]
 
 
 def _memory_finding(rows: list[FsdpStep]) -> list[Diagnostic]:
@@ -238,15 +290,29 @@ def _memory_finding(rows: list[FsdpStep]) -> list[Diagnostic]:
     one_group = worst.largest_group >= UNSHARDED_PART * worst.unsharded_total
     if part < UNSHARDED_PART or not (one_group or worst.groups_at_peak > RESIDENT_GROUPS):
         return []
-    sharded = f", against {fmt.size(worst.unsharded_total / worst.world_size)} sharded per rank over " \
-              f"{worst.world_size} ranks" if worst.world_size else ""
-    why = ("one FSDP group holds most of the model (fully_shard on the root alone or on a few large modules): apply "
-           "fully_shard to each block before the root" if one_group else
-           "reshard_after_forward=False keeps each block unsharded from its forward to its backward: pass "
-           "reshard_after_forward=True to fully_shard of the blocks, for one more all-gather per block in backward")
+    sharded = (
+        f", against {fmt.size(worst.unsharded_total / worst.world_size)} sharded per rank over {worst.world_size} ranks"
+        if worst.world_size
+        else ""
+    )
+    why = (
+        "one FSDP group holds most of the model (fully_shard on the root alone or on a few large modules): apply "
+        "fully_shard to each block before the root"
+        if one_group
+        else "reshard_after_forward=False keeps each block unsharded from its forward to its backward: pass "
+        "reshard_after_forward=True to fully_shard of the blocks, for one more all-gather per block in backward"
+    )
     who = f" on rank {worst.rank}" if worst.rank is not None else ""
-    return [Diagnostic("fsdp_unsharded_memory", "warning", (
-        f"At the memory peak of step {worst.step}{who} ({fmt.size(worst.peak_memory)} allocated), "
-        f"{fmt.size(worst.unsharded_at_peak)} of unsharded parameters are alive: {worst.groups_at_peak} of "
-        f"{worst.groups} FSDP groups, {fmt.share(worst.unsharded_at_peak / worst.unsharded_total)} of the model's "
-        f"{fmt.size(worst.unsharded_total)} (as all-gathered){sharded}; {why}."))]
+    return [
+        Diagnostic(
+            "fsdp_unsharded_memory",
+            "warning",
+            (
+                f"At the memory peak of step {worst.step}{who} ({fmt.size(worst.peak_memory)} allocated), "
+                f"{fmt.size(worst.unsharded_at_peak)} of unsharded parameters are alive: {worst.groups_at_peak} of "
+                f"{worst.groups} FSDP groups, {fmt.share(worst.unsharded_at_peak / worst.unsharded_total)} of the "
+                "model's "
+                f"{fmt.size(worst.unsharded_total)} (as all-gathered){sharded}; {why}."
+            ),
+        )
+    ]

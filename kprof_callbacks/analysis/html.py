@@ -45,13 +45,16 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _legend(items: Sequence[tuple[str, str, str]]) -> str:
     """Colour swatches with a name each, and what the name means as its tooltip: (name, colour, meaning)."""
-    spans = "".join(f'<span title="{escape(meaning)}"><i class="sw" style="background:{color}"></i>'
-                    f"{escape(name)}</span>" for name, color, meaning in items)
+    spans = "".join(
+        f'<span title="{escape(meaning)}"><i class="sw" style="background:{color}"></i>{escape(name)}</span>'
+        for name, color, meaning in items
+    )
     return f'<div class="legend">{spans}</div>'
 
 
-def _bars(items: Sequence[tuple[str, float]], label: Callable[[float], str], width: int = 900,
-          colors: Sequence[str] = ()) -> str:
+def _bars(
+    items: Sequence[tuple[str, float]], label: Callable[[float], str], width: int = 900, colors: Sequence[str] = ()
+) -> str:
     """Horizontal bar chart, one bar per (name, value), in `colors` (one per bar) or all in one."""
     if not items:
         return ""
@@ -60,11 +63,13 @@ def _bars(items: Sequence[tuple[str, float]], label: Callable[[float], str], wid
     out = [f'<svg width="{width}" height="{row * len(items) + 4}" role="img">']
     for i, (name, value) in enumerate(items):
         y, w = i * row + 2, max(1.0, (width - text - 90) * value / top)
-        out.append(f'<text x="0" y="{y + 13}" font-size="12">{escape(name[:48])}</text>'
-                   f'<rect x="{text}" y="{y}" width="{w:.1f}" height="{row - 4}" '
-                   f'fill="{colors[i] if colors else _BAR}">'
-                   f"<title>{escape(name)}: {escape(label(value))}</title></rect>"
-                   f'<text x="{text + w + 4:.1f}" y="{y + 13}" font-size="12">{escape(label(value))}</text>')
+        out.append(
+            f'<text x="0" y="{y + 13}" font-size="12">{escape(name[:48])}</text>'
+            f'<rect x="{text}" y="{y}" width="{w:.1f}" height="{row - 4}" '
+            f'fill="{colors[i] if colors else _BAR}">'
+            f"<title>{escape(name)}: {escape(label(value))}</title></rect>"
+            f'<text x="{text + w + 4:.1f}" y="{y + 13}" font-size="12">{escape(label(value))}</text>'
+        )
     return "".join(out) + "</svg>"
 
 
@@ -75,18 +80,22 @@ def _stacked(parts: Sequence[breakdown.Part], rows: Sequence[StepStats], width: 
     top = max((r.wall_us for r in rows), default=0) or 1.0
     left, bottom = 60, 20
     step = (width - left) / max(n, 1)
-    out = [f'<svg width="{width}" height="{height + bottom}" role="img">',
-           f'<text x="0" y="12" font-size="11">{escape(fmt.duration(top))}</text>',
-           f'<line x1="{left - 2}" y1="0" x2="{left - 2}" y2="{height}" stroke="#999"/>']
+    out = [
+        f'<svg width="{width}" height="{height + bottom}" role="img">',
+        f'<text x="0" y="12" font-size="11">{escape(fmt.duration(top))}</text>',
+        f'<line x1="{left - 2}" y1="0" x2="{left - 2}" y2="{height}" stroke="#999"/>',
+    ]
     for i, r in enumerate(rows):
         name = "all" if r.step < 0 else str(r.step)
         y = float(height)
         for part, col in zip(parts, columns):
             h = height * col[i] / top
             y -= h
-            out.append(f'<rect x="{left + i * step:.1f}" y="{y:.1f}" width="{max(step * 0.8, 1):.1f}" height="{h:.1f}" '
-                       f'fill="{part.color}"><title>step {escape(name)} {escape(part.name)}: '
-                       f'{escape(fmt.duration(col[i]))}</title></rect>')
+            out.append(
+                f'<rect x="{left + i * step:.1f}" y="{y:.1f}" width="{max(step * 0.8, 1):.1f}" height="{h:.1f}" '
+                f'fill="{part.color}"><title>step {escape(name)} {escape(part.name)}: '
+                f"{escape(fmt.duration(col[i]))}</title></rect>"
+            )
         if n <= 40 or i % (n // 20 + 1) == 0:
             out.append(f'<text x="{left + i * step:.1f}" y="{height + 14}" font-size="10">{escape(name)}</text>')
     return "".join(out) + "</svg>"
@@ -99,9 +108,12 @@ def _steps_chart(s: Summary) -> str:
     means = [sum(breakdown.value(p, r) for r in rows) / len(rows) for p in parts]
     mean_wall = sum(r.wall_us for r in rows) / len(rows)
     bars = [(f"{p.name} ({fmt.share(m / mean_wall if mean_wall else 0)})", m) for p, m in zip(parts, means)]
-    return (_legend([(p.name, p.color, p.meaning) for p in parts]) + _stacked(parts, rows)
-            + f"<h3>Mean step: {escape(fmt.duration(mean_wall))}</h3>"
-            + _bars(bars, fmt.duration, colors=[p.color for p in parts]))
+    return (
+        _legend([(p.name, p.color, p.meaning) for p in parts])
+        + _stacked(parts, rows)
+        + f"<h3>Mean step: {escape(fmt.duration(mean_wall))}</h3>"
+        + _bars(bars, fmt.duration, colors=[p.color for p in parts])
+    )
 
 
 def _timelines(s: Summary) -> str:
@@ -118,13 +130,20 @@ def _timelines(s: Summary) -> str:
     except (TraceError, OSError) as exc:
         return f'<p class="warning">No timeline: {escape(str(exc))}</p>'
     wall = {r.step: r.wall_us for r in rows}
-    figures = [svgtimeline.render(found[n], f"{which} step: " + ("the whole trace" if n < 0 else f"step {n}")
-                                  + f", {fmt.duration(wall[n])}") for n, which in wanted.items() if n in found]
+    figures = [
+        svgtimeline.render(
+            found[n], f"{which} step: " + ("the whole trace" if n < 0 else f"step {n}") + f", {fmt.duration(wall[n])}"
+        )
+        for n, which in wanted.items()
+        if n in found
+    ]
     kinds = sorted({svgtimeline.KINDS[k] for n in found for k in found[n].kind.tolist()}, key=svgtimeline.KINDS.index)
     legend = _legend([(k, breakdown.KIND_COLORS[k], k) for k in kinds])
-    return (legend + "".join(figures) + "<p class=\"info\">Hover an event for its name, duration, input shapes and "
-            "Python frames; hover a kernel for the call that launched it. The kprof TensorBoard tab zooms into any "
-            "step.</p>")
+    return (
+        legend + "".join(figures) + '<p class="info">Hover an event for its name, duration, input shapes and '
+        "Python frames; hover a kernel for the call that launched it. The kprof TensorBoard tab zooms into any "
+        "step.</p>"
+    )
 
 
 def _chart(s: Summary, key: str, top: int, sort: str) -> str:
@@ -139,8 +158,10 @@ def _chart(s: Summary, key: str, top: int, sort: str) -> str:
         return _bars([(k.name, k.total_us) for k in s.kernels[:top]], fmt.duration)
     if key == "ops":
         sort_key, title = op_sort(s, sort)
-        return _bars([(o.name, sort_key(o)) for o in sorted(s.ops, key=sort_key, reverse=True)[:top]],
-                     fmt.size if "memory" in title else fmt.duration)
+        return _bars(
+            [(o.name, sort_key(o)) for o in sorted(s.ops, key=sort_key, reverse=True)[:top]],
+            fmt.size if "memory" in title else fmt.duration,
+        )
     return ""
 
 
@@ -149,17 +170,27 @@ def summary_body(s: Summary, top: int, sort: str) -> str:
     names = ", ".join(escape(p.name) for p in s.files[:8]) + (" ..." if len(s.files) > 8 else "")
     parts = [f"<h1>{escape(s.name)}</h1><p>{len(s.files)} trace file(s): {names}</p>"]
     if s.diagnostics:
-        parts.append("<h2>Diagnostics</h2><ul>" + "".join(
-            f'<li class="{d.severity}">{escape(d.message)}</li>' for d in s.diagnostics) + "</ul>")
+        parts.append(
+            "<h2>Diagnostics</h2><ul>"
+            + "".join(f'<li class="{d.severity}">{escape(d.message)}</li>' for d in s.diagnostics)
+            + "</ul>"
+        )
     if s.steps:
         parts.append(f"<h2>Timeline</h2>{_timelines(s)}")
     for t in tables(s, top, sort, width=_NAME_WIDTH):
         parts.append(f"<h2>{escape(t.title)}</h2>{_chart(s, t.key, top, sort)}{table(t.headers, t.rows)}")
     if s.memory_snapshots:
-        parts.append("<h2>Memory snapshots</h2><ul>" + "".join(
-            f"<li>{escape(str(p))}: open it at {escape(MEMORY_VIEWER)}</li>" for p in s.memory_snapshots) + "</ul>")
+        parts.append(
+            "<h2>Memory snapshots</h2><ul>"
+            + "".join(f"<li>{escape(str(p))}: open it at {escape(MEMORY_VIEWER)}</li>" for p in s.memory_snapshots)
+            + "</ul>"
+        )
     if s.problems:
-        parts.append("<h2>Problems</h2><ul>" + "".join(f'<li class="warning">{escape(str(p))}</li>' for p in s.problems) + "</ul>")
+        parts.append(
+            "<h2>Problems</h2><ul>"
+            + "".join(f'<li class="warning">{escape(str(p))}</li>' for p in s.problems)
+            + "</ul>"
+        )
     return "<section>" + "".join(parts) + "</section>"
 
 
@@ -174,8 +205,10 @@ def write_html(summaries: dict[str, Summary], path: Path, top: int = 20, sort: s
 
 def page(title: str, body: str) -> str:
     """A whole HTML document around `body`, with the report's inline style."""
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-            f"<style>{_CSS}{svgtimeline.CSS}</style></head><body>{body}</body></html>")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{_CSS}{svgtimeline.CSS}</style></head><body>{body}</body></html>"
+    )
 
 
 def fragment(body: str) -> str:
@@ -190,7 +223,8 @@ def _scoped(css: str) -> str:
     for rule in css.replace("\n", "").split("}"):
         if rule.strip():
             selectors, declarations = rule.split("{", 1)
-            scoped = (f".{_SCOPE}" if sel.strip() == "body" else f".{_SCOPE} {sel.strip()}"
-                      for sel in selectors.split(","))
+            scoped = (
+                f".{_SCOPE}" if sel.strip() == "body" else f".{_SCOPE} {sel.strip()}" for sel in selectors.split(",")
+            )
             rules.append(f"{','.join(scoped)}{{{declarations}}}")
     return "".join(rules)

@@ -54,7 +54,12 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
         return a
     times = np.concatenate([a[0], a[1], b[0], b[1]])
     delta = np.concatenate(
-        [np.full(a[0].size, 1, np.int8), np.full(a[1].size, -1, np.int8), np.full(b[0].size, -2, np.int8), np.full(b[1].size, 2, np.int8)]
+        [
+            np.full(a[0].size, 1, np.int8),
+            np.full(a[1].size, -1, np.int8),
+            np.full(b[0].size, -2, np.int8),
+            np.full(b[1].size, 2, np.int8),
+        ]
     )
     order = np.lexsort((delta, times))
     times, level = times[order], np.cumsum(delta[order])

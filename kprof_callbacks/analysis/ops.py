@@ -14,7 +14,17 @@ from collections.abc import Iterable
 import numpy as np
 
 from .tables import KernelStats, LabelStats, OpStats
-from .timeline import ANNOTATION, CPU_MEMORY, CUDA_MEMORY, DEVICE_KINDS, OP, RUNTIME, Timeline, is_collective_name, match
+from .timeline import (
+    ANNOTATION,
+    CPU_MEMORY,
+    CUDA_MEMORY,
+    DEVICE_KINDS,
+    OP,
+    RUNTIME,
+    Timeline,
+    is_collective_name,
+    match,
+)
 from .tree import Tree
 
 Totals = dict[tuple[str, ...], np.ndarray]
@@ -111,7 +121,9 @@ def op_totals(tl: Timeline, tree: Tree, costs: HostCosts, *, by_shape: bool) -> 
     values = [np.ones(rows.size)] + [getattr(costs, f.name)[rows] for f in dataclasses.fields(costs)]
     uniq, sums = _group(keys, values)
     shapes = [""] + tl.shapes
-    return {(tl.names[k // (len(tl.shapes) + 1)], shapes[k % (len(tl.shapes) + 1)]): s for k, s in zip(uniq.tolist(), sums)}
+    return {
+        (tl.names[k // (len(tl.shapes) + 1)], shapes[k % (len(tl.shapes) + 1)]): s for k, s in zip(uniq.tolist(), sums)
+    }
 
 
 def label_totals(tl: Timeline, tree: Tree, costs: HostCosts) -> Totals:
@@ -158,8 +170,10 @@ def kernel_totals(tl: Timeline) -> Totals:
     np.maximum.at(longest, inverse, dur)
     count = np.bincount(inverse, minlength=uniq.size)
     total = np.bincount(inverse, weights=dur, minlength=uniq.size)
-    return {(tl.names[k // len(DEVICE_KINDS)], DEVICE_KINDS[k % len(DEVICE_KINDS)]): np.array([c, t, m])
-            for k, c, t, m in zip(uniq.tolist(), count, total, longest)}
+    return {
+        (tl.names[k // len(DEVICE_KINDS)], DEVICE_KINDS[k % len(DEVICE_KINDS)]): np.array([c, t, m])
+        for k, c, t, m in zip(uniq.tolist(), count, total, longest)
+    }
 
 
 def _merge(parts: Iterable[Totals], max_column: int | None = None) -> Totals:
@@ -193,8 +207,11 @@ def label_rows(parts: Iterable[Totals], step_total_us: float, nesting: set[tuple
     for (name,), v in _merge(parts).items():
         count, total, cuda = v.tolist()
         inside = tuple(sorted(inner for outer, inner in nesting if outer == name))
-        rows.append(LabelStats(name, int(count), total, total / count, cuda,
-                               total / step_total_us if step_total_us else 0.0, inside))
+        rows.append(
+            LabelStats(
+                name, int(count), total, total / count, cuda, total / step_total_us if step_total_us else 0.0, inside
+            )
+        )
     return sorted(rows, key=lambda r: -r.total_us)
 
 

@@ -44,15 +44,25 @@ class PerStep:
         """JSON-safe columns: each column's step as its index in ``steps`` (the Summary's step rows), times rounded
         to nanoseconds, calls as integers."""
         index = {s: i for i, s in reversed(list(enumerate(steps)))}
-        return {"kind": list(self.kind), "name": list(self.name), "steps": [index[s] for s in self.steps],
-                "time_us": np.round(self.time_us, 3).tolist(), "calls": self.calls.astype(np.int64).tolist()}
+        return {
+            "kind": list(self.kind),
+            "name": list(self.name),
+            "steps": [index[s] for s in self.steps],
+            "time_us": np.round(self.time_us, 3).tolist(),
+            "calls": self.calls.astype(np.int64).tolist(),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], steps: Sequence[StepStats]) -> PerStep:
         """The table `to_dict` wrote, its columns' steps taken from ``steps``."""
         shape = (len(data["kind"]), len(data["steps"]))
-        return cls(list(data["kind"]), list(data["name"]), np.array(data["time_us"], np.float64).reshape(shape),
-                   np.array(data["calls"], np.float64).reshape(shape), [steps[i] for i in data["steps"]])
+        return cls(
+            list(data["kind"]),
+            list(data["name"]),
+            np.array(data["time_us"], np.float64).reshape(shape),
+            np.array(data["calls"], np.float64).reshape(shape),
+            [steps[i] for i in data["steps"]],
+        )
 
     def column(self, step: StepStats) -> int:
         """The column of one step (matched on rank, worker and step number)."""
@@ -99,8 +109,9 @@ def from_timeline(tl: Timeline, tree: Tree, costs: HostCosts, times: StepTimes) 
         kind += [DEVICE_KINDS[k % len(DEVICE_KINDS)] for k in uniq.tolist()]
         name += [tl.names[k // len(DEVICE_KINDS)] for k in uniq.tolist()]
         blocks.append((time, calls))
-    return PerStep(kind, name, np.concatenate([t for t, _ in blocks]), np.concatenate([c for _, c in blocks]),
-                   list(times.rows))
+    return PerStep(
+        kind, name, np.concatenate([t for t, _ in blocks]), np.concatenate([c for _, c in blocks]), list(times.rows)
+    )
 
 
 def merge(parts: Sequence[PerStep]) -> PerStep:

@@ -19,9 +19,9 @@ from collections import defaultdict
 
 import numpy as np
 
+from . import fmt
 from .comm import Transfers
 from .steps import WHOLE_TRACE, StepTimes
-from . import fmt
 from .tables import Diagnostic, RankStats, StepSkew
 
 LATE_SHARE = 0.5  # a rank the others spend half their waiting on (and 1.3x its fair share: 65% with 2 ranks) ...
@@ -44,12 +44,22 @@ def rank_stats(workers: list[Worker]) -> list[RankStats]:
     out = []
     for w in workers:
         wall = np.concatenate([[r.wall_us for r in t.rows] for t in w.times])
-        compute, comm, overlap = (np.concatenate([getattr(t, f) for t in w.times]) for f in ("compute_us", "comm_us", "overlap_us"))
-        out.append(RankStats(
-            rank=w.rank, worker=w.worker, steps=int(wall.size), step_us=float(wall.mean()),
-            compute_us=float(compute.mean()), comm_us=float(comm.mean()), overlap_us=float(overlap.mean()),
-            exposed_comm_us=float((comm - overlap).mean()), **arrived.get(w.rank, {}),
-        ))
+        compute, comm, overlap = (
+            np.concatenate([getattr(t, f) for t in w.times]) for f in ("compute_us", "comm_us", "overlap_us")
+        )
+        out.append(
+            RankStats(
+                rank=w.rank,
+                worker=w.worker,
+                steps=int(wall.size),
+                step_us=float(wall.mean()),
+                compute_us=float(compute.mean()),
+                comm_us=float(comm.mean()),
+                overlap_us=float(overlap.mean()),
+                exposed_comm_us=float((comm - overlap).mean()),
+                **arrived.get(w.rank, {}),
+            )
+        )
     return sorted(out, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.worker))
 
 
@@ -94,8 +104,10 @@ def _match(workers: list[Worker]) -> _Matched | None:
     ranked = [w for w in workers if w.rank is not None and w.transfers]
     if len(ranked) < 2:
         return None
-    codes = [np.concatenate([(t.step << 32) | (t.kind.astype(np.int64) << 24) | t.order for t in w.transfers])
-             for w in ranked]
+    codes = [
+        np.concatenate([(t.step << 32) | (t.kind.astype(np.int64) << 24) | t.order for t in w.transfers])
+        for w in ranked
+    ]
     columns, counts = np.unique(np.concatenate(codes), return_counts=True)
     columns = columns[counts >= 2]
     start, end = np.full((2, len(ranked), columns.size), np.nan)
@@ -140,9 +152,12 @@ def arrivals(workers: list[Worker]) -> dict[int, dict[str, float]]:
     out = {}
     for i, rank in enumerate(m.ranks):
         steps = max(np.unique(m.step[present[i]]).size, 1)
-        out[rank] = {"collectives": int(present[i].sum()), "waited_us": float(np.nansum(waited[i]) / steps / 1000.0),
-                     "late_us": float(np.nansum(lead[last == i]) / steps / 1000.0),
-                     "clock_offset_us": float(offsets[i] / 1000.0)}
+        out[rank] = {
+            "collectives": int(present[i].sum()),
+            "waited_us": float(np.nansum(waited[i]) / steps / 1000.0),
+            "late_us": float(np.nansum(lead[last == i]) / steps / 1000.0),
+            "clock_offset_us": float(offsets[i] / 1000.0),
+        }
     return out
 
 
@@ -156,13 +171,25 @@ def findings(ranks: list[RankStats]) -> list[Diagnostic]:
     late = max(shared, key=lambda r: r.late_us)
     step = float(np.mean([r.step_us for r in shared]))
     compute_lag = late.compute_us - float(np.median([r.compute_us for r in shared if r is not late]))
-    if (late.late_us < max(LATE_SHARE, 1.3 / len(shared)) * blame or late.late_us < LATE_WAIT * step
-            or compute_lag >= late.late_us / 2):
+    if (
+        late.late_us < max(LATE_SHARE, 1.3 / len(shared)) * blame
+        or late.late_us < LATE_WAIT * step
+        or compute_lag >= late.late_us / 2
+    ):
         return []
     hosts = len({r.clock_offset_us for r in shared})
-    return [Diagnostic("late_rank", "warning", (
-        f"Rank {late.rank} is the one the others wait for: {fmt.duration(late.late_us)} per step "
-        f"({fmt.share(late.late_us / step)} of the step, {fmt.share(late.late_us / blame)} of all waiting for a last "
-        f"rank; clocks aligned across {hosts} host clock{'s' * (hosts != 1)}), but it computes only "
-        f"{fmt.duration(max(compute_lag, 0.0))} longer than they do: its time goes outside computation. Look at its "
-        "data loading, host-side work between steps and its CPU (other processes, fewer cores)."))]
+    return [
+        Diagnostic(
+            "late_rank",
+            "warning",
+            (
+                f"Rank {late.rank} is the one the others wait for: {fmt.duration(late.late_us)} per step "
+                f"({fmt.share(late.late_us / step)} of the step, {fmt.share(late.late_us / blame)} of all waiting for "
+                "a last "
+                f"rank; clocks aligned across {hosts} host clock{'s' * (hosts != 1)}), but it computes only "
+                f"{fmt.duration(max(compute_lag, 0.0))} longer than they do: its time goes outside computation. Look "
+                "at its "
+                "data loading, host-side work between steps and its CPU (other processes, fewer cores)."
+            ),
+        )
+    ]

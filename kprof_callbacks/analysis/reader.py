@@ -152,9 +152,22 @@ class Columns:
 
 _PH = attrgetter("ph")
 _FIELDS = {f: attrgetter(f) for f in ("name", "cat", "pid", "tid", "ts", "dur")}
-_ARGS = {f: attrgetter(f"args.{f}") for f in ("external_id", "external_id_old", "correlation", "input_dims",
-                                              "input_dims_old", "mem_bytes", "mem_device_type", "total_allocated",
-                                              "addr", "copy_bytes", "collective")}
+_ARGS = {
+    f: attrgetter(f"args.{f}")
+    for f in (
+        "external_id",
+        "external_id_old",
+        "correlation",
+        "input_dims",
+        "input_dims_old",
+        "mem_bytes",
+        "mem_device_type",
+        "total_allocated",
+        "addr",
+        "copy_bytes",
+        "collective",
+    )
+}
 _PH_CODE = {"X": 0, "i": 1, "M": 2}
 _OPERATOR_CATEGORIES = ("cpu_op", "operator", "")  # "": pre-kineto traces, which name no category
 
@@ -200,14 +213,17 @@ def columns(events: list[Event]) -> Columns:
     ops = np.isin(cat, [k for k, c in enumerate(cats) if c.lower() in _OPERATOR_CATEGORIES])
     shaped = list(compress(events, ops.tolist()))
     dims_ids = np.zeros(len(events), np.int32)
-    dims_ids[ops] = np.fromiter(map(dims.__getitem__, map(bytes, map(_ARGS["input_dims"], shaped))), np.int32,
-                                len(shaped))
+    dims_ids[ops] = np.fromiter(
+        map(dims.__getitem__, map(bytes, map(_ARGS["input_dims"], shaped))), np.int32, len(shaped)
+    )
     new_dims = len(dims) > 1
     if not new_dims:
-        dims_ids[ops] = np.fromiter(map(dims.__getitem__, map(bytes, map(_ARGS["input_dims_old"], shaped))),
-                                    np.int32, len(shaped))
-    lane = np.fromiter(map(lanes.__getitem__, zip(map(_FIELDS["pid"], events), map(_FIELDS["tid"], events))),
-                       np.int32, len(events))
+        dims_ids[ops] = np.fromiter(
+            map(dims.__getitem__, map(bytes, map(_ARGS["input_dims_old"], shaped))), np.int32, len(shaped)
+        )
+    lane = np.fromiter(
+        map(lanes.__getitem__, zip(map(_FIELDS["pid"], events), map(_FIELDS["tid"], events))), np.int32, len(events)
+    )
     mem = {f: np.zeros(len(events), np.int64) for f in ("mem_bytes", "mem_device_type", "total_allocated", "addr")}
     if instant.any():
         rows = np.flatnonzero(instant)
@@ -221,13 +237,27 @@ def columns(events: list[Event]) -> Columns:
         said = list(map(_ARGS["collective"], compress(events, kernels.tolist())))
         collective[kernels] = np.fromiter((names[c] if c else -1 for c in said), np.int32, len(said))
     return Columns(
-        instant=instant, name=_interned(events, _FIELDS["name"], names), cat=cat,
-        lane=lane, start=start, end=start + _ns(_column(events, _FIELDS["dur"], np.float64)), ext=ext,
-        corr=_column(events, _ARGS["correlation"], np.int64), dims=dims_ids,
-        copy_bytes=_column(events, _ARGS["copy_bytes"], np.int64), mem_bytes=mem["mem_bytes"],
-        mem_device=mem["mem_device_type"], mem_total=mem["total_allocated"], mem_addr=mem["addr"],
-        collective=collective, names=list(names), cats=list(cats),
-        lanes=list(lanes), dims_table=list(dims), thread_labels=_thread_labels(meta), new_ext=new_ext,
+        instant=instant,
+        name=_interned(events, _FIELDS["name"], names),
+        cat=cat,
+        lane=lane,
+        start=start,
+        end=start + _ns(_column(events, _FIELDS["dur"], np.float64)),
+        ext=ext,
+        corr=_column(events, _ARGS["correlation"], np.int64),
+        dims=dims_ids,
+        copy_bytes=_column(events, _ARGS["copy_bytes"], np.int64),
+        mem_bytes=mem["mem_bytes"],
+        mem_device=mem["mem_device_type"],
+        mem_total=mem["total_allocated"],
+        mem_addr=mem["addr"],
+        collective=collective,
+        names=list(names),
+        cats=list(cats),
+        lanes=list(lanes),
+        dims_table=list(dims),
+        thread_labels=_thread_labels(meta),
+        new_ext=new_ext,
         new_dims=new_dims,
     )
 
@@ -251,18 +281,36 @@ def merge(parts: list[Columns]) -> Columns:
         return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
 
     ext = np.concatenate([p.ext if p.new_ext == new_ext else np.full(len(p), -1, np.int64) for p in parts])
-    collective = np.concatenate([np.where(p.collective >= 0, _remap(np.maximum(p.collective, 0), p.names, names), -1)
-                                 for p in parts])
-    dim_ids = np.concatenate([_remap(p.dims, p.dims_table, dims) if p.new_dims == new_dims
-                              else np.zeros(len(p), np.int32) for p in parts])
+    collective = np.concatenate(
+        [np.where(p.collective >= 0, _remap(np.maximum(p.collective, 0), p.names, names), -1) for p in parts]
+    )
+    dim_ids = np.concatenate(
+        [_remap(p.dims, p.dims_table, dims) if p.new_dims == new_dims else np.zeros(len(p), np.int32) for p in parts]
+    )
     return Columns(
-        instant=joined("instant"), name=joined("name", names, "names"), cat=joined("cat", cats, "cats"),
-        lane=joined("lane", lanes, "lanes"), start=joined("start"), end=joined("end"), ext=ext, corr=joined("corr"),
-        dims=dim_ids, copy_bytes=joined("copy_bytes"), mem_bytes=joined("mem_bytes"),
-        mem_device=joined("mem_device"), mem_total=joined("mem_total"), mem_addr=joined("mem_addr"),
-        collective=collective, names=list(names), cats=list(cats),
-        lanes=list(lanes), dims_table=list(dims), thread_labels=[t for p in parts for t in p.thread_labels],
-        new_ext=new_ext, new_dims=new_dims, distributed=next((p.distributed for p in parts if p.distributed), None),
+        instant=joined("instant"),
+        name=joined("name", names, "names"),
+        cat=joined("cat", cats, "cats"),
+        lane=joined("lane", lanes, "lanes"),
+        start=joined("start"),
+        end=joined("end"),
+        ext=ext,
+        corr=joined("corr"),
+        dims=dim_ids,
+        copy_bytes=joined("copy_bytes"),
+        mem_bytes=joined("mem_bytes"),
+        mem_device=joined("mem_device"),
+        mem_total=joined("mem_total"),
+        mem_addr=joined("mem_addr"),
+        collective=collective,
+        names=list(names),
+        cats=list(cats),
+        lanes=list(lanes),
+        dims_table=list(dims),
+        thread_labels=[t for p in parts for t in p.thread_labels],
+        new_ext=new_ext,
+        new_dims=new_dims,
+        distributed=next((p.distributed for p in parts if p.distributed), None),
     )
 
 
@@ -332,8 +380,9 @@ def plan(path: Path) -> Plan:
     weights = [size * (hi - lo) // cut_bytes for lo, hi in ranges]
     if weights:
         weights[-1] += size - sum(weights)
-    found.pieces += [Piece(path, lo, hi, None if data is None else data[lo:hi], weight=w)
-                     for (lo, hi), w in zip(ranges, weights)]
+    found.pieces += [
+        Piece(path, lo, hi, None if data is None else data[lo:hi], weight=w) for (lo, hi), w in zip(ranges, weights)
+    ]
     return found
 
 
@@ -353,7 +402,7 @@ def _cut(f: BinaryIO, size: int) -> tuple[_DistributedInfo | None, list[tuple[in
     if end < 0:
         return None
     last = tail_at + end
-    after = tail[end + len(_ARRAY_END):].strip()
+    after = tail[end + len(_ARRAY_END) :].strip()
     try:
         around = _AROUND.decode(head[:at] + b'"traceEvents": []}')
         if after != b"}":

@@ -45,24 +45,42 @@ def rank_label(rank: int | None, worker: str) -> str:
     return f"rank {rank}" if rank is not None else worker
 
 
+def _idle(r: StepStats) -> str:
+    return f"{fmt.duration(r.gpu_idle_us)} ({fmt.share(r.gpu_idle_us / r.wall_us if r.wall_us else 0)})"
+
+
 def _step_columns(s: Summary) -> list[tuple[str, Callable[[StepStats], str]]]:
     """The per-step figures that carry information for this run, named as every report names them."""
     gpu = s.has_gpu
-    idle = lambda r: f"{fmt.duration(r.gpu_idle_us)} ({fmt.share(r.gpu_idle_us / r.wall_us if r.wall_us else 0)})"
     shown = {
-        "wall_us": True, "gpu_busy_us": gpu, "gpu_idle_us": gpu, "kernel_us": gpu,
-        "memcpy_us": gpu and any(r.memcpy_us for r in s.steps), "memset_us": gpu and any(r.memset_us for r in s.steps),
-        "comm_us": any(r.comm_us for r in s.steps), "cpu_only_us": True, "other_us": True,
-        "dataloader_us": any(r.dataloader_us for r in s.steps), "peak_memory": any(r.peak_memory for r in s.steps),
+        "wall_us": True,
+        "gpu_busy_us": gpu,
+        "gpu_idle_us": gpu,
+        "kernel_us": gpu,
+        "memcpy_us": gpu and any(r.memcpy_us for r in s.steps),
+        "memset_us": gpu and any(r.memset_us for r in s.steps),
+        "comm_us": any(r.comm_us for r in s.steps),
+        "cpu_only_us": True,
+        "other_us": True,
+        "dataloader_us": any(r.dataloader_us for r in s.steps),
+        "peak_memory": any(r.peak_memory for r in s.steps),
     }
-    cell = {"gpu_idle_us": idle, "other_us": lambda r: fmt.duration(breakdown.other_us(r)),
-            "peak_memory": lambda r: fmt.size(r.peak_memory)}
-    return [(breakdown.COLUMNS[key], cell.get(key, lambda r, key=key: fmt.duration(getattr(r, key))))
-            for key, show in shown.items() if show]
+    cell = {
+        "gpu_idle_us": _idle,
+        "other_us": lambda r: fmt.duration(breakdown.other_us(r)),
+        "peak_memory": lambda r: fmt.size(r.peak_memory),
+    }
+    return [
+        (breakdown.COLUMNS[key], cell.get(key, lambda r, key=key: fmt.duration(getattr(r, key))))
+        for key, show in shown.items()
+        if show
+    ]
 
 
 def _mean_step(rows: list[StepStats]) -> StepStats:
-    values = {f.name: mean(getattr(r, f.name) for r in rows) for f in dataclasses.fields(StepStats) if f.name.endswith("_us")}
+    values = {
+        f.name: mean(getattr(r, f.name) for r in rows) for f in dataclasses.fields(StepStats) if f.name.endswith("_us")
+    }
     return dataclasses.replace(rows[0], peak_memory=max(r.peak_memory for r in rows), **values)
 
 
@@ -84,37 +102,74 @@ def ranks_table(s: Summary) -> Table:
     for the last to arrive and the others for it (and its host clock's offset, when ranks span hosts)."""
     arrivals = any(r.collectives for r in s.ranks)
     hosts = any(r.clock_offset_us for r in s.ranks)
-    return Table("ranks", "Ranks (means per step)",
-                 ["rank", "steps", "step", "compute", "comm", "comm %", "overlapped", "exposed comm"]
-                 + (["waits for others", "others wait for it"] if arrivals else [])
-                 + (["clock offset"] if hosts else []),
-                 [[str(r.rank) if r.rank is not None else r.worker, str(r.steps), fmt.duration(r.step_us), fmt.duration(r.compute_us),
-                   fmt.duration(r.comm_us), fmt.share(r.comm_share), fmt.share(r.overlap_share), fmt.duration(r.exposed_comm_us)]
-                  + ([fmt.duration(r.waited_us), fmt.duration(r.late_us)] if arrivals else [])
-                  + ([fmt.duration(r.clock_offset_us)] if hosts else [])
-                  for r in s.ranks])
+    return Table(
+        "ranks",
+        "Ranks (means per step)",
+        ["rank", "steps", "step", "compute", "comm", "comm %", "overlapped", "exposed comm"]
+        + (["waits for others", "others wait for it"] if arrivals else [])
+        + (["clock offset"] if hosts else []),
+        [
+            [
+                str(r.rank) if r.rank is not None else r.worker,
+                str(r.steps),
+                fmt.duration(r.step_us),
+                fmt.duration(r.compute_us),
+                fmt.duration(r.comm_us),
+                fmt.share(r.comm_share),
+                fmt.share(r.overlap_share),
+                fmt.duration(r.exposed_comm_us),
+            ]
+            + ([fmt.duration(r.waited_us), fmt.duration(r.late_us)] if arrivals else [])
+            + ([fmt.duration(r.clock_offset_us)] if hosts else [])
+            for r in s.ranks
+        ],
+    )
 
 
 def skew_table(s: Summary, top: int) -> Table:
     """The `top` steps with the largest lag of the slowest rank, in step order."""
     worst = sorted(sorted(s.step_skew, key=lambda k: -k.lag_us)[:top], key=lambda k: k.step)
-    return Table("step_skew", "Slowest rank per step (by compute)", ["step", "slowest rank", "compute", "other ranks", "lag"],
-                 [[str(k.step), str(k.slowest_rank), fmt.duration(k.slowest_compute_us), fmt.duration(k.median_compute_us),
-                   fmt.duration(k.lag_us)] for k in worst])
+    return Table(
+        "step_skew",
+        "Slowest rank per step (by compute)",
+        ["step", "slowest rank", "compute", "other ranks", "lag"],
+        [
+            [
+                str(k.step),
+                str(k.slowest_rank),
+                fmt.duration(k.slowest_compute_us),
+                fmt.duration(k.median_compute_us),
+                fmt.duration(k.lag_us),
+            ]
+            for k in worst
+        ],
+    )
 
 
 def comm_table(s: Summary) -> Table:
     """Each collective (and FSDP phase): means per step and rank, and the rank that waited for it longest."""
     step = mean(r.wall_us for r in s.steps)
     phases = any(r.phase for r in s.comm)
-    return Table("comm", "Communication by collective (means per step and rank; exposed: no computation ran)",
-                 ["collective"] + (["phase"] if phases else []) + ["calls", "time", "overlapped", "exposed",
-                                                                    "of step", "most exposed"],
-                 [[t.collective] + ([t.phase or "-"] if phases else [])
-                  + [f"{t.calls:.1f}", fmt.duration(t.total_us), fmt.duration(t.overlap_us), fmt.duration(t.exposed_us),
-                     fmt.share(t.exposed_us / step if step else 0),
-                     f"{fmt.duration(t.worst_exposed_us)} (rank {t.worst_rank})" if t.ranks > 1 else "-"]
-                  for t in comm.totals(s.comm, s.steps)])
+    return Table(
+        "comm",
+        "Communication by collective (means per step and rank; exposed: no computation ran)",
+        ["collective"]
+        + (["phase"] if phases else [])
+        + ["calls", "time", "overlapped", "exposed", "of step", "most exposed"],
+        [
+            [t.collective]
+            + ([t.phase or "-"] if phases else [])
+            + [
+                f"{t.calls:.1f}",
+                fmt.duration(t.total_us),
+                fmt.duration(t.overlap_us),
+                fmt.duration(t.exposed_us),
+                fmt.share(t.exposed_us / step if step else 0),
+                f"{fmt.duration(t.worst_exposed_us)} (rank {t.worst_rank})" if t.ranks > 1 else "-",
+            ]
+            for t in comm.totals(s.comm, s.steps)
+        ],
+    )
 
 
 def op_sort(s: Summary, sort: str) -> tuple[Callable[[OpStats], float], str]:
@@ -137,25 +192,45 @@ def ops_table(s: Summary, top: int, sort: str, *, by_shape: bool, width: int = N
     gpu = s.has_gpu
     cpu_mem, cuda_mem = any(o.cpu_memory for o in ops), any(o.cuda_memory for o in ops)
     headers = ["name"] + (["input shapes"] if by_shape else []) + ["calls", "self CPU", "CPU total"]
-    headers += (["self CUDA", "CUDA total"] if gpu else []) + (["self CPU mem"] if cpu_mem else []) + (["self CUDA mem"] if cuda_mem else [])
+    headers += (
+        (["self CUDA", "CUDA total"] if gpu else [])
+        + (["self CPU mem"] if cpu_mem else [])
+        + (["self CUDA mem"] if cuda_mem else [])
+    )
     body = []
     for o in rows:
         cells = [clip(o.name, width)] + ([clip(o.input_shapes, SHAPES_WIDTH)] if by_shape else [])
         cells += [str(o.calls), fmt.duration(o.self_cpu_us), fmt.duration(o.cpu_total_us)]
         cells += [fmt.duration(o.self_cuda_us), fmt.duration(o.cuda_total_us)] if gpu else []
-        cells += ([fmt.size(o.self_cpu_memory)] if cpu_mem else []) + ([fmt.size(o.self_cuda_memory)] if cuda_mem else [])
+        cells += ([fmt.size(o.self_cpu_memory)] if cpu_mem else []) + (
+            [fmt.size(o.self_cuda_memory)] if cuda_mem else []
+        )
         body.append(cells)
     what = "operators by input shape" if by_shape else "operators"
-    return Table("ops_by_shape" if by_shape else "ops", f"Top {len(rows)} {what} by {title} ({len(ops)} in all)", headers, body)
+    return Table(
+        "ops_by_shape" if by_shape else "ops", f"Top {len(rows)} {what} by {title} ({len(ops)} in all)", headers, body
+    )
 
 
 def kernels_table(s: Summary, top: int, width: int = NAME_WIDTH) -> Table:
     busy = sum(k.total_us for k in s.kernels)
-    return Table("kernels", f"Top {min(top, len(s.kernels))} GPU kernels by total time ({len(s.kernels)} in all)",
-                 ["name", "kind", "count", "total", "% GPU", "mean", "max"],
-                 [[clip(k.name, width), k.kind, str(k.count), fmt.duration(k.total_us),
-                   fmt.share(k.total_us / busy if busy else 0), fmt.duration(k.mean_us), fmt.duration(k.max_us)]
-                  for k in s.kernels[:top]])
+    return Table(
+        "kernels",
+        f"Top {min(top, len(s.kernels))} GPU kernels by total time ({len(s.kernels)} in all)",
+        ["name", "kind", "count", "total", "% GPU", "mean", "max"],
+        [
+            [
+                clip(k.name, width),
+                k.kind,
+                str(k.count),
+                fmt.duration(k.total_us),
+                fmt.share(k.total_us / busy if busy else 0),
+                fmt.duration(k.mean_us),
+                fmt.duration(k.max_us),
+            ]
+            for k in s.kernels[:top]
+        ],
+    )
 
 
 def labels_table(s: Summary, top: int, width: int = NAME_WIDTH) -> Table:
@@ -166,12 +241,25 @@ def labels_table(s: Summary, top: int, width: int = NAME_WIDTH) -> Table:
     title = f"Labels (record_function ranges, {len(s.labels)} in all)"
     if nested:
         title += "; a label's time includes the labels it contains"
-    return Table("labels", title,
-                 ["label", "count", "total", "mean", "of steps"] + (["GPU time"] if gpu else [])
-                 + (["contains"] if nested else []),
-                 [[clip(lb.name, width), str(lb.count), fmt.duration(lb.total_us), fmt.duration(lb.mean_us),
-                   fmt.share(lb.step_share)] + ([fmt.duration(lb.cuda_total_us)] if gpu else [])
-                  + ([clip(", ".join(lb.contains), CONTAINS_WIDTH)] if nested else []) for lb in s.labels[:top]])
+    return Table(
+        "labels",
+        title,
+        ["label", "count", "total", "mean", "of steps"]
+        + (["GPU time"] if gpu else [])
+        + (["contains"] if nested else []),
+        [
+            [
+                clip(lb.name, width),
+                str(lb.count),
+                fmt.duration(lb.total_us),
+                fmt.duration(lb.mean_us),
+                fmt.share(lb.step_share),
+            ]
+            + ([fmt.duration(lb.cuda_total_us)] if gpu else [])
+            + ([clip(", ".join(lb.contains), CONTAINS_WIDTH)] if nested else [])
+            for lb in s.labels[:top]
+        ],
+    )
 
 
 def tables(s: Summary, top: int, sort: str, width: int = NAME_WIDTH) -> list[Table]:
@@ -206,8 +294,9 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
 
 
-_MD_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", "|": "\\|", "\\": "\\\\", "`": "\\`", "*": "\\*",
-                             "_": "\\_", "[": "\\[", "\n": " "})  # no tags, emphasis, links, code or cell breaks
+_MD_ESCAPES = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", "|": "\\|", "\\": "\\\\", "`": "\\`", "*": "\\*", "_": "\\_", "[": "\\[", "\n": " "}
+)  # no tags, emphasis, links, code or cell breaks
 _MD_CODE_ESCAPES = str.maketrans({"|": "\\|", "\n": " "})  # a pipe ends a table cell even in a code span
 
 
@@ -228,8 +317,11 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], code: 
     columns in ``code`` as code spans."""
 
     def line(cells: Sequence[str], header: bool = False) -> str:
-        return "| " + " | ".join(md_code(c) if i in code and not header and c else md_text(c)
-                                 for i, c in enumerate(cells)) + " |"
+        return (
+            "| "
+            + " | ".join(md_code(c) if i in code and not header and c else md_text(c) for i, c in enumerate(cells))
+            + " |"
+        )
 
     align = "|" + "|".join(":---" if i == 0 else "---:" for i in range(len(headers))) + "|"
     return "\n".join([line(headers, header=True), align, *(line(r) for r in rows)])
@@ -242,10 +334,15 @@ def markdown(s: Summary, *, top: int, sort: str) -> str:
     """The report as GitHub-flavoured Markdown: a heading, the findings, each table under its title."""
     parts = [f"### kprof summary: {md_text(s.name)}", f"{len(s.files)} trace file{'s' * (len(s.files) != 1)}"]
     if s.diagnostics:
-        parts.append("\n".join(f"- {'**warning**: ' if d.severity == 'warning' else ''}{md_text(d.message)}"
-                                for d in s.diagnostics))
-    parts += [f"**{md_text(t.title)}**\n\n{markdown_table(t.headers, t.rows, _NAMED.get(t.key, ()))}"
-              for t in tables(s, top, sort)]
+        parts.append(
+            "\n".join(
+                f"- {'**warning**: ' if d.severity == 'warning' else ''}{md_text(d.message)}" for d in s.diagnostics
+            )
+        )
+    parts += [
+        f"**{md_text(t.title)}**\n\n{markdown_table(t.headers, t.rows, _NAMED.get(t.key, ()))}"
+        for t in tables(s, top, sort)
+    ]
     if s.problems:
         parts.append("\n".join(f"- could not read {md_text(str(p))}" for p in s.problems))
     return "\n\n".join(parts)
@@ -259,7 +356,11 @@ def render(s: Summary, *, top: int, sort: str) -> str:
     parts = [f"{head}\n{'=' * len(head)}"]
     parts += [f"{t.title}\n{text_table(t.headers, t.rows)}" for t in tables(s, top, sort)]
     if s.diagnostics:
-        parts.append("\n".join(["Diagnostics"] + [("! " if d.severity == "warning" else "- ") + d.message for d in s.diagnostics]))
+        parts.append(
+            "\n".join(
+                ["Diagnostics"] + [("! " if d.severity == "warning" else "- ") + d.message for d in s.diagnostics]
+            )
+        )
     if s.memory_snapshots:
         parts.append("\n".join(f"Memory snapshot: {p} (open it at {MEMORY_VIEWER})" for p in s.memory_snapshots))
     if s.problems:

@@ -32,8 +32,10 @@ def check_version(data: dict[str, Any]) -> None:
     """ValueError unless ``data`` is one run's saved summary in a format this kprof reads."""
     version = data.get(FORMAT_KEY) if isinstance(data, dict) else None
     if version != VERSION:
-        raise ValueError(f"not a saved kprof summary of version {VERSION} (found {FORMAT_KEY}={version!r}): save it "
-                         "again with this kprof's `kprof summary --json`")
+        raise ValueError(
+            f"not a saved kprof summary of version {VERSION} (found {FORMAT_KEY}={version!r}): save it "
+            "again with this kprof's `kprof summary --json`"
+        )
 
 
 def read(path: Path) -> Summary | dict[str, Summary]:

@@ -31,7 +31,7 @@ def _records(data: bytes):
         start = pos + 12
         if start + length + 4 > len(data):  # cut short while being written
             return
-        yield data[start:start + length]
+        yield data[start : start + length]
         pos = start + length + 4
 
 

@@ -69,9 +69,15 @@ class Slice:
         """JSON-ready: each field one list of numbers, strings once in `names` and `shapes`."""
         columns = ("lane", "row", "start", "dur", "name", "kind", "shape", "parent", "link")
         return {
-            "file": self.file, "worker": self.worker, "step": self.step, "start_ns": self.start_ns,
-            "span_ns": self.span_ns, "kinds": KINDS, "lanes": [dataclasses.asdict(lane) for lane in self.lanes],
-            "names": self.names, "shapes": self.shapes,
+            "file": self.file,
+            "worker": self.worker,
+            "step": self.step,
+            "start_ns": self.start_ns,
+            "span_ns": self.span_ns,
+            "kinds": KINDS,
+            "lanes": [dataclasses.asdict(lane) for lane in self.lanes],
+            "names": self.names,
+            "shapes": self.shapes,
             "events": {c: getattr(self, c).tolist() for c in columns},
         }
 
@@ -126,8 +132,10 @@ class TraceSlices:
 
     def steps(self) -> list[StepWindow]:
         """The file's steps in time order."""
-        return [StepWindow(n, (hi - lo) / 1000.0)
-                for n, lo, hi in zip(self.windows.number.tolist(), self.windows.lo.tolist(), self.windows.hi.tolist())]
+        return [
+            StepWindow(n, (hi - lo) / 1000.0)
+            for n, lo, hi in zip(self.windows.number.tolist(), self.windows.lo.tolist(), self.windows.hi.tolist())
+        ]
 
     def step(self, number: int) -> Slice:
         """The events overlapping step `number`'s window (KeyError when the file has no such step)."""
@@ -146,12 +154,23 @@ class TraceSlices:
         shapes = np.unique(shape_ids[shape_ids >= 0])
         shape = np.where(shape_ids >= 0, np.searchsorted(shapes, shape_ids), -1)
         return Slice(
-            file=self.file, worker=self.worker, step=number, start_ns=lo, span_ns=hi - lo,
+            file=self.file,
+            worker=self.worker,
+            step=number,
+            start_ns=lo,
+            span_ns=hi - lo,
             lanes=[Lane(*self.lane_names[k], int(r)) for k, r in zip(lanes.tolist(), rows.tolist())],
-            names=[self.names[k] for k in names.tolist()], shapes=[self.shapes[k] for k in shapes.tolist()],
-            lane=lane.astype(np.int32), row=self.row[pick], start=self.start[pick] - lo,
-            dur=self.end[pick] - self.start[pick], name=name.astype(np.int32), kind=self.kind[pick],
-            shape=shape.astype(np.int32), parent=_local(local, self.parent[pick]), link=_local(local, self.link[pick]),
+            names=[self.names[k] for k in names.tolist()],
+            shapes=[self.shapes[k] for k in shapes.tolist()],
+            lane=lane.astype(np.int32),
+            row=self.row[pick],
+            start=self.start[pick] - lo,
+            dur=self.end[pick] - self.start[pick],
+            name=name.astype(np.int32),
+            kind=self.kind[pick],
+            shape=shape.astype(np.int32),
+            parent=_local(local, self.parent[pick]),
+            link=_local(local, self.link[pick]),
         )
 
 

@@ -15,9 +15,21 @@ import numpy as np
 
 from . import intervals as iv
 from .tables import StepStats
+from .timeline import (
+    ANNOTATION,
+    COMM,
+    CPU_MEMORY,
+    CUDA_MEMORY,
+    KERNEL,
+    MEMCPY,
+    MEMSET,
+    OP,
+    RUNTIME,
+    Timeline,
+    is_collective_name,
+    match,
+)
 from .tree import Tree
-from .timeline import (ANNOTATION, COMM, CPU_MEMORY, CUDA_MEMORY, KERNEL, MEMCPY, MEMSET, OP, RUNTIME, Timeline,
-                       is_collective_name, match)
 
 WHOLE_TRACE = -1
 """Step number of the single pseudo-step of a trace without ProfilerStep ranges."""
@@ -25,7 +37,10 @@ WHOLE_TRACE = -1
 
 def is_dataloader_name(name: str) -> bool:
     """DataLoader iteration ranges torch records, and our own `data_loading` label."""
-    return name.startswith(("enumerate(DataLoader)#", "enumerate(DataPipe)#")) or name.rpartition("::")[2] == "data_loading"
+    return (
+        name.startswith(("enumerate(DataLoader)#", "enumerate(DataPipe)#"))
+        or name.rpartition("::")[2] == "data_loading"
+    )
 
 
 @dataclasses.dataclass
@@ -119,8 +134,9 @@ def _self_spans(tree: Tree, start: np.ndarray, end: np.ndarray, pick: np.ndarray
     first[1:] = last[:-1]
     first_child[parent[first]] = start[child[first]]
     mine = pick[parent]
-    return iv.union(np.concatenate([start[pick], end[child[mine]]]),
-                    np.concatenate([first_child[pick], next_start[mine]]))
+    return iv.union(
+        np.concatenate([start[pick], end[child[mine]]]), np.concatenate([first_child[pick], next_start[mine]])
+    )
 
 
 def step_times(tl: Timeline, rank: int | None, tree: Tree) -> StepTimes:
@@ -135,8 +151,9 @@ def step_times(tl: Timeline, rank: int | None, tree: Tree) -> StepTimes:
     comm = iv.merge(_spans(dev.start, dev.end, dev_comm), _spans(host.start, host.end, host_comm))
     cpu = _spans(host.start, host.end, _host_work(tl))
     loader = _spans(host.start, host.end, loader)
-    compute = iv.merge(kernel, memcpy, memset) if dev.start.size else _self_spans(tree, host.start, host.end,
-                                                                                    _host_work(tl))
+    compute = (
+        iv.merge(kernel, memcpy, memset) if dev.start.size else _self_spans(tree, host.start, host.end, _host_work(tl))
+    )
 
     def inside(spans: iv.Intervals) -> np.ndarray:
         return iv.length_in(spans, win.lo, win.hi) / 1000.0
@@ -157,7 +174,9 @@ def step_times(tl: Timeline, rank: int | None, tree: Tree) -> StepTimes:
     peak = _peak_memory(tl, win)
     worker = tl.source.worker
     rows = [
-        StepStats(step=int(n), rank=rank, worker=worker, peak_memory=int(p), **{k: float(v[i]) for k, v in columns.items()})
+        StepStats(
+            step=int(n), rank=rank, worker=worker, peak_memory=int(p), **{k: float(v[i]) for k, v in columns.items()}
+        )
         for i, (n, p) in enumerate(zip(win.number.tolist(), peak.tolist()))
     ]
     return StepTimes(win, rows, inside(compute), columns["comm_us"], inside(iv.intersect(compute, comm)), compute)

@@ -23,8 +23,19 @@ from ..progress import Progress, ProgressArg
 from . import comm, diagnostics, html, ops, perstep, ranks, reader, report, saved, stacks, steps, trends
 from .reader import TraceError, TraceFile
 from .series import Series, read_series
-from .tables import (SORT_KEYS, CommStats, Diagnostic, FsdpStep, KernelStats, LabelStats, OpStats, Problem, RankStats,
-                     StepSkew, StepStats)
+from .tables import (
+    SORT_KEYS,
+    CommStats,
+    Diagnostic,
+    FsdpStep,
+    KernelStats,
+    LabelStats,
+    OpStats,
+    Problem,
+    RankStats,
+    StepSkew,
+    StepStats,
+)
 from .timeline import PYTHON, build
 from .tree import nest
 from .workers import WorkerError, Workers
@@ -60,9 +71,21 @@ class Summary:
     @classmethod
     def empty(cls, name: str, why: str) -> Summary:
         """A Summary of nothing, saying ``why`` (e.g. profiling was disabled): every table empty, one finding."""
-        return cls(name=name, files=[], steps=[], ops=[], ops_by_shape=[], kernels=[], labels=[], ranks=[],
-                   step_skew=[], diagnostics=[Diagnostic("nothing recorded", "info", why)], problems=[],
-                   memory_snapshots=[], per_step=perstep.PerStep([], [], np.zeros((0, 0)), np.zeros((0, 0)), []))
+        return cls(
+            name=name,
+            files=[],
+            steps=[],
+            ops=[],
+            ops_by_shape=[],
+            kernels=[],
+            labels=[],
+            ranks=[],
+            step_skew=[],
+            diagnostics=[Diagnostic("nothing recorded", "info", why)],
+            problems=[],
+            memory_snapshots=[],
+            per_step=perstep.PerStep([], [], np.zeros((0, 0)), np.zeros((0, 0)), []),
+        )
 
     @property
     def has_gpu(self) -> bool:
@@ -97,7 +120,9 @@ class Summary:
             "ops_by_shape": rows(self.ops_by_shape),
             "kernels": rows(self.kernels),
             "labels": rows(self.labels),
-            "ranks": [dict(dataclasses.asdict(r), comm_share=r.comm_share, overlap_share=r.overlap_share) for r in self.ranks],
+            "ranks": [
+                dict(dataclasses.asdict(r), comm_share=r.comm_share, overlap_share=r.overlap_share) for r in self.ranks
+            ],
             "step_skew": rows(self.step_skew),
             "comm": rows(self.comm),
             "fsdp": rows(self.fsdp),
@@ -125,8 +150,9 @@ class Summary:
             ops=rows(OpStats, data["ops"]),
             ops_by_shape=rows(OpStats, data["ops_by_shape"]),
             kernels=rows(KernelStats, data["kernels"]),
-            labels=[dataclasses.replace(label, contains=tuple(label.contains))
-                    for label in rows(LabelStats, data["labels"])],
+            labels=[
+                dataclasses.replace(label, contains=tuple(label.contains)) for label in rows(LabelStats, data["labels"])
+            ],
             ranks=rows(RankStats, data["ranks"]),
             step_skew=rows(StepSkew, data["step_skew"]),
             diagnostics=rows(Diagnostic, data["diagnostics"]),
@@ -142,12 +168,23 @@ class Summary:
         diagnostics)."""
         import pandas as pd
 
-        tables = {"steps": StepStats, "ops": OpStats, "ops_by_shape": OpStats, "kernels": KernelStats,
-                  "labels": LabelStats, "ranks": RankStats, "step_skew": StepSkew, "comm": CommStats, "fsdp": FsdpStep,
-                  "diagnostics": Diagnostic}
+        tables = {
+            "steps": StepStats,
+            "ops": OpStats,
+            "ops_by_shape": OpStats,
+            "kernels": KernelStats,
+            "labels": LabelStats,
+            "ranks": RankStats,
+            "step_skew": StepSkew,
+            "comm": CommStats,
+            "fsdp": FsdpStep,
+            "diagnostics": Diagnostic,
+        }
         data = self.to_dict()
-        return {key: pd.DataFrame(data[key], columns=[f.name for f in dataclasses.fields(row)] if not data[key] else None)
-                for key, row in tables.items()}
+        return {
+            key: pd.DataFrame(data[key], columns=[f.name for f in dataclasses.fields(row)] if not data[key] else None)
+            for key, row in tables.items()
+        }
 
     def to_markdown(self, top: int = 10, sort: str = "cuda") -> str:
         """The report as GitHub-flavoured Markdown (a pull-request comment): the findings and the tables of
@@ -169,8 +206,10 @@ class Summary:
         """Write flamegraph folded stacks (`self_cpu` or `self_cuda` microseconds) to `path`."""
         folded = stacks.folded(self._stacks, metric)
         if not any(s.has_python for s in self._stacks):
-            log.warning("no Python stacks in the traces (profile with with_stack=True): "
-                        "the folded stacks show operator nesting only")
+            log.warning(
+                "no Python stacks in the traces (profile with with_stack=True): "
+                "the folded stacks show operator nesting only"
+            )
         if metric == "self_cuda" and not folded:
             log.warning("no GPU kernels in the traces: %s is empty", path)
         stacks.write_folded(folded, path)
@@ -218,9 +257,16 @@ def _analyze(trace: TraceFile) -> _FileResult:
         kernels=ops.kernel_totals(tl),
         evidence=diagnostics.gather(tl, times.windows),
         stack=stacks.StackSource(
-            names=tl.names, name=host.name, parent=tree.parent, depth=tree.depth, keep=tree.keep,
-            self_cpu_us=costs.self_cpu, kernel_name=tl.device.name, kernel_launcher=launcher,
-            kernel_us=(tl.device.end - tl.device.start) / 1000.0, has_python=bool((host.kind == PYTHON).any()),
+            names=tl.names,
+            name=host.name,
+            parent=tree.parent,
+            depth=tree.depth,
+            keep=tree.keep,
+            self_cpu_us=costs.self_cpu,
+            kernel_name=tl.device.name,
+            kernel_launcher=launcher,
+            kernel_us=(tl.device.end - tl.device.start) / 1000.0,
+            has_python=bool((host.kind == PYTHON).any()),
         ),
         per_step=perstep.from_timeline(tl, tree, costs, times),
         comm=comm.analyze(tl, times),
@@ -272,10 +318,12 @@ def _analyze_files(paths: list[Path], workers: Workers | None, progress: Progres
         return [_guarded(path, lambda path=path: _read_here(path, progress)) for path in paths]
     reads = {path: _guarded(path, lambda path=path: _read_in(workers, path, progress)) for path in paths}
     if len(paths) == 1:
-        (path, read), = reads.items()
+        ((path, read),) = reads.items()
         return [read if isinstance(read, Problem) else _guarded(path, lambda: _analyze(read()))]
-    analyses = {path: read if isinstance(read, Problem) else _guarded(path, lambda read=read: workers.submit(
-        _analyze, read())) for path, read in reads.items()}
+    analyses = {
+        path: read if isinstance(read, Problem) else _guarded(path, lambda read=read: workers.submit(_analyze, read()))
+        for path, read in reads.items()
+    }
     workers.wait(a for a in analyses.values() if not isinstance(a, Problem))
     return [a if isinstance(a, Problem) else _guarded(path, a.result) for path, a in analyses.items()]
 
@@ -301,13 +349,19 @@ def _size(path: Path) -> int:
         return 0
 
 
-def summarize_runs(runs: list[tuple[str, layout.RunContents]], *,
-                   progress: ProgressArg = False, jobs: int = 1) -> list[Summary | ValueError]:
+def summarize_runs(
+    runs: list[tuple[str, layout.RunContents]], *, progress: ProgressArg = False, jobs: int = 1
+) -> list[Summary | ValueError]:
     """One Summary per (name, files) pair, in order, all runs' files read together: ``jobs`` worker processes decode
     and analyze them in parallel. A run with nothing readable gives the ValueError that says why."""
     paths = [p for _, found in runs for p in found.traces]
-    meter = Progress(progress, sum(_size(p) for p in paths), f"summarizing {', '.join(n for n, _ in runs)}"[:60],
-                     in_bytes=True, min_total=PROGRESS_BYTES)
+    meter = Progress(
+        progress,
+        sum(_size(p) for p in paths),
+        f"summarizing {', '.join(n for n, _ in runs)}"[:60],
+        in_bytes=True,
+        min_total=PROGRESS_BYTES,
+    )
     try:
         with _workers(jobs, paths) as workers:
             results = dict(zip(paths, _analyze_files(paths, workers, meter)))
@@ -322,8 +376,7 @@ def summarize_runs(runs: list[tuple[str, layout.RunContents]], *,
     return out
 
 
-def summarize_contents(name: str, found: layout.RunContents, progress: ProgressArg = False,
-                       jobs: int = 1) -> Summary:
+def summarize_contents(name: str, found: layout.RunContents, progress: ProgressArg = False, jobs: int = 1) -> Summary:
     """One Summary of the files ``found`` lists, for a caller that listed (and vetted) a run folder itself."""
     (result,) = summarize_runs([(name, found)], progress=progress, jobs=jobs)
     if isinstance(result, ValueError):
@@ -363,8 +416,9 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     ends: dict[str, list[int]] = {}
     for r in results:
         ends.setdefault(r.worker, []).extend(s.step for s in r.times.rows[-1:])
-    found_all += trends.findings(series, found.snapshots, evidence.matmul_flops, sum(s.wall_us for s in step_rows),
-                                 len(step_rows), ends)
+    found_all += trends.findings(
+        series, found.snapshots, evidence.matmul_flops, sum(s.wall_us for s in step_rows), len(step_rows), ends
+    )
     return Summary(
         name=name,
         files=files,
@@ -372,8 +426,11 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
         ops=ops.op_rows(r.ops for r in results),
         ops_by_shape=ops.op_rows(r.ops_by_shape for r in results),
         kernels=ops.kernel_rows(r.kernels for r in results),
-        labels=ops.label_rows((r.labels for r in results), sum(s.wall_us for s in step_rows),
-                              set().union(*(r.label_nesting for r in results))),
+        labels=ops.label_rows(
+            (r.labels for r in results),
+            sum(s.wall_us for s in step_rows),
+            set().union(*(r.label_nesting for r in results)),
+        ),
         ranks=rank_rows,
         step_skew=skew,
         diagnostics=sorted(found_all, key=lambda d: d.severity != "warning"),
@@ -408,8 +465,7 @@ def runs_of(path: str | Path) -> tuple[bool, dict[str, layout.RunContents]]:
     return True, {name: layout.contents(folder) for name, folder in runs.items()}
 
 
-def summarize(path: str | Path, *, progress: ProgressArg = False,
-              jobs: int = 1) -> Summary | dict[str, Summary]:
+def summarize(path: str | Path, *, progress: ProgressArg = False, jobs: int = 1) -> Summary | dict[str, Summary]:
     """Summarize torch.profiler traces on disk.
 
     `path` is a trace file, a run folder (trace files directly inside: one Summary, with a

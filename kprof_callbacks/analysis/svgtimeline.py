@@ -19,9 +19,11 @@ from .slices import DEVICE_KIND, KINDS, Slice
 
 WIDTH, GUTTER, ROW, GAP, AXIS = 1060, 180, 14, 8, 22  # px
 _FRAMES = 4  # Python frames in a title
-CSS = (".tl text{font:11px system-ui,sans-serif;fill:#333}.tl .ax{fill:#666}.tl rect{stroke:#fff;stroke-width:.3}"
-       ".tl .ln{display:none;fill:none;stroke:#222;stroke-width:1.2;pointer-events:none}"
-       ".tl .k:hover .ln{display:inline}.tl rect:hover{stroke:#000;stroke-width:1}")
+CSS = (
+    ".tl text{font:11px system-ui,sans-serif;fill:#333}.tl .ax{fill:#666}.tl rect{stroke:#fff;stroke-width:.3}"
+    ".tl .ln{display:none;fill:none;stroke:#222;stroke-width:1.2;pointer-events:none}"
+    ".tl .k:hover .ln{display:inline}.tl rect:hover{stroke:#000;stroke-width:1}"
+)
 
 
 def duration(ns: float) -> str:
@@ -42,8 +44,10 @@ def tick_step(span: float, count: int = 8) -> float:
 
 def _title(piece: Slice, i: int) -> str:
     kind = KINDS[piece.kind[i]]
-    lines = [piece.names[piece.name[i]], f"{kind} on {piece.lanes[piece.lane[i]].name}: {duration(piece.dur[i])}, "
-             f"at {duration(piece.start[i])}"]
+    lines = [
+        piece.names[piece.name[i]],
+        f"{kind} on {piece.lanes[piece.lane[i]].name}: {duration(piece.dur[i])}, at {duration(piece.start[i])}",
+    ]
     if piece.shape[i] >= 0:
         lines.append(f"input shapes {piece.shapes[piece.shape[i]]}")
     frames, p = [], int(piece.parent[i])
@@ -53,8 +57,10 @@ def _title(piece: Slice, i: int) -> str:
         p = int(piece.parent[p])
     lines += [f"  in {f}" for f in frames]
     if piece.link[i] >= 0:
-        lines.append(f"launched by {piece.names[piece.name[piece.link[i]]]} "
-                     f"{duration(piece.start[i] - piece.start[piece.link[i]])} before it started")
+        lines.append(
+            f"launched by {piece.names[piece.name[piece.link[i]]]} "
+            f"{duration(piece.start[i] - piece.start[piece.link[i]])} before it started"
+        )
     return escape("\n".join(lines))
 
 
@@ -68,8 +74,10 @@ def render(piece: Slice, caption: str) -> str:
     x = (GUTTER + start * scale).tolist()
     w = ((end - start) * scale).tolist()
     y = (lane_top[piece.lane] + piece.row * ROW).tolist()
-    out = [f'<figure><figcaption>{escape(caption)}</figcaption><svg class="tl" width="{WIDTH}" height="{height}" '
-           f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="{escape(caption)}">']
+    out = [
+        f'<figure><figcaption>{escape(caption)}</figcaption><svg class="tl" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="{escape(caption)}">'
+    ]
     step = tick_step(max(int(piece.span_ns), 1))
     for k in range(int(piece.span_ns // step) + 1):
         px = GUTTER + k * step * scale
@@ -77,9 +85,11 @@ def render(piece: Slice, caption: str) -> str:
         if px < WIDTH - 50:  # room for the label
             out.append(f'<text class="ax" x="{px + 2:.1f}" y="{AXIS - 9}">{duration(k * step)}</text>')
     for lane, top in zip(piece.lanes, lane_top.tolist()):
-        out.append(f'<text x="4" y="{top + ROW - 3}">{escape(lane.name[:30])}</text>'
-                   f'<line x1="0" x2="{WIDTH}" y1="{top + lane.rows * ROW + GAP / 2}" '
-                   f'y2="{top + lane.rows * ROW + GAP / 2}" stroke="#ddd"/>')
+        out.append(
+            f'<text x="4" y="{top + ROW - 3}">{escape(lane.name[:30])}</text>'
+            f'<line x1="0" x2="{WIDTH}" y1="{top + lane.rows * ROW + GAP / 2}" '
+            f'y2="{top + lane.rows * ROW + GAP / 2}" stroke="#ddd"/>'
+        )
     merged: list[int] = []  # sub-pixel events waiting to be drawn as one block
 
     def flush() -> None:
@@ -89,9 +99,11 @@ def render(piece: Slice, caption: str) -> str:
             more = " …" if len(names) > 5 else ""
             title = f"{len(merged)} events under a pixel wide: " + ", ".join(names[:5]) + more
             width = max(x[last] + w[last] - x[first], 1)
-            out.append(f'<rect x="{x[first]:.1f}" y="{y[first] + 1}" width="{width:.1f}" '
-                       f'height="{ROW - 2}" fill="{KIND_COLORS[KINDS[piece.kind[first]]]}">'
-                       f"<title>{escape(title)}</title></rect>")
+            out.append(
+                f'<rect x="{x[first]:.1f}" y="{y[first] + 1}" width="{width:.1f}" '
+                f'height="{ROW - 2}" fill="{KIND_COLORS[KINDS[piece.kind[first]]]}">'
+                f"<title>{escape(title)}</title></rect>"
+            )
             merged.clear()
 
     for i in np.lexsort((piece.start, piece.row, piece.lane)).tolist():
@@ -100,16 +112,20 @@ def render(piece: Slice, caption: str) -> str:
         if w[i] < 1:
             merged.append(i)
             continue
-        rect = (f'<rect x="{x[i]:.1f}" y="{y[i] + 1}" width="{w[i]:.1f}" height="{ROW - 2}" '
-                f'fill="{KIND_COLORS[KINDS[piece.kind[i]]]}"><title>{_title(piece, i)}</title></rect>')
+        rect = (
+            f'<rect x="{x[i]:.1f}" y="{y[i] + 1}" width="{w[i]:.1f}" height="{ROW - 2}" '
+            f'fill="{KIND_COLORS[KINDS[piece.kind[i]]]}"><title>{_title(piece, i)}</title></rect>'
+        )
         if w[i] > 40:
             label = piece.names[piece.name[i]][: int((w[i] - 6) / 6.2)]
             rect += f'<text x="{x[i] + 3:.1f}" y="{y[i] + ROW - 3}" pointer-events="none">{escape(label)}</text>'
         launcher = int(piece.link[i])
         if piece.kind[i] >= DEVICE_KIND and launcher >= 0:
             x0, y0 = x[launcher] + w[launcher] / 2, y[launcher] + ROW / 2
-            rect = (f'<g class="k">{rect}<path class="ln" d="M{x0:.1f},{y0:.1f} C{x0:.1f},{(y0 + y[i]) / 2:.1f} '
-                    f'{x[i]:.1f},{(y0 + y[i]) / 2:.1f} {x[i]:.1f},{y[i] + 1}"/></g>')
+            rect = (
+                f'<g class="k">{rect}<path class="ln" d="M{x0:.1f},{y0:.1f} C{x0:.1f},{(y0 + y[i]) / 2:.1f} '
+                f'{x[i]:.1f},{(y0 + y[i]) / 2:.1f} {x[i]:.1f},{y[i] + 1}"/></g>'
+            )
         out.append(rect)
     flush()
     return "".join(out) + "</svg></figure>"

@@ -22,12 +22,26 @@ DEVICE_KINDS = ("kernel", "memcpy", "memset", "nccl")
 _DEVICE_CODE = 10  # category codes: host kind, _DEVICE_CODE + device kind, _OTHER, _NO_CATEGORY
 _OTHER, _NO_CATEGORY = -1, -2
 
-_HOST = {"cpu_op": OP, "operator": OP, "user_annotation": ANNOTATION, "python_function": PYTHON,
-         "python": PYTHON, "cuda_runtime": RUNTIME, "runtime": RUNTIME, "cuda_driver": RUNTIME}
+_HOST = {
+    "cpu_op": OP,
+    "operator": OP,
+    "user_annotation": ANNOTATION,
+    "python_function": PYTHON,
+    "python": PYTHON,
+    "cuda_runtime": RUNTIME,
+    "runtime": RUNTIME,
+    "cuda_driver": RUNTIME,
+}
 _DEVICE = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "memcpy": MEMCPY, "gpu_memset": MEMSET, "memset": MEMSET}
 # torch's key_averages drops these utility ops entirely (torch/autograd/profiler_util.py _filter_name)
-_HIDDEN = ("profiler::_record_function_enter", "profiler::_record_function_enter_new",
-           "profiler::_record_function_exit", "aten::is_leaf", "aten::output_nr", "aten::_version")
+_HIDDEN = (
+    "profiler::_record_function_enter",
+    "profiler::_record_function_enter_new",
+    "profiler::_record_function_exit",
+    "aten::is_leaf",
+    "aten::output_nr",
+    "aten::_version",
+)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 CPU_MEMORY = (0, 12, 13)  # c10::DeviceType CPU, MKLDNN, IDEEP: key_averages' "CPU Mem"
 CUDA_MEMORY = (1, 6)  # CUDA, HIP: key_averages' "CUDA Mem"
@@ -166,19 +180,55 @@ def build(trace: TraceFile) -> Timeline:
     threads, thread_ids = _dense(c.lane[host_rows])
     streams, stream_ids = _dense(c.lane[device_rows])
     shape, shape_table = _shapes(c.dims[host_rows], c.dims_table)
-    host = Host(c.name[host_rows], code[host_rows], threads, c.start[host_rows], c.end[host_rows], c.ext[host_rows],
-                c.corr[host_rows], shape)
-    device = Device(c.name[device_rows], code[device_rows] - _DEVICE_CODE, streams, c.start[device_rows],
-                    c.end[device_rows], c.ext[device_rows], c.corr[device_rows], c.copy_bytes[device_rows],
-                    c.collective[device_rows])
-    memory = Memory(c.start[memory_rows], c.mem_bytes[memory_rows], c.mem_device[memory_rows],
-                    c.mem_total[memory_rows], c.mem_addr[memory_rows])
+    host = Host(
+        c.name[host_rows],
+        code[host_rows],
+        threads,
+        c.start[host_rows],
+        c.end[host_rows],
+        c.ext[host_rows],
+        c.corr[host_rows],
+        shape,
+    )
+    device = Device(
+        c.name[device_rows],
+        code[device_rows] - _DEVICE_CODE,
+        streams,
+        c.start[device_rows],
+        c.end[device_rows],
+        c.ext[device_rows],
+        c.corr[device_rows],
+        c.copy_bytes[device_rows],
+        c.collective[device_rows],
+    )
+    memory = Memory(
+        c.start[memory_rows],
+        c.mem_bytes[memory_rows],
+        c.mem_device[memory_rows],
+        c.mem_total[memory_rows],
+        c.mem_addr[memory_rows],
+    )
     step_number = {k: int(m[1]) for k, n in enumerate(c.names) if (m := _STEP.match(n))}
     if any(number >= 2**62 for number in step_number.values()):
         raise TraceError(f"a step number out of range: {max(step_number.values())}")
     is_step = np.isin(host.name, list(step_number))
-    steps = np.stack([np.array([step_number[k] for k in host.name[is_step].tolist()], np.int64),
-                      host.start[is_step], host.end[is_step]], axis=1).reshape(-1, 3)
+    steps = np.stack(
+        [
+            np.array([step_number[k] for k in host.name[is_step].tolist()], np.int64),
+            host.start[is_step],
+            host.end[is_step],
+        ],
+        axis=1,
+    ).reshape(-1, 3)
     steps = steps[np.argsort(steps[:, 1], kind="stable")]
-    return Timeline(trace, c.names, shape_table, host, device, memory, steps,
-                    [c.lanes[k] for k in thread_ids.tolist()], [c.lanes[k] for k in stream_ids.tolist()])
+    return Timeline(
+        trace,
+        c.names,
+        shape_table,
+        host,
+        device,
+        memory,
+        steps,
+        [c.lanes[k] for k in thread_ids.tolist()],
+        [c.lanes[k] for k in stream_ids.tolist()],
+    )

@@ -141,8 +141,9 @@ class Diff:
         """The significant rows (of `kinds` only, when given), largest change first."""
         return [c for c in self.changes if c.significant and (kinds is None or c.kind in kinds)]
 
-    def contributors(self, kinds: Sequence[str] = ("kernel", "memcpy", "memset", "nccl"), top: int = 5,
-                     min_share: float = 0.0) -> list[Change]:
+    def contributors(
+        self, kinds: Sequence[str] = ("kernel", "memcpy", "memset", "nccl"), top: int = 5, min_share: float = 0.0
+    ) -> list[Change]:
         """The significant rows of `kinds` that moved the way the step time did: what accounts for a speedup.
 
         With the default kinds, the GPU activities that made B faster (or slower) than A, each at least
@@ -166,9 +167,11 @@ class Diff:
         limit = stats.regression_limit(pct)
         t = self.step_time
         if t.low is None:
-            raise ValueError(f"too few steps to tell a regression: {t.a_steps} against {t.b_steps}; the step-time "
-                             f"rank test needs {t.min_steps} a side at {self.confidence:.0%} confidence: profile more "
-                             "steps (active=10)")
+            raise ValueError(
+                f"too few steps to tell a regression: {t.a_steps} against {t.b_steps}; the step-time "
+                f"rank test needs {t.min_steps} a side at {self.confidence:.0%} confidence: profile more "
+                "steps (active=10)"
+            )
         return stats.regressed(t.speedup, t.low, t.high, limit, threshold=self.noise_threshold)
 
     def render(self, top: int = 10, fail_if_slower: float | None = None) -> str:
@@ -205,15 +208,23 @@ class Diff:
             "b": dataclasses.asdict(self.b),
             "step_time": dataclasses.asdict(self.step_time),
             "mean_step_change_us": self.mean_step_change_us,
-            "changes": [{k: None if isinstance(v, float) and math.isnan(v) else v  # no interval: null in JSON
-                         for k, v in dataclasses.asdict(c).items()} for c in self.changes],
+            "changes": [
+                {
+                    k: None if isinstance(v, float) and math.isnan(v) else v  # no interval: null in JSON
+                    for k, v in dataclasses.asdict(c).items()
+                }
+                for c in self.changes
+            ],
             "diagnostics": [dataclasses.asdict(d) for d in self.diagnostics],
             "notes": list(self.notes),
-            "settings": {"confidence": self.confidence, "noise_threshold": self.noise_threshold,
-                         "row_confidence": self.row_confidence,
-                         "test": "step time: Mann-Whitney rank test (Hodges-Lehmann ratio, Moses interval); rows: "
-                                 "Welch t-test, Benjamini-Hochberg false discovery rate 1 - confidence, intervals at "
-                                 "the false-coverage-adjusted level"},
+            "settings": {
+                "confidence": self.confidence,
+                "noise_threshold": self.noise_threshold,
+                "row_confidence": self.row_confidence,
+                "test": "step time: Mann-Whitney rank test (Hodges-Lehmann ratio, Moses interval); rows: "
+                "Welch t-test, Benjamini-Hochberg false discovery rate 1 - confidence, intervals at "
+                "the false-coverage-adjusted level",
+            },
         }
 
     def to_pandas(self) -> dict[str, pandas.DataFrame]:
@@ -221,10 +232,14 @@ class Diff:
         import pandas as pd
 
         data = self.to_dict()
-        columns = {"changes": [f.name for f in dataclasses.fields(Change)],
-                   "diagnostics": [f.name for f in dataclasses.fields(DiagnosticChange)]}
-        return {"step_time": pd.DataFrame([data["step_time"]]),
-                **{key: pd.DataFrame(data[key], columns=cols) for key, cols in columns.items()}}
+        columns = {
+            "changes": [f.name for f in dataclasses.fields(Change)],
+            "diagnostics": [f.name for f in dataclasses.fields(DiagnosticChange)],
+        }
+        return {
+            "step_time": pd.DataFrame([data["step_time"]]),
+            **{key: pd.DataFrame(data[key], columns=cols) for key, cols in columns.items()},
+        }
 
     def to_html(self, path: str | Path, top: int = 30) -> Path:
         """Write a self-contained HTML report (inline SVG, no scripts, no network)."""
@@ -270,18 +285,55 @@ def _rows(a: PerStep, b: PerStep, confidence: float, noise: float) -> tuple[list
     steps = (xa.shape[1], xb.shape[1])
     rows = []
     for i in range(len(kinds)):
-        status = NEW if not ca[i].any() else GONE if not cb[i].any() else (
-            (INCREASED if change[i] > 0 else DECREASED) if significant[i] else UNCHANGED)
-        words = _verdict(status, bool(significant[i]), bool(above_noise[i]), low[i], high[i], change[i],
-                         (ca[i] if status == GONE else cb[i]), steps, noise)
-        rows.append(Change(kinds[i], names[i], float(ma[i]), float(mb[i]), float(change[i]), float(low[i]),
-                           float(high[i]), float(ca[i].mean()), float(cb[i].mean()), float(p[i]), bool(significant[i]),
-                           status, words))
+        status = (
+            NEW
+            if not ca[i].any()
+            else GONE
+            if not cb[i].any()
+            else ((INCREASED if change[i] > 0 else DECREASED) if significant[i] else UNCHANGED)
+        )
+        words = _verdict(
+            status,
+            bool(significant[i]),
+            bool(above_noise[i]),
+            low[i],
+            high[i],
+            change[i],
+            (ca[i] if status == GONE else cb[i]),
+            steps,
+            noise,
+        )
+        rows.append(
+            Change(
+                kinds[i],
+                names[i],
+                float(ma[i]),
+                float(mb[i]),
+                float(change[i]),
+                float(low[i]),
+                float(high[i]),
+                float(ca[i].mean()),
+                float(cb[i].mean()),
+                float(p[i]),
+                bool(significant[i]),
+                status,
+                words,
+            )
+        )
     return sorted(rows, key=lambda c: (not c.significant, not c.presence_changed, -abs(c.change))), 1.0 - alpha
 
 
-def _verdict(status: str, significant: bool, above_noise: bool, low: float, high: float, change: float,
-             calls: np.ndarray, steps: tuple[int, int], noise: float) -> str:
+def _verdict(
+    status: str,
+    significant: bool,
+    above_noise: bool,
+    low: float,
+    high: float,
+    change: float,
+    calls: np.ndarray,
+    steps: tuple[int, int],
+    noise: float,
+) -> str:
     """A row's verdict in words. ``calls``: calls per step on the side where the row ran (new: B, gone: A)."""
     few = min(steps) < ROW_MIN_STEPS
     if status in (NEW, GONE):
@@ -306,17 +358,22 @@ def _broad_shift(changes: list[Change]) -> list[str]:
     for status, word in ((INCREASED, "slower"), (DECREASED, "faster")):
         moved = sum(c.status == status for c in timed)
         if len(timed) >= BROAD_ROWS and moved >= BROAD_SHARE * len(timed):
-            return [(f"{moved} of {len(timed)} rows present in both got significantly {word} together: a shift "
-                     "that broad is usually the machine (load from other processes, clocks, a different GPU or "
-                     "driver) rather than the code; record both sides on the same machine, interleaved if you can "
-                     "(kprof.compare does that).")]
+            return [
+                (
+                    f"{moved} of {len(timed)} rows present in both got significantly {word} together: a shift "
+                    "that broad is usually the machine (load from other processes, clocks, a different GPU or "
+                    "driver) rather than the code; record both sides on the same machine, interleaved if you can "
+                    "(kprof.compare does that)."
+                )
+            ]
     return []
 
 
 def _diagnostic_changes(a: Summary, b: Summary) -> list[DiagnosticChange]:
     kinds_a, kinds_b = {d.kind for d in a.diagnostics}, {d.kind for d in b.diagnostics}
-    return ([DiagnosticChange(d.kind, "appeared", d.message) for d in b.diagnostics if d.kind not in kinds_a]
-            + [DiagnosticChange(d.kind, "went away", d.message) for d in a.diagnostics if d.kind not in kinds_b])
+    return [DiagnosticChange(d.kind, "appeared", d.message) for d in b.diagnostics if d.kind not in kinds_a] + [
+        DiagnosticChange(d.kind, "went away", d.message) for d in a.diagnostics if d.kind not in kinds_b
+    ]
 
 
 def _step_time(tables: tuple[PerStep, PerStep], confidence: float, noise: float) -> StepTimeChange:
@@ -324,9 +381,19 @@ def _step_time(tables: tuple[PerStep, PerStep], confidence: float, noise: float)
     walls = [np.array([s.wall_us for s in t.steps]) for t in tables]
     speedup, low, high = stats.rank_ratio(walls[0], walls[1], confidence=confidence)
     verdict = stats.TOO_FEW if low is None else stats.verdict(speedup, low, high, threshold=noise)
-    change = StepTimeChange(float(np.median(walls[0])), float(np.median(walls[1])), speedup, low, high, verdict,
-                            walls[0].size, walls[1].size, stats.rank_min_steps(confidence), float(walls[0].mean()),
-                            float(walls[1].mean()))
+    change = StepTimeChange(
+        float(np.median(walls[0])),
+        float(np.median(walls[1])),
+        speedup,
+        low,
+        high,
+        verdict,
+        walls[0].size,
+        walls[1].size,
+        stats.rank_min_steps(confidence),
+        float(walls[0].mean()),
+        float(walls[1].mean()),
+    )
     return dataclasses.replace(change, note=_mean_note(change, tables, noise))
 
 
@@ -343,8 +410,10 @@ def _mean_note(t: StepTimeChange, tables: tuple[PerStep, PerStep], noise: float)
     mean = t.b_mean_us - t.a_mean_us
     if _direction(mean / t.a_mean_us, noise) == typical:
         return None
-    said = (f"The mean step time changed by {'+' if mean > 0 else '-'}{fmt.duration(abs(mean))} "
-            f"({mean / t.a_mean_us:+.0%}) while the typical step {'did not' if not typical else 'moved the other way'}")
+    said = (
+        f"The mean step time changed by {'+' if mean > 0 else '-'}{fmt.duration(abs(mean))} "
+        f"({mean / t.a_mean_us:+.0%}) while the typical step {'did not' if not typical else 'moved the other way'}"
+    )
     for side, table in zip("AB", tables):
         walls = np.array([s.wall_us for s in table.steps])
         worst = int(np.argmax(np.abs(walls - np.median(walls))))
@@ -353,10 +422,12 @@ def _mean_note(t: StepTimeChange, tables: tuple[PerStep, PerStep], noise: float)
             without = t.b_mean_us - rest.mean() if side == "A" else rest.mean() - t.a_mean_us
             if _direction(without / t.a_mean_us, noise) == typical:
                 step = table.steps[worst]
-                return (f"{said}: step {step.step} of {side} took {fmt.duration(walls[worst])}, "
-                        f"{walls[worst] / np.median(walls):.1f}x its median (an outlier); without it the mean "
-                        f"changed by {'+' if without > 0 else '-'}{fmt.duration(abs(without))}. The verdict goes by "
-                        "the typical step.")
+                return (
+                    f"{said}: step {step.step} of {side} took {fmt.duration(walls[worst])}, "
+                    f"{walls[worst] / np.median(walls):.1f}x its median (an outlier); without it the mean "
+                    f"changed by {'+' if without > 0 else '-'}{fmt.duration(abs(without))}. The verdict goes by "
+                    "the typical step."
+                )
     return f"{said}: a few long steps skew the step times, which moves the mean more than the median."
 
 
@@ -364,11 +435,18 @@ def _steps_note(t: StepTimeChange, confidence: float) -> list[str]:
     """Which minimum a side missed, when one did: the rank test's for the step time, Welch's for the rows."""
     if t.low is not None:
         return []
-    rows = ("; the rows' t-test needs 2 a side, so they are not tested either"
-            if min(t.a_steps, t.b_steps) < ROW_MIN_STEPS else "")
-    return [(f"{t.a_steps} against {t.b_steps} step{'s' * (t.b_steps != 1)}: the step-time rank test needs at least "
-             f"{t.min_steps} steps a side at {confidence:.0%} confidence for an interval{rows}; profile more steps "
-             "(active=10) for a verdict.")]
+    rows = (
+        "; the rows' t-test needs 2 a side, so they are not tested either"
+        if min(t.a_steps, t.b_steps) < ROW_MIN_STEPS
+        else ""
+    )
+    return [
+        (
+            f"{t.a_steps} against {t.b_steps} step{'s' * (t.b_steps != 1)}: the step-time rank test needs at least "
+            f"{t.min_steps} steps a side at {confidence:.0%} confidence for an interval{rows}; profile more steps "
+            "(active=10) for a verdict."
+        )
+    ]
 
 
 def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: float = 0.02) -> Diff:
@@ -391,8 +469,10 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
     notes = _steps_note(step_time, confidence) + _broad_shift(changes)
     if same_run:
         notes.append("Both sides are steps of one run: its findings (diagnostics) are per run, so none are compared.")
-    a_side, b_side = (Side(side.source, side.summary.name, sorted({s.step for s in t.steps}), len(t.steps))
-                      for side, t in zip(sides, tables))
+    a_side, b_side = (
+        Side(side.source, side.summary.name, sorted({s.step for s in t.steps}), len(t.steps))
+        for side, t in zip(sides, tables)
+    )
     return Diff(
         a=a_side,
         b=b_side,

@@ -126,7 +126,7 @@ def _fold_duplicates(tree: Tree, name: np.ndarray) -> None:
             continue
         tree.keep[i] = False
         tree.survivor[i] = p
-        kids = moved.pop(i) if i in moved else by_parent[bounds[i]:bounds[i + 1]]
+        kids = moved.pop(i) if i in moved else by_parent[bounds[i] : bounds[i + 1]]
         parent[kids] = p
         moved[p] = kids
         n_children[p] = kids.size

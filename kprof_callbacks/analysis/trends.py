@@ -17,15 +17,22 @@ from .growth import Growth, growth
 from .series import Series
 from .tables import Diagnostic
 
-_LEAK_HINT = ("something is kept from step to step: a list of tensors, a loss kept with its graph (log loss.item() "
-              "or loss.detach()), a cache that never evicts")
+_LEAK_HINT = (
+    "something is kept from step to step: a list of tensors, a loss kept with its graph (log loss.item() "
+    "or loss.detach()), a cache that never evicts"
+)
 _SITES = 3  # allocation sites named in a growth finding
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/torch/", "/lib/python")
 
 
-def findings(series: dict[str, dict[str, Series]], snapshots: list[Path], matmul_flops: float = 0.0,
-             profiled_us: float = 0.0, profiled_steps: int = 0,
-             window_ends: dict[str, list[int]] | None = None) -> list[Diagnostic]:
+def findings(
+    series: dict[str, dict[str, Series]],
+    snapshots: list[Path],
+    matmul_flops: float = 0.0,
+    profiled_us: float = 0.0,
+    profiled_steps: int = 0,
+    window_ends: dict[str, list[int]] | None = None,
+) -> list[Diagnostic]:
     """Profiling's own cost and memory growth per worker (CUDA allocated, else the process's RSS), throughput / MFU
     from the FLOPs the program gave, and from the matrix products of the profiled steps (``matmul_flops`` in
     ``profiled_steps`` steps that took ``profiled_us``). ``window_ends``: per worker, the last step of each trace."""
@@ -53,11 +60,20 @@ def _cost_finding(tags: dict[str, Series], window_ends: list[int], where: str) -
     total_us = float(own.values.sum()) * 1e3
     wall = f" ({fmt.share(total_us / (total_us + float(step.values.sum()) * 1e3))} of the wall time)" if step else ""
     ends = own.values[np.isin(own.steps, window_ends)] * 1e3
-    windows = (f"; a window cost {fmt.duration(float(np.median(ends)))} at its end (median of {ends.size}: torch "
-               "stopping its profiler, the hand-off to the trace writer)" if ends.size else "")
-    return Diagnostic("profiler_cost", "info", (
-        f"Profiling cost the training thread {fmt.duration(total_us)} over {own.steps.size} steps{where}{wall}"
-        f"{windows}. kprof/step_time_ms and every finding leave it out (kprof/profiler_ms has it per step)."))
+    windows = (
+        f"; a window cost {fmt.duration(float(np.median(ends)))} at its end (median of {ends.size}: torch "
+        "stopping its profiler, the hand-off to the trace writer)"
+        if ends.size
+        else ""
+    )
+    return Diagnostic(
+        "profiler_cost",
+        "info",
+        (
+            f"Profiling cost the training thread {fmt.duration(total_us)} over {own.steps.size} steps{where}{wall}"
+            f"{windows}. kprof/step_time_ms and every finding leave it out (kprof/profiler_ms has it per step)."
+        ),
+    )
 
 
 def _peak(series: dict[str, dict[str, Series]]) -> float | None:
@@ -66,25 +82,44 @@ def _peak(series: dict[str, dict[str, Series]]) -> float | None:
 
 
 def _matmul_finding(per_step: float, tflops: float, peak: float | None) -> Diagnostic:
-    mfu = (f", {fmt.share(tflops / peak)} of the dense peak of {peak:.1f} TFLOP/s" if peak else
-           "; pass peak_tflops= or mfu_dtype= to kprof.session for MFU where the device is not in kprof's table")
-    return Diagnostic("matmul_flops", "info", (
-        f"Matrix products: {per_step:.4g} FLOP per profiled step, {tflops:.3g} TFLOP/s{mfu} (counted from the "
-        "recorded input shapes of mm/addmm/bmm/baddbmm, as torch's with_flops counts them; attention and "
-        "convolutions are not counted)."))
+    mfu = (
+        f", {fmt.share(tflops / peak)} of the dense peak of {peak:.1f} TFLOP/s"
+        if peak
+        else "; pass peak_tflops= or mfu_dtype= to kprof.session for MFU where the device is not in kprof's table"
+    )
+    return Diagnostic(
+        "matmul_flops",
+        "info",
+        (
+            f"Matrix products: {per_step:.4g} FLOP per profiled step, {tflops:.3g} TFLOP/s{mfu} (counted from the "
+            "recorded input shapes of mm/addmm/bmm/baddbmm, as torch's with_flops counts them; attention and "
+            "convolutions are not counted)."
+        ),
+    )
 
 
 def _growth_finding(trend: Growth, what: str, snapshots: list[Path]) -> Diagnostic:
     sites = growing_sites(snapshots)
-    named = (f" Allocation sites holding memory allocated after warm-up (memory snapshot): {sites}." if sites else
-             " Profile with memory_snapshot=True to have the allocation sites named." if not snapshots else "")
+    named = (
+        f" Allocation sites holding memory allocated after warm-up (memory snapshot): {sites}."
+        if sites
+        else " Profile with memory_snapshot=True to have the allocation sites named."
+        if not snapshots
+        else ""
+    )
     if trend.mb_per_step >= 0.01:
         rate, ci = f"{trend.mb_per_step:.2f} MB", f"{trend.low:.2f}-{trend.high:.2f}"
     else:  # a slow leak over a long run: bytes, not "0.00 MB"
         rate, ci = fmt.size(trend.mb_per_step * 2**20), f"{fmt.size(trend.low * 2**20)}-{fmt.size(trend.high * 2**20)}"
-    return Diagnostic("memory_growth", "warning", (
-        f"Memory grows {rate} per step over steps {trend.first}-{trend.last} ({what}; Theil-Sen slope, 95% CI {ci}; "
-        f"{trend.total_mb:.0f} MB in all): {_LEAK_HINT}.{named}"))
+    return Diagnostic(
+        "memory_growth",
+        "warning",
+        (
+            f"Memory grows {rate} per step over steps {trend.first}-{trend.last} ({what}; Theil-Sen slope, 95% CI "
+            f"{ci}; "
+            f"{trend.total_mb:.0f} MB in all): {_LEAK_HINT}.{named}"
+        ),
+    )
 
 
 def _mfu_findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
@@ -98,27 +133,58 @@ def _mfu_findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
     peak = _peak(series)
     if not mfu or peak is None:
         if tflops > peaks.HIGHEST_TFLOPS:
-            return [_wrong_flops(f"{tflops:.3g} TFLOP/s ({span}) is more than any GPU's dense peak (kprof's table "
-                                 f"tops out at {peaks.HIGHEST_TFLOPS:g} TFLOP/s)")]
-        return [Diagnostic("mfu", "info", (
-            f"Achieved {tflops:.3g} TFLOP/s ({span}, from the FLOPs the program gave per step). No MFU: the device "
-            "is not in kprof's table of dense peaks; pass peak_tflops= (and mfu_dtype=) to kprof.session."))]
+            return [
+                _wrong_flops(
+                    f"{tflops:.3g} TFLOP/s ({span}) is more than any GPU's dense peak (kprof's table "
+                    f"tops out at {peaks.HIGHEST_TFLOPS:g} TFLOP/s)"
+                )
+            ]
+        return [
+            Diagnostic(
+                "mfu",
+                "info",
+                (
+                    f"Achieved {tflops:.3g} TFLOP/s ({span}, from the FLOPs the program gave per step). No MFU: the "
+                    "device "
+                    "is not in kprof's table of dense peaks; pass peak_tflops= (and mfu_dtype=) to kprof.session."
+                ),
+            )
+        ]
     share = float(np.median(np.concatenate(mfu)))
     if share > 1.0:
-        return [_wrong_flops(f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.3g} TFLOP/s achieved "
-                             f"against a dense peak of {peak:.1f} TFLOP/s")]
-    return [Diagnostic("mfu", "info", (
-        f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.3g} TFLOP/s achieved of a dense peak of "
-        f"{peak:.1f} TFLOP/s (from the FLOPs the program gave per step; dense, not the sparse datasheet figure)."))]
+        return [
+            _wrong_flops(
+                f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.3g} TFLOP/s achieved "
+                f"against a dense peak of {peak:.1f} TFLOP/s"
+            )
+        ]
+    return [
+        Diagnostic(
+            "mfu",
+            "info",
+            (
+                f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.3g} TFLOP/s achieved of a dense peak "
+                "of "
+                f"{peak:.1f} TFLOP/s (from the FLOPs the program gave per step; dense, not the sparse datasheet "
+                "figure)."
+            ),
+        )
+    ]
 
 
 def _wrong_flops(what: str) -> Diagnostic:
     """A rate no device reaches: the FLOPs the program gave (or the peak) are wrong, and so is every MFU figure."""
-    return Diagnostic("mfu_impossible", "warning", (
-        f"{what}: more than the hardware can do, so the FLOPs given per step are likely wrong (a count per sample "
-        "or per token multiplied once too often, forward and backward counted twice), or the peak is (peak_tflops=, "
-        "or mfu_dtype= for a dtype faster than the one MFU is measured against). kprof/tflops and kprof/mfu are "
-        "only as right as those FLOPs."))
+    return Diagnostic(
+        "mfu_impossible",
+        "warning",
+        (
+            f"{what}: more than the hardware can do, so the FLOPs given per step are likely wrong (a count per sample "
+            "or per token multiplied once too often, forward and backward counted twice), or the peak is "
+            "(peak_tflops=, "
+            "or mfu_dtype= for a dtype faster than the one MFU is measured against). kprof/tflops and kprof/mfu are "
+            "only as right as those FLOPs."
+        ),
+    )
 
 
 def growing_sites(snapshots: list[Path], warmup_share: float = 0.2) -> str:

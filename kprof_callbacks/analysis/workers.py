@@ -64,8 +64,9 @@ class Workers:
             raise ValueError(f"jobs must be >= 2 (the caller and a worker), got {jobs}")
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self._env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._threads = [threading.Thread(target=self._serve, name=f"kprof-worker-{k}", daemon=True)
-                         for k in range(jobs - 1)]
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"kprof-worker-{k}", daemon=True) for k in range(jobs - 1)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -108,8 +109,9 @@ class Workers:
         self.close()
 
     def _start(self) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                env=self._env)
+        return subprocess.Popen(
+            [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env
+        )
 
     def _serve(self) -> None:
         """One worker's feeder: hand it tasks one at a time until told to stop; replace it when it dies."""
@@ -125,8 +127,12 @@ class Workers:
                 except (OSError, EOFError) as exc:
                     proc.kill()
                     proc.wait()
-                    future.set_exception(WorkerError(f"a worker process ended (exit status {proc.returncode}) while "
-                                                     f"running {getattr(fn, '__name__', fn)}: {exc}"))
+                    future.set_exception(
+                        WorkerError(
+                            f"a worker process ended (exit status {proc.returncode}) while "
+                            f"running {getattr(fn, '__name__', fn)}: {exc}"
+                        )
+                    )
                     proc = self._start()
                     continue
                 if ok:

@@ -138,8 +138,9 @@ def _grade(result: VariantResult, ref: Observed, got: Observed, truth: Truth, to
             limit = tol if tol is not None else max(_tolerance(a.dtype), _tolerance(b.dtype))
             graded.append((label, _max_rel_err(a, b), None, limit))
     failed = [g for g in graded if g[1] > g[3]]
-    label, err, ref_err, limit = failed[0] if failed else max(
-        graded, key=lambda g: g[1] / g[3] if g[3] else 0.0, default=("", 0.0, None, 0.0))
+    label, err, ref_err, limit = (
+        failed[0] if failed else max(graded, key=lambda g: g[1] / g[3] if g[3] else 0.0, default=("", 0.0, None, 0.0))
+    )
     result.check_basis, result.check_note = basis, truth.why_not if basis == "dtype" else None
     result.check_label, result.check_max_rel_err, result.check_ref_err, result.check_tol = label, err, ref_err, limit
     result.check_worst = label if failed else None
@@ -147,8 +148,11 @@ def _grade(result: VariantResult, ref: Observed, got: Observed, truth: Truth, to
 
 def _own_error(result: VariantResult, seen: Observed, truth: Truth) -> None:
     """The reference's own largest error against float64 (0 when no float64 run was made)."""
-    errors = [(label, _max_rel_err(exact, seen[label])) for label, exact in (truth.seen or {}).items()
-              if exact is not None and seen.get(label) is not None and seen[label].shape == exact.shape]
+    errors = [
+        (label, _max_rel_err(exact, seen[label]))
+        for label, exact in (truth.seen or {}).items()
+        if exact is not None and seen.get(label) is not None and seen[label].shape == exact.shape
+    ]
     result.check_basis = "float64" if truth.seen is not None else None
     result.check_label, result.check_max_rel_err = max(errors, key=lambda e: e[1], default=("", 0.0))
 

@@ -17,8 +17,19 @@ from .run import compare
 
 
 def run_cli(
-    model: str, *, steps: int, warmup: int, device: str | None, logdir: str | None, check: str, impls: str = "",
-    width: int, depth: int, batch_size: int, markdown: bool = False, fail_if_slower: float | None = None,
+    model: str,
+    *,
+    steps: int,
+    warmup: int,
+    device: str | None,
+    logdir: str | None,
+    check: str,
+    impls: str = "",
+    width: int,
+    depth: int,
+    batch_size: int,
+    markdown: bool = False,
+    fail_if_slower: float | None = None,
 ) -> int:
     """Compare ``model`` ('builtin' or MODULE:ATTR) with its ``kprof.swap`` copies (one per impl in the comma-separated
     ``impls``, or one choosing by device) and print the table (as Markdown with ``markdown``); exit status 0, 1 when
@@ -50,12 +61,16 @@ def run_cli(
     print(result.to_markdown() if markdown else result)
     if logdir:
         print(open_hint(result.settings["logdir"]), file=sys.stderr if markdown else sys.stdout)
-        print("  the kprof tab shows this comparison, and each variant's profiled run",
-              file=sys.stderr if markdown else sys.stdout)
+        print(
+            "  the kprof tab shows this comparison, and each variant's profiled run",
+            file=sys.stderr if markdown else sys.stdout,
+        )
     slower = [] if fail_if_slower is None else result.regressed(fail_if_slower)
     if slower:
-        print(f"kprof compare: slower than {result.baseline} by more than {fail_if_slower:g}%: {', '.join(slower)}",
-              file=sys.stderr)
+        print(
+            f"kprof compare: slower than {result.baseline} by more than {fail_if_slower:g}%: {', '.join(slower)}",
+            file=sys.stderr,
+        )
         return REGRESSION
     return 0 if all(v.status == "ok" for v in result.variants.values()) else 1
 

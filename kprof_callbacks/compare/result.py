@@ -42,7 +42,9 @@ class VariantResult:
     check_against: str | None = None  # the reference variant of the numerical check
     check_basis: str | None = None  # "float64": against the reference's float64 run; "tol": tol=; "dtype": by dtype
     check_label: str | None = None  # the tensor reported: the first beyond its limit, else the closest to it
-    check_max_rel_err: float | None = None  # its error (vs float64, or vs the reference); the reference's own: vs float64
+    check_max_rel_err: float | None = (
+        None  # its error (vs float64, or vs the reference); the reference's own: vs float64
+    )
     check_ref_err: float | None = None  # the reference's own error against float64 on that tensor
     check_tol: float | None = None  # its limit
     check_worst: str | None = None  # the first tensor beyond its limit (None when all agree)
@@ -65,8 +67,10 @@ class VariantResult:
         outcome = "ok" if self.check_ok else f"FAILED (limit {self.check_tol:.1e})"
         where = f" ({self.check_label})" if self.check_label else ""
         if self.check_basis == "float64":
-            return (f"{self.check_max_rel_err:.1e} vs {self.check_against}'s own {self.check_ref_err:.1e} against "
-                    f"float64{where}: {outcome}")
+            return (
+                f"{self.check_max_rel_err:.1e} vs {self.check_against}'s own {self.check_ref_err:.1e} against "
+                f"float64{where}: {outcome}"
+            )
         against = "tol=" if self.check_basis == "tol" else f"the dtype's tolerance ({self.check_note})"
         return f"{self.check_max_rel_err:.1e} from {self.check_against} with {against}{where}: {outcome}"
 
@@ -141,17 +145,32 @@ class Comparison:
         `pct` (``stats.regressed``, the rule of ``kprof.diff(a, b).regressed``)."""
         limit = stats.regression_limit(pct)
         threshold = self.settings["noise_threshold"]
-        return [v.name for v in self.variants.values() if v.name != self.baseline and v.ci is not None
-                and stats.regressed(v.speedup, *v.ci, limit, threshold=threshold)]
+        return [
+            v.name
+            for v in self.variants.values()
+            if v.name != self.baseline
+            and v.ci is not None
+            and stats.regressed(v.speedup, *v.ci, limit, threshold=threshold)
+        ]
 
     def _heading(self) -> str:
         s = self.settings
-        return (f"kprof compare on {self.device}: {s['steps']} timed steps per variant after {s['warmup']} warm-up, "
-                f"in rounds of {s['block']} step(s) per variant, in a random order per round (seed {s['seed']})")
+        return (
+            f"kprof compare on {self.device}: {s['steps']} timed steps per variant after {s['warmup']} warm-up, "
+            f"in rounds of {s['block']} step(s) per variant, in a random order per round (seed {s['seed']})"
+        )
 
     def _table(self) -> tuple[list[str], list[list[str]]]:
-        head = ["variant", "median ms", "p10", "p90", f"timed speedup [{100 * self.settings['confidence']:g}% CI]",
-                "verdict", "peak MB", "check err (ref's own)"]
+        head = [
+            "variant",
+            "median ms",
+            "p10",
+            "p90",
+            f"timed speedup [{100 * self.settings['confidence']:g}% CI]",
+            "verdict",
+            "peak MB",
+            "check err (ref's own)",
+        ]
         return head, [_row(v) for v in self.variants.values()]
 
     def _notes(self) -> list[str]:
@@ -165,9 +184,11 @@ class Comparison:
                 f"{100 * s['noise_threshold']:g}%"
             )
         if any(v.check_basis == "float64" for v in self.variants.values()):
-            out.append("check err: max |variant - float64| / max |float64| of the worst output, loss or gradient, against "
-                       "the reference run in float64 (the reference's own error in brackets); a variant passes at "
-                       f"<= {K:g}x the reference's own error + {FLOOR_ULPS} units in the last place of its dtype")
+            out.append(
+                "check err: max |variant - float64| / max |float64| of the worst output, loss or gradient, against "
+                "the reference run in float64 (the reference's own error in brackets); a variant passes at "
+                f"<= {K:g}x the reference's own error + {FLOOR_ULPS} units in the last place of its dtype"
+            )
         if any(v.peak_mem_mb is not None for v in self.variants.values()):
             out.append("peak MB: CUDA memory allocated during the variant's steps above what was resident before")
         for v in self.variants.values():
@@ -190,8 +211,13 @@ class Comparison:
 
     def to_markdown(self) -> str:
         """The table as GitHub-flavoured Markdown (a pull-request comment), its notes as a list below it."""
-        return "\n\n".join([f"### {md_text(self._heading())}", markdown_table(*self._table()),
-                              "\n".join(f"- {md_text(n)}" for n in self._notes())])
+        return "\n\n".join(
+            [
+                f"### {md_text(self._heading())}",
+                markdown_table(*self._table()),
+                "\n".join(f"- {md_text(n)}" for n in self._notes()),
+            ]
+        )
 
     def _repr_html_(self) -> str:
         """The table as a notebook shows it (the HTML reports' style, no scripts, nothing fetched)."""
@@ -206,11 +232,13 @@ def trace_summary(v: VariantResult, d: Diff, steps: int) -> str:
     text = f"{d.a.samples} against {d.b.samples} profiled steps, with the profiler on. {d.headline()}"
     if v.verdict in (stats.NOISY, None) or t.verdict == v.verdict:
         return text
-    return (f"{text} The timed speedup ({v.speedup:.3f}x: {v.verdict}) is the one to go by: it times {steps} steps "
-            f"of each variant without the profiler, interleaved in rounds so that load and clocks hit both alike; "
-            f"the traces hold {d.b.samples} steps of each, recorded one variant after the other, with the "
-            "profiler's own per-operator cost in every step (heaviest where steps are host-bound). The trace diff is "
-            "for where the time went, not how much.")
+    return (
+        f"{text} The timed speedup ({v.speedup:.3f}x: {v.verdict}) is the one to go by: it times {steps} steps "
+        f"of each variant without the profiler, interleaved in rounds so that load and clocks hit both alike; "
+        f"the traces hold {d.b.samples} steps of each, recorded one variant after the other, with the "
+        "profiler's own per-operator cost in every step (heaviest where steps are host-bound). The trace diff is "
+        "for where the time went, not how much."
+    )
 
 
 def _row(v: VariantResult) -> list[str]:

@@ -75,8 +75,9 @@ def run_steps(run: Variant, step_fn: StepFn, batches: Iterable, **kwargs) -> Non
         run.fail(failed.__cause__)
 
 
-def timed_rounds(runs, step_fn, *, steps, warmup, block, seed, device,
-                 on_block: Callable[[int], None] = lambda steps: None) -> None:
+def timed_rounds(
+    runs, step_fn, *, steps, warmup, block, seed, device, on_block: Callable[[int], None] = lambda steps: None
+) -> None:
     """Each round, every variant runs one block of steps on its own batches; the order of variants is shuffled per
     round. ``on_block(steps)`` after each block (the progress bar)."""
     order = random.Random(seed)
@@ -157,5 +158,7 @@ def make_sessions(runs: list[Variant], logdir, profile: Mapping | None) -> tuple
     configs = [ProfileConfig.own_schedule(logdir=logdir, run=run.name, **options) if run.ok else None for run in runs]
     logdir = Path(logdir).expanduser().absolute()
     folder = layout.make_run_dir(logdir.parent, logdir.name)
-    return folder, [Session(dataclasses.replace(config, logdir=folder)) if config is not None and config.enabled
-                    else None for config in configs]
+    return folder, [
+        Session(dataclasses.replace(config, logdir=folder)) if config is not None and config.enabled else None
+        for config in configs
+    ]

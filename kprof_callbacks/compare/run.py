@@ -23,14 +23,25 @@ import torch
 from torch import nn
 
 from .. import layout, stats, torch_compat
-from ..timing import Timing
 from ..checks import check_bool
 from ..progress import Progress, ProgressArg
+from ..timing import Timing
 from .check import check_agreement, float64_copy
 from .result import BASELINE, Comparison, device_name, trace_summary, versions
-from .rounds import make_sessions, profile as profile_variant, profiled_steps, run_steps, timed_rounds
-from .variants import (OptimizerFactory, StepFn, Variant, build_variants, check_options, cycle, device_of,
-                       load_same_weights, make_optimizer, take_batches)
+from .rounds import make_sessions, profiled_steps, run_steps, timed_rounds
+from .rounds import profile as profile_variant
+from .variants import (
+    OptimizerFactory,
+    StepFn,
+    Variant,
+    build_variants,
+    check_options,
+    cycle,
+    device_of,
+    load_same_weights,
+    make_optimizer,
+    take_batches,
+)
 
 
 def compare(
@@ -105,23 +116,33 @@ def compare(
     logdir, sessions = make_sessions(runs, logdir, profile)
 
     total = sum(warmup + steps + profiled_steps(sess) for run, sess in zip(runs, sessions) if run.ok)
-    with (torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext(),
-          Progress(progress, total, "kprof compare", unit="step") as meter):
+    with (
+        torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext(),
+        Progress(progress, total, "kprof compare", unit="step") as meter,
+    ):
         if check:
             check_agreement(runs, step_fn, seed, tol, check, truth_model)
             del truth_model
         for run in runs:
             run_steps(run, step_fn, cycle(run.data, 0, warmup))
             meter.add(warmup)
-        timed_rounds(runs, step_fn, steps=steps, warmup=warmup, block=block, seed=seed, device=device,
-                     on_block=meter.add)
+        timed_rounds(
+            runs, step_fn, steps=steps, warmup=warmup, block=block, seed=seed, device=device, on_block=meter.add
+        )
         for run, sess in zip(runs, sessions):
             profile_variant(run, sess, step_fn)
             meter.add(profiled_steps(sess))
 
     settings = dict(
-        steps=steps, warmup=warmup, block=block, seed=seed, confidence=confidence, noise_threshold=noise_threshold,
-        check=check, optimizer=optimizer is not None, logdir=None if logdir is None else str(logdir),
+        steps=steps,
+        warmup=warmup,
+        block=block,
+        seed=seed,
+        confidence=confidence,
+        noise_threshold=noise_threshold,
+        check=check,
+        optimizer=optimizer is not None,
+        logdir=None if logdir is None else str(logdir),
         compile=compile,
     )
     result = _results(runs, settings, device)

@@ -70,9 +70,11 @@ def open_hint(logdir: str | os.PathLike, port: int = DEFAULT_PORT) -> str:
     from ..cli import typed_command
 
     url = f"http://{HOST}:{port}/"
-    return (f"open the traces:  {typed_command()} tensorboard {shlex.quote(str(logdir))}\n"
-            f"  kprof tab:             {url}{KPROF_TAB}   ({OFFLINE})\n"
-            f"  PyTorch Profiler tab:  {url}{PROFILER_TAB}   ({ONLINE})")
+    return (
+        f"open the traces:  {typed_command()} tensorboard {shlex.quote(str(logdir))}\n"
+        f"  kprof tab:             {url}{KPROF_TAB}   ({OFFLINE})\n"
+        f"  PyTorch Profiler tab:  {url}{PROFILER_TAB}   ({ONLINE})"
+    )
 
 
 class TensorBoardServer:
@@ -277,8 +279,11 @@ def serve(logdir: str | Path, port: int = DEFAULT_PORT) -> int:
             return server.wait()
     except TensorBoardError as exc:
         if _BIND_ERROR in str(exc):
-            print(f"kprof tensorboard: port {server.port} on {HOST} is in use (another TensorBoard?): "
-                  "stop that server, or pick another port (--port 0 picks a free one)", file=sys.stderr)
+            print(
+                f"kprof tensorboard: port {server.port} on {HOST} is in use (another TensorBoard?): "
+                "stop that server, or pick another port (--port 0 picks a free one)",
+                file=sys.stderr,
+            )
         else:
             print(f"kprof tensorboard: {exc}", file=sys.stderr)
         return 1

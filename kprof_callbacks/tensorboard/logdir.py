@@ -42,9 +42,12 @@ class RunFiles:
 
     def contents(self) -> layout.RunContents:
         """The files a summary of this run reads (links out of the logdir left out)."""
-        return layout.RunContents(traces=[self.folder / f.name for f in self.traces],
-                                  partial=[self.folder / name for name in self.partial],
-                                  snapshots=[self.folder / f.name for f in self.snapshots], comparison=None)
+        return layout.RunContents(
+            traces=[self.folder / f.name for f in self.traces],
+            partial=[self.folder / name for name in self.partial],
+            snapshots=[self.folder / f.name for f in self.snapshots],
+            comparison=None,
+        )
 
     def to_dict(self) -> dict:
         return {
@@ -69,8 +72,10 @@ def check_name(name: str, what: str) -> None:
         raise BadName(f"{what} {name[:80]!r} contains a NUL byte")
     encoded = name.encode(errors="surrogateescape")
     if len(encoded) > _MAX_PATH or any(len(part) > _MAX_COMPONENT for part in encoded.split(b"/")):
-        raise BadName(f"{what} is too long ({len(encoded)} bytes; at most {_MAX_PATH} in all and {_MAX_COMPONENT} "
-                      "per folder or file name)")
+        raise BadName(
+            f"{what} is too long ({len(encoded)} bytes; at most {_MAX_PATH} in all and {_MAX_COMPONENT} "
+            "per folder or file name)"
+        )
 
 
 def is_below(logdir: Path, path: Path) -> bool:

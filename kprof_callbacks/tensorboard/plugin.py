@@ -47,8 +47,10 @@ log = logging.getLogger(__name__)
 
 PLUGIN_NAME = "kprof"
 STATIC = Path(__file__).parent / "static"
-_STATIC_TYPES = {**{f"{name}.js": "text/javascript" for name in ("index", "dom", "charts", "timeline", "diff")},
-                 "style.css": "text/css"}
+_STATIC_TYPES = {
+    **{f"{name}.js": "text/javascript" for name in ("index", "dom", "charts", "timeline", "diff")},
+    "style.css": "text/css",
+}
 _MAX_POINTS = 10_000  # step-time points per run: TensorBoard keeps fewer by default, so this means "all it has"
 _JSON = "application/json"
 _OUTSIDE = "a link to a file outside the logdir: not read"
@@ -73,8 +75,7 @@ def summarize_run(run: logdir.RunFiles, progress: Callable[[int, int], None] | N
     start = time.perf_counter()
     outside = [{"file": name, "problem": _OUTSIDE} for name in run.outside]
     try:
-        summary = summarize_contents(run.folder.name, run.contents(), progress=progress or False,
-                                     jobs=default_jobs())
+        summary = summarize_contents(run.folder.name, run.contents(), progress=progress or False, jobs=default_jobs())
     except ValueError as exc:  # not one readable trace file: the message names each file and why
         summary, result = None, {"summary": None, "error": str(exc), "problems": outside}
     else:
@@ -98,8 +99,9 @@ def read_comparison(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path.name} is not readable JSON: {exc}") from exc
     variants = data.get("variants") if isinstance(data, dict) else None
-    if not isinstance(variants, list) or not all(isinstance(v, dict) and isinstance(v.get("name"), str)
-                                                 for v in variants):
+    if not isinstance(variants, list) or not all(
+        isinstance(v, dict) and isinstance(v.get("name"), str) for v in variants
+    ):
         raise ValueError(f"{path.name} is not a kprof.compare result: it needs a list of variants, each with a name")
     for v in variants:
         trace_dir = v.get("trace_dir")
@@ -134,15 +136,17 @@ class KprofPlugin(base_plugin.TBPlugin):
 
     def get_plugin_apps(self) -> dict[str, Any]:
         apps = {f"/{name}": self._static for name in _STATIC_TYPES}
-        apps.update({
-            "/runs": self._runs_route,
-            "/summary": self._summary_route,
-            "/steptime": self._steptime_route,
-            "/compare": self._compare_route,
-            "/trace": self._trace_route,
-            "/timeline": self._timeline_route,
-            "/diff": self._diff_route,
-        })
+        apps.update(
+            {
+                "/runs": self._runs_route,
+                "/summary": self._summary_route,
+                "/steptime": self._steptime_route,
+                "/compare": self._compare_route,
+                "/trace": self._trace_route,
+                "/timeline": self._timeline_route,
+                "/diff": self._diff_route,
+            }
+        )
         return apps
 
     # -- routes ----------------------------------------------------------------------------------------------
@@ -161,13 +165,19 @@ class KprofPlugin(base_plugin.TBPlugin):
                 listed.append({"dir": layout.run_name(self._logdir, c.parent), "modified": c.stat().st_mtime})
         compare_dirs = {c["dir"] for c in listed}
         parent = {r.name: r.name.rpartition("/")[0] or "." for r in runs}  # a compare variant's run: in its folder
-        return http_util.Respond(request, {
-            "logdir": str(self._logdir or ""),
-            "runs": [dict(r.to_dict(), comparison=parent[r.name] if parent[r.name] in compare_dirs else None)
-                     for r in runs],
-            "comparisons": listed,
-            "legend": breakdown.legend(),
-        }, _JSON)
+        return http_util.Respond(
+            request,
+            {
+                "logdir": str(self._logdir or ""),
+                "runs": [
+                    dict(r.to_dict(), comparison=parent[r.name] if parent[r.name] in compare_dirs else None)
+                    for r in runs
+                ],
+                "comparisons": listed,
+                "legend": breakdown.legend(),
+            },
+            _JSON,
+        )
 
     @wrappers.Request.application
     def _summary_route(self, request: werkzeug.Request) -> werkzeug.Response:
@@ -194,10 +204,12 @@ class KprofPlugin(base_plugin.TBPlugin):
                 downsample=_MAX_POINTS,
                 run_tag_filter=provider.RunTagFilter(runs=[name], tags=[layout.STEP_TIME_TAG, layout.PROFILER_TAG]),
             ).get(name, {})
-        step, own = ([[d.step, d.value] for d in data.get(tag, [])] for tag in (layout.STEP_TIME_TAG,
-                                                                                 layout.PROFILER_TAG))
-        return http_util.Respond(request, {"run": name, "tag": layout.STEP_TIME_TAG, "points": step, "profiler": own},
-                                 _JSON)
+        step, own = (
+            [[d.step, d.value] for d in data.get(tag, [])] for tag in (layout.STEP_TIME_TAG, layout.PROFILER_TAG)
+        )
+        return http_util.Respond(
+            request, {"run": name, "tag": layout.STEP_TIME_TAG, "points": step, "profiler": own}, _JSON
+        )
 
     @wrappers.Request.application
     def _compare_route(self, request: werkzeug.Request) -> werkzeug.Response:
@@ -225,7 +237,11 @@ class KprofPlugin(base_plugin.TBPlugin):
         """One trace file of a run, as a download (to open in ui.perfetto.dev or chrome://tracing)."""
         run, trace = self._trace_file(request)
         response = werkzeug.utils.send_file(
-            run.folder / trace.name, request.environ, as_attachment=True, download_name=trace.name, max_age=0,
+            run.folder / trace.name,
+            request.environ,
+            as_attachment=True,
+            download_name=trace.name,
+            max_age=0,
             mimetype="application/gzip" if trace.name.endswith(".gz") else _JSON,
         )
         response.headers["X-Content-Type-Options"] = "nosniff"
@@ -288,8 +304,9 @@ class KprofPlugin(base_plugin.TBPlugin):
         with self._busy_guard:
             if key not in self._busy:
                 self._busy[key] = [0, total]
-                threading.Thread(target=self._summarize_in_background, args=(run, key), daemon=True,
-                                 name=f"kprof-summary {run.name}").start()
+                threading.Thread(
+                    target=self._summarize_in_background, args=(run, key), daemon=True, name=f"kprof-summary {run.name}"
+                ).start()
             done, total = self._busy[key]
         return done, total
 

@@ -43,6 +43,7 @@ def fit(tmp_path: Path) -> Callable[..., object]:
     """``fit(callbacks, steps, at_start=None)``: a tiny Lightning fit (helpers/lightning_loop.py's model) that
     calls ``at_start()`` when training starts (to inject a fault); returns the trainer."""
     import lightning as L
+
     from lightning_loop import Regression, regression_data
 
     class AtStart(L.Callback):
@@ -55,8 +56,13 @@ def fit(tmp_path: Path) -> Callable[..., object]:
     def run(callbacks: list, steps: int, at_start: Callable[[], object] | None = None) -> L.Trainer:
         extra = [AtStart(at_start)] if at_start is not None else []
         trainer = L.Trainer(
-            max_steps=steps, callbacks=[*callbacks, *extra], logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path / "lightning",
+            max_steps=steps,
+            callbacks=[*callbacks, *extra],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path / "lightning",
         )
         trainer.fit(Regression(0.0), regression_data())
         return trainer

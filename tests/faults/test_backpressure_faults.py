@@ -21,8 +21,9 @@ def test_every_scheduled_window_of_fast_steps_is_written(tmp_path, train, check_
     assert len(check_traces(tmp_path)) == 12 == len(s.trace_files)
 
 
-def test_past_the_budget_training_waits_for_the_writer_and_says_how_long(tmp_path, train, check_traces, told,
-                                                                        monkeypatch):
+def test_past_the_budget_training_waits_for_the_writer_and_says_how_long(
+    tmp_path, train, check_traces, told, monkeypatch
+):
     """A disk that takes 0.3 s per trace and a budget of about one trace: the windows wait, none is lost."""
     export = writer._export
 
@@ -32,8 +33,9 @@ def test_past_the_budget_training_waits_for_the_writer_and_says_how_long(tmp_pat
 
     monkeypatch.setattr(writer, "_export", slow_export)  # the forked child runs the patched function too
     with told() as messages:
-        with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=1, repeat=6, scalars=False,
-                           max_pending_mb=0.001) as s:
+        with kprof.session(
+            tmp_path, run="r", wait=0, warmup=1, active=1, repeat=6, scalars=False, max_pending_mb=0.001
+        ) as s:
             train(s, 14)
     assert len(check_traces(tmp_path)) == 6 == len(s.trace_files)
     waits = [c.waited_s for c in s.captures]
@@ -54,8 +56,9 @@ def test_captures_dropped_at_exit_have_no_path_an_error_and_a_count(tmp_path, tr
     monkeypatch.setattr(writer, "_export", slow_export)
     just_finished = []
     with told() as messages:
-        with kprof.session(tmp_path, run="r", wait=0, warmup=0, active=1, repeat=20, scalars=False,
-                           write_timeout=1.0) as s:
+        with kprof.session(
+            tmp_path, run="r", wait=0, warmup=0, active=1, repeat=20, scalars=False, write_timeout=1.0
+        ) as s:
             train(s, 20, after_step=lambda s: just_finished.append(s.captures[-1].path))
     assert just_finished == [None] * 20  # a window that has just ended is not written yet
     written = [c for c in s.captures if c.path is not None]
@@ -69,7 +72,8 @@ def test_captures_dropped_at_exit_have_no_path_an_error_and_a_count(tmp_path, tr
 
 def test_lightning_fit_writes_every_cycle(fit, check_traces, tmp_path):
     """ProfilerCallback(wait=2, warmup=1, active=3, repeat=5) on a 32-batch fit: 5 traces (4 before the fix)."""
-    callback = kprof.ProfilerCallback(logdir=tmp_path / "log", run="r", wait=2, warmup=1, active=3, repeat=5,
-                                      summary=False)
+    callback = kprof.ProfilerCallback(
+        logdir=tmp_path / "log", run="r", wait=2, warmup=1, active=3, repeat=5, summary=False
+    )
     fit([callback], steps=32)
     assert len(check_traces(tmp_path / "log")) == 5

@@ -12,17 +12,24 @@ import threading
 import psutil
 import pytest
 import torch
-from faultkit import HELPERS
 
 import kprof_callbacks as kprof
 from kprof_callbacks.session import Session
+
+from faultkit import HELPERS
 
 
 def test_two_processes_given_one_run_name_write_two_runs(tmp_path, spawn, check_traces):
     """Two launches with the same logdir and run= at once: each gets its own run folder (never two "ranks" of one
     job), the second says where it went, every trace is valid."""
-    options = ["--steps", "12", "--step-sleep", "0.1", *("--option", "wait=1", "--option", "warmup=1"),
-               *("--option", "active=1", "--option", "repeat=4")]
+    options = [
+        "--steps",
+        "12",
+        "--step-sleep",
+        "0.1",
+        *("--option", "wait=1", "--option", "warmup=1"),
+        *("--option", "active=1", "--option", "repeat=4"),
+    ]
     children = [spawn(tmp_path / "log", *options) for _ in range(2)]
     assert [child.finish() for child in children] == [0, 0], [child.stderr() for child in children]
     check_traces(tmp_path / "log")
@@ -71,8 +78,14 @@ def _workers(run_dir) -> set[str]:
 
 def test_a_two_rank_launch_then_a_four_rank_launch_with_one_run_name_write_two_runs(tmp_path, check_traces):
     """Ranks 0-1 of the second launch went to <run>-2 and ranks 2-3 into the first launch's folder."""
-    loop = [sys.executable, str(HELPERS / "loop.py"), str(tmp_path / "log"), "--steps", "3",
-            *("--option", "warmup=0", "--option", "active=1", "--option", "scalars=False")]
+    loop = [
+        sys.executable,
+        str(HELPERS / "loop.py"),
+        str(tmp_path / "log"),
+        "--steps",
+        "3",
+        *("--option", "warmup=0", "--option", "active=1", "--option", "scalars=False"),
+    ]
     for world in (2, 4):
         _launch(*(["env", f"RANK={rank}", f"WORLD_SIZE={world}", *loop] for rank in range(world)))
     check_traces(tmp_path / "log")
@@ -84,11 +97,18 @@ def test_a_two_rank_launch_then_a_four_rank_launch_with_one_run_name_write_two_r
 def test_two_launches_in_fresh_pid_namespaces_with_one_host_name_write_two_runs(tmp_path, check_traces):
     """A container restarted with the same host name runs its trainer as pid 1 again: before, the second launch
     took the first one's claim for its own and the two merged."""
-    loop = [sys.executable, str(HELPERS / "loop.py"), str(tmp_path / "log"), "--steps", "3",
-            *("--option", "warmup=0", "--option", "active=1", "--option", "scalars=False")]
+    loop = [
+        sys.executable,
+        str(HELPERS / "loop.py"),
+        str(tmp_path / "log"),
+        "--steps",
+        "3",
+        *("--option", "warmup=0", "--option", "active=1", "--option", "scalars=False"),
+    ]
     for _ in range(2):
-        done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", *loop], capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", *loop], capture_output=True, text=True, timeout=120
+        )
         if done.returncode != 0 and "unshare" in done.stderr:
             pytest.skip(f"cannot make a PID namespace here (needs root): {done.stderr.strip()}")
         assert done.returncode == 0, done.stderr

@@ -36,7 +36,13 @@ def test_cuda_activity_without_cuda_falls_back_to_cpu_with_one_warning(tmp_path,
 def test_cuda_activity_through_the_lightning_callback_falls_back_with_one_warning(tmp_path, fit, told, check_traces):
     """ProfilerCallback(activities=[CUDA]) on a CPU-only machine: one warning, fit profiled on the CPU."""
     callback = kprof.ProfilerCallback(
-        logdir=tmp_path, run="r", wait=1, warmup=1, active=2, repeat=2, activities=[ProfilerActivity.CUDA],
+        logdir=tmp_path,
+        run="r",
+        wait=1,
+        warmup=1,
+        active=2,
+        repeat=2,
+        activities=[ProfilerActivity.CUDA],
         summary=False,
     )
     with told() as messages:

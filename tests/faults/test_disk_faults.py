@@ -6,9 +6,10 @@ import os
 import shutil
 
 import pytest
-from faultkit import fill_disk, leftovers
 
 import kprof_callbacks as kprof
+
+from faultkit import fill_disk, leftovers
 
 
 def _drain(s: kprof.Session) -> None:

@@ -15,11 +15,12 @@ import re
 from pathlib import Path
 
 import pytest
-from faultkit import leftovers
 from torch.autograd import profiler as autograd_profiler
 
 import kprof_callbacks as kprof
 from kprof_callbacks import writer
+
+from faultkit import leftovers
 
 STRAY_NAME = 'torch/profiler/_cupti_monitor.py(0):     """'
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -67,7 +68,9 @@ def test_unescaped_name_from_torch_is_escaped_and_the_trace_kept(
     assert STRAY_NAME in names
 
 
-def test_trace_torch_broke_beyond_repair_is_dropped_with_one_warning(tmp_path, train, told, check_traces, broken_exporter):
+def test_trace_torch_broke_beyond_repair_is_dropped_with_one_warning(
+    tmp_path, train, told, check_traces, broken_exporter
+):
     """The exporter's JSON is broken outside any name: the capture is dropped with one warning, no file left behind."""
     broken_exporter(lambda text: text.replace('"ph": "X"', '"ph" "X"', 1))
     with told() as messages:

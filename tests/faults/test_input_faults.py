@@ -258,8 +258,11 @@ def test_a_region_label_utf8_cannot_encode_fails_at_the_call_in_and_outside_wind
 @pytest.mark.parametrize(
     "steps, env, message",
     [
-        (12, {"KPROF": "0"}, "profiling is switched off (KPROF=0), and the demo shows what profiling finds: unset "
-                             "KPROF"),  # TypeError: s.run_dir was None
+        (
+            12,
+            {"KPROF": "0"},
+            "profiling is switched off (KPROF=0), and the demo shows what profiling finds: unset KPROF",
+        ),  # TypeError: s.run_dir was None
         (5, {}, "--steps must be at least 12, where the first profiling window ends (got 5)"),  # "no trace files"
         (0, {}, "--steps must be at least 12, where the first profiling window ends (got 0)"),  # IndexError
     ],

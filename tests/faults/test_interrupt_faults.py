@@ -7,12 +7,18 @@ import signal
 import time
 
 import psutil
+
 from faultkit import leftovers
 
 # A big trace (100 layers, shapes and stacks: ~0.3 s to write) and windows back to back, so a signal lands
 # while one window is recorded and the previous one is still being written.
 BUSY = [
-    "--steps", "400", "--layers", "100", "--step-sleep", "0.05",
+    "--steps",
+    "400",
+    "--layers",
+    "100",
+    "--step-sleep",
+    "0.05",
     *("--option", "wait=0", "--option", "warmup=1", "--option", "active=2", "--option", "repeat=0"),
     *("--option", "record_shapes=True", "--option", "with_stack=True", "--option", "scalars=False"),
 ]
@@ -62,9 +68,15 @@ def test_ctrl_c_while_training_waits_for_the_writer_keeps_the_finished_window(tm
     """Ctrl-C while the training thread waits for room (a slow on_trace holds the writer, a window every step and a
     budget of one capture): the window that was waiting is written, and torch's profiler stops cleanly."""
     expected = _interrupted_control(tmp_path, spawn)
-    child = spawn(tmp_path / "log", "--steps", "50", "--slow-first-trace", "4",
-                  *("--option", "wait=0", "--option", "warmup=0", "--option", "active=1", "--option", "repeat=0"),
-                  *("--option", "max_pending_mb=0.001", "--option", "scalars=False"))
+    child = spawn(
+        tmp_path / "log",
+        "--steps",
+        "50",
+        "--slow-first-trace",
+        "4",
+        *("--option", "wait=0", "--option", "warmup=0", "--option", "active=1", "--option", "repeat=0"),
+        *("--option", "max_pending_mb=0.001", "--option", "scalars=False"),
+    )
     child.wait_for(lambda line: line.startswith("on_trace"))
     time.sleep(1.0)  # the next window has ended long since: training waits for room while on_trace sleeps
     os.kill(child.pid, signal.SIGINT)

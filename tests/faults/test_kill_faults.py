@@ -10,11 +10,17 @@ import time
 
 import psutil
 import pytest
+
 from faultkit import leftovers
 
 # ~35 MB traces (100 layers, 4 recorded steps, shapes and stacks): a write takes ~1 s, long enough to land in.
 SLOW_WRITES = [
-    "--steps", "400", "--layers", "100", "--step-sleep", "0.05",
+    "--steps",
+    "400",
+    "--layers",
+    "100",
+    "--step-sleep",
+    "0.05",
     *("--option", "wait=2", "--option", "warmup=1", "--option", "active=4", "--option", "repeat=0"),
     *("--option", "record_shapes=True", "--option", "with_stack=True", "--option", "scalars=False"),
 ]

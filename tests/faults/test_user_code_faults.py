@@ -134,8 +134,11 @@ def test_a_sigusr1_handler_installed_during_an_on_demand_session_survives_it(tmp
 def test_a_profiler_that_fails_to_start_leaves_nothing_behind(tmp_path, monkeypatch, train):
     """torch's profiler raising at start: a clear error, then no stuck state (a later session and a retry work)."""
     real_enter = torch.profiler.profile.__enter__
-    before = {"sigterm": signal.getsignal(signal.SIGTERM), "sigusr1": signal.getsignal(signal.SIGUSR1),
-              "threads": {t.name for t in threading.enumerate()}}
+    before = {
+        "sigterm": signal.getsignal(signal.SIGTERM),
+        "sigusr1": signal.getsignal(signal.SIGUSR1),
+        "threads": {t.name for t in threading.enumerate()},
+    }
 
     def failing_enter(self):
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
@@ -144,8 +147,11 @@ def test_a_profiler_that_fails_to_start_leaves_nothing_behind(tmp_path, monkeypa
     with pytest.raises(RuntimeError, match="could not start.*CUPTI_ERROR_NOT_INITIALIZED"):
         with kprof.session(tmp_path, run="r", trigger="on_demand"):
             pass
-    after = {"sigterm": signal.getsignal(signal.SIGTERM), "sigusr1": signal.getsignal(signal.SIGUSR1),
-             "threads": {t.name for t in threading.enumerate()}}
+    after = {
+        "sigterm": signal.getsignal(signal.SIGTERM),
+        "sigusr1": signal.getsignal(signal.SIGUSR1),
+        "threads": {t.name for t in threading.enumerate()},
+    }
     assert after == before and Session._active is None
     monkeypatch.setattr(torch.profiler.profile, "__enter__", real_enter)
     with kprof.session(tmp_path, run="again", wait=0, warmup=1, active=1) as s:

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from loop import option_arg
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import kprof_callbacks as kprof
+
+from loop import option_arg
 
 
 class Regression(L.LightningModule):
@@ -63,8 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_kprof:
         callbacks.insert(0, kprof.ProfilerCallback(logdir=args.logdir, run="r", summary=False, **dict(args.option)))
     trainer = L.Trainer(
-        max_steps=args.steps, callbacks=callbacks, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=args.logdir,
+        max_steps=args.steps,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=args.logdir,
     )
     trainer.fit(Regression(args.step_sleep), regression_data())
     print("done", flush=True)
