@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from kprof_callbacks.analysis import breakdown, summarize
+from kprof_callbacks.analysis.events import build
 from kprof_callbacks.analysis.reader import read_trace
 from kprof_callbacks.analysis.slices import KINDS, TraceSlices, find_steps, median_step
 from kprof_callbacks.analysis.steps import windows
 from kprof_callbacks.analysis.svgtimeline import render
-from kprof_callbacks.analysis.timeline import build
 from kprof_callbacks.cli import main
 from kprof_callbacks.tensorboard.cache import FileCache
 

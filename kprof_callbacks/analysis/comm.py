@@ -21,9 +21,9 @@ import numpy as np
 
 from . import fsdp
 from . import intervals as iv
+from .events import Events
 from .steps import StepTimes, Windows, comm_events, launch_times
 from .tables import CommStats, Diagnostic, FsdpStep, StepStats
-from .timeline import Timeline
 
 KINDS = (
     "all_gather",
@@ -95,13 +95,13 @@ class FileComm:
     transfers: Transfers
 
 
-def _kinds_of(tl: Timeline, ids: np.ndarray) -> np.ndarray:
+def _kinds_of(tl: Events, ids: np.ndarray) -> np.ndarray:
     """KINDS index of each name id (evaluated once per distinct name)."""
     uniq, inverse = np.unique(ids, return_inverse=True)
     return np.array([KINDS.index(collective_kind(tl.names[k])) for k in uniq.tolist()], np.int8)[inverse].reshape(-1)
 
 
-def _issued_kinds(tl: Timeline, rows: np.ndarray, kind: np.ndarray) -> np.ndarray:
+def _issued_kinds(tl: Events, rows: np.ndarray, kind: np.ndarray) -> np.ndarray:
     """gloo runs a reduce-scatter as an all-reduce: a `gloo:all_reduce` range among host `rows` is a reduce-scatter
     when the last reduction c10d issued before it started was one."""
     host = tl.host
@@ -120,7 +120,7 @@ def _issued_kinds(tl: Timeline, rows: np.ndarray, kind: np.ndarray) -> np.ndarra
     return out
 
 
-def calls(tl: Timeline) -> Calls:
+def calls(tl: Events) -> Calls:
     """The collectives of one trace."""
     host, dev = tl.host, tl.device
     host_comm, dev_comm = comm_events(tl)
@@ -140,7 +140,7 @@ def calls(tl: Timeline) -> Calls:
 
 
 def _rows(
-    tl: Timeline, win: Windows, compute: iv.Intervals, c: Calls, owner: np.ndarray, phase: np.ndarray
+    tl: Events, win: Windows, compute: iv.Intervals, c: Calls, owner: np.ndarray, phase: np.ndarray
 ) -> list[CommStats]:
     """One row per step, collective and phase that ran."""
     rows = []
@@ -206,7 +206,7 @@ def _queued(c: Calls, owner: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(owner[gather], weights=wait, minlength=n)
 
 
-def analyze(tl: Timeline, times: StepTimes) -> FileComm:
+def analyze(tl: Events, times: StepTimes) -> FileComm:
     """Communication of one trace, by step, collective and FSDP phase."""
     c = calls(tl)
     win = times.windows

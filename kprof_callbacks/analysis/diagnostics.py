@@ -16,10 +16,10 @@ from statistics import median
 import numpy as np
 
 from . import flops, fmt
+from .events import ANNOTATION, KERNEL, MEMCPY, OP, RUNTIME, Events
 from .perstep import PerStep
 from .steps import WHOLE_TRACE, Windows
 from .tables import Diagnostic, RankStats, StepSkew, StepStats
-from .timeline import ANNOTATION, KERNEL, MEMCPY, OP, RUNTIME, Timeline
 
 IDLE_SHARE = 0.30
 SMALL_KERNEL_US = 10.0
@@ -73,7 +73,7 @@ class Evidence:
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-def gather(tl: Timeline, win: Windows) -> Evidence:
+def gather(tl: Events, win: Windows) -> Evidence:
     """Evidence from one trace's events that fall inside its steps."""
     host, dev = tl.host, tl.device
     names = tl.names

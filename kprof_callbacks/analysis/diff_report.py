@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 from .. import stats
 from . import fmt
 from .breakdown import CHANGE_COLORS
+from .events import DEVICE_KINDS
 from .fmt import clip
 from .html import page, table
 from .report import NAME_WIDTH, Table, markdown_table, md_text, text_table
-from .timeline import DEVICE_KINDS
 
 if TYPE_CHECKING:
     from .tracediff import Change, Diff, Side

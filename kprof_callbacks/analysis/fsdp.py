@@ -21,9 +21,9 @@ import numpy as np
 
 from . import fmt
 from . import intervals as iv
+from .events import ANNOTATION, Events
 from .steps import Windows, memory_rows
 from .tables import Diagnostic, FsdpStep, StepStats
-from .timeline import ANNOTATION, Timeline
 
 if TYPE_CHECKING:
     from .comm import CollectiveTotals
@@ -64,13 +64,13 @@ class Phases:
         return np.where(fwd, 1, np.where(bwd, 2, 0)).astype(np.int8)
 
 
-def _labels(tl: Timeline, prefixes: tuple[str, ...]) -> np.ndarray:
+def _labels(tl: Events, prefixes: tuple[str, ...]) -> np.ndarray:
     """Host ranges (record_function labels) whose names start with one of `prefixes`."""
     named = np.array([n.startswith(prefixes) for n in tl.names], bool)
     return np.flatnonzero(named[tl.host.name] & (tl.host.kind == ANNOTATION))
 
 
-def _extent(tl: Timeline, win: Windows, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _extent(tl: Events, win: Windows, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per step window: from the first start to the last end of the host events `rows` that start in it."""
     lo, hi = np.full(win.lo.size, _NEVER), np.full(win.lo.size, _ALWAYS)
     start, end = tl.host.start[rows], tl.host.end[rows]
@@ -81,7 +81,7 @@ def _extent(tl: Timeline, win: Windows, rows: np.ndarray) -> tuple[np.ndarray, n
     return lo, hi
 
 
-def phases(tl: Timeline, win: Windows) -> Phases:
+def phases(tl: Events, win: Windows) -> Phases:
     """FSDP's forward and backward in each step (none where the trace has no FSDP labels)."""
     fwd_lo, fwd_hi = _extent(tl, win, _labels(tl, _FORWARD))
     bwd_lo, bwd_hi = _extent(tl, win, _labels(tl, _BACKWARD))
@@ -100,7 +100,7 @@ class _Unsharded:
     peak: np.ndarray
 
 
-def _unsharded(tl: Timeline, win: Windows) -> _Unsharded:
+def _unsharded(tl: Events, win: Windows) -> _Unsharded:
     n = win.lo.size
     out = _Unsharded(*(np.zeros(n, np.int64) for _ in range(6)))
     copy_out = _labels(tl, (_COPY_OUT,))
@@ -139,7 +139,7 @@ def _unsharded(tl: Timeline, win: Windows) -> _Unsharded:
 
 
 def step_stats(
-    tl: Timeline,
+    tl: Events,
     win: Windows,
     compute: iv.Intervals,
     gather: iv.Intervals,

@@ -13,18 +13,18 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .tables import KernelStats, LabelStats, OpStats
-from .timeline import (
+from .events import (
     ANNOTATION,
     CPU_MEMORY,
     CUDA_MEMORY,
     DEVICE_KINDS,
     OP,
     RUNTIME,
-    Timeline,
+    Events,
     is_collective_name,
     match,
 )
+from .tables import KernelStats, LabelStats, OpStats
 from .tree import Tree
 
 Totals = dict[tuple[str, ...], np.ndarray]
@@ -45,14 +45,14 @@ class HostCosts:
     self_cuda_memory: np.ndarray
 
 
-def launcher_of_device_events(tl: Timeline) -> np.ndarray:
+def launcher_of_device_events(tl: Events) -> np.ndarray:
     """For each device event, the index of the host op or label that launched it (-1 if unknown)."""
     host = tl.host
     owners = np.flatnonzero((host.ext >= 0) & ((host.kind == OP) | (host.kind == ANNOTATION)))
     return match(owners, host.ext, tl.device.ext)
 
 
-def _memory_inside(tl: Timeline, devices: tuple[int, ...]) -> np.ndarray:
+def _memory_inside(tl: Events, devices: tuple[int, ...]) -> np.ndarray:
     """Per host event: bytes allocated minus freed on `devices` during the event (any thread, as torch)."""
     mem = tl.memory
     pick = np.isin(mem.device, devices)
@@ -66,7 +66,7 @@ def _memory_inside(tl: Timeline, devices: tuple[int, ...]) -> np.ndarray:
     return (running[hi] - running[lo]).astype(np.float64)
 
 
-def host_costs(tl: Timeline, tree: Tree) -> HostCosts:
+def host_costs(tl: Events, tree: Tree) -> HostCosts:
     """Per-event totals and self values for the whole host tree of one trace."""
     host, dev = tl.host, tl.device
     cpu = (host.end - host.start) / 1000.0
@@ -94,13 +94,13 @@ def _group(keys: np.ndarray, columns: list[np.ndarray]) -> tuple[np.ndarray, np.
     return uniq, sums
 
 
-def op_events(tl: Timeline, tree: Tree) -> np.ndarray:
+def op_events(tl: Events, tree: Tree) -> np.ndarray:
     """Indices of the host events the operator table counts: kept aten ops and runtime calls."""
     host = tl.host
     return np.flatnonzero(tree.keep & ((host.kind == OP) | (host.kind == RUNTIME)))
 
 
-def label_events(tl: Timeline, tree: Tree) -> np.ndarray:
+def label_events(tl: Events, tree: Tree) -> np.ndarray:
     """Indices of the record_function labels (not ProfilerStep#N, not c10d's own collective ranges)."""
     host, names = tl.host, tl.names
     labels = np.flatnonzero(tree.keep & (host.kind == ANNOTATION))
@@ -110,7 +110,7 @@ def label_events(tl: Timeline, tree: Tree) -> np.ndarray:
     return labels[is_label[host.name[labels]]]
 
 
-def op_totals(tl: Timeline, tree: Tree, costs: HostCosts, *, by_shape: bool) -> Totals:
+def op_totals(tl: Events, tree: Tree, costs: HostCosts, *, by_shape: bool) -> Totals:
     """Operators (aten ops and runtime calls) per name, or per (name, input shapes)."""
     host = tl.host
     rows = op_events(tl, tree)
@@ -126,7 +126,7 @@ def op_totals(tl: Timeline, tree: Tree, costs: HostCosts, *, by_shape: bool) -> 
     }
 
 
-def label_totals(tl: Timeline, tree: Tree, costs: HostCosts) -> Totals:
+def label_totals(tl: Events, tree: Tree, costs: HostCosts) -> Totals:
     """record_function labels per name (see label_events)."""
     labels = label_events(tl, tree)
     if labels.size == 0:
@@ -135,7 +135,7 @@ def label_totals(tl: Timeline, tree: Tree, costs: HostCosts) -> Totals:
     return {(tl.names[k],): s for k, s in zip(uniq.tolist(), sums)}
 
 
-def label_nesting(tl: Timeline, tree: Tree) -> set[tuple[str, str]]:
+def label_nesting(tl: Events, tree: Tree) -> set[tuple[str, str]]:
     """(outer, inner) label names where an `inner` label ran inside an `outer` one (its nearest enclosing label).
 
     Under Lightning, torch's `Optimizer.step#...` label holds the closure's forward and backward: a table that
@@ -158,7 +158,7 @@ def label_nesting(tl: Timeline, tree: Tree) -> set[tuple[str, str]]:
     return {(tl.names[a], tl.names[b]) for a, b in pairs.tolist() if a != b}
 
 
-def kernel_totals(tl: Timeline) -> Totals:
+def kernel_totals(tl: Events) -> Totals:
     """GPU activities per (name, kind): count, total and longest duration."""
     dev = tl.device
     if dev.name.size == 0:

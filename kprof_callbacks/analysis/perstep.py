@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from .events import DEVICE_KINDS, Events
 from .ops import HostCosts, label_events, op_events
 from .steps import StepTimes, Windows, launch_times
 from .tables import StepStats
-from .timeline import DEVICE_KINDS, Timeline
 from .tree import Tree
 
 ROW_KINDS = ("op", "label", *DEVICE_KINDS)
@@ -82,14 +82,14 @@ def _by_step(code: np.ndarray, step: np.ndarray, values: np.ndarray, n_steps: in
     return uniq, time, calls
 
 
-def _host_windows(tl: Timeline, times: StepTimes) -> Windows:
+def _host_windows(tl: Events, times: StepTimes) -> Windows:
     """The steps' host ranges, in the order of `times.rows` (the whole trace when it has no steps)."""
     if tl.steps.shape[0] == 0:
         return times.windows
     return Windows(tl.steps[:, 0], tl.steps[:, 1], tl.steps[:, 2])
 
 
-def from_timeline(tl: Timeline, tree: Tree, costs: HostCosts, times: StepTimes) -> PerStep:
+def from_timeline(tl: Events, tree: Tree, costs: HostCosts, times: StepTimes) -> PerStep:
     """The per-step table of one trace file; its columns are `times.rows`."""
     host, dev = tl.host, tl.device
     win = _host_windows(tl, times)

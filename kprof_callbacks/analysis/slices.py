@@ -18,8 +18,8 @@ import numpy as np
 
 from ..layout import worker_of
 from . import steps
+from .events import RUNTIME, build, is_step_name, match
 from .reader import TraceFile, read_trace
-from .timeline import RUNTIME, build, is_step_name, match
 from .tree import nest
 
 KINDS = ("operator", "label", "python", "runtime", "step", "kernel", "memcpy", "memset", "communication")

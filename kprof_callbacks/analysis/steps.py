@@ -14,8 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import intervals as iv
-from .tables import StepStats
-from .timeline import (
+from .events import (
     ANNOTATION,
     COMM,
     CPU_MEMORY,
@@ -25,10 +24,11 @@ from .timeline import (
     MEMSET,
     OP,
     RUNTIME,
-    Timeline,
+    Events,
     is_collective_name,
     match,
 )
+from .tables import StepStats
 from .tree import Tree
 
 WHOLE_TRACE = -1
@@ -70,7 +70,7 @@ class StepTimes:
     compute: iv.Intervals = dataclasses.field(repr=False, default=iv.EMPTY)  # when anything computed, all steps
 
 
-def launch_times(tl: Timeline) -> np.ndarray:
+def launch_times(tl: Events) -> np.ndarray:
     """When the host launched each device event (its runtime call's start; else its own start)."""
     host, dev = tl.host, tl.device
     runtime = match(np.flatnonzero((host.kind == RUNTIME) & (host.corr >= 0)), host.corr, dev.corr)
@@ -79,7 +79,7 @@ def launch_times(tl: Timeline) -> np.ndarray:
     return launch
 
 
-def windows(tl: Timeline) -> Windows:
+def windows(tl: Events) -> Windows:
     """The step windows of one trace."""
     host, dev = tl.host, tl.device
     if tl.steps.shape[0] == 0:
@@ -97,7 +97,7 @@ def windows(tl: Timeline) -> Windows:
     return Windows(number, lo, hi)
 
 
-def _named(tl: Timeline, predicate: Callable[[str], bool]) -> np.ndarray:
+def _named(tl: Events, predicate: Callable[[str], bool]) -> np.ndarray:
     """Per host event: whether its name satisfies `predicate` (evaluated once per distinct name)."""
     return np.array([predicate(n) for n in tl.names], bool)[tl.host.name]
 
@@ -106,7 +106,7 @@ def _spans(start: np.ndarray, end: np.ndarray, pick: np.ndarray) -> iv.Intervals
     return iv.union(start[pick], end[pick])
 
 
-def comm_events(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
+def comm_events(tl: Events) -> tuple[np.ndarray, np.ndarray]:
     """Which host and which device events are communication. With GPU activity: NCCL kernels, and gloo's host
     ranges (c10d's host ops only bracket launches); without: every collective host range (c10d ops, gloo ranges)."""
     collective = _named(tl, is_collective_name)
@@ -114,7 +114,7 @@ def comm_events(tl: Timeline) -> tuple[np.ndarray, np.ndarray]:
     return host, tl.device.kind == COMM
 
 
-def _host_work(tl: Timeline) -> np.ndarray:
+def _host_work(tl: Events) -> np.ndarray:
     """Per host event: whether it is host-side work (an operator or runtime call, collectives excepted)."""
     return ((tl.host.kind == OP) | (tl.host.kind == RUNTIME)) & ~_named(tl, is_collective_name)
 
@@ -139,7 +139,7 @@ def _self_spans(tree: Tree, start: np.ndarray, end: np.ndarray, pick: np.ndarray
     )
 
 
-def step_times(tl: Timeline, rank: int | None, tree: Tree) -> StepTimes:
+def step_times(tl: Events, rank: int | None, tree: Tree) -> StepTimes:
     """Breakdown of every step of one trace (`tree`: its host call tree)."""
     host, dev = tl.host, tl.device
     win = windows(tl)
@@ -182,13 +182,13 @@ def step_times(tl: Timeline, rank: int | None, tree: Tree) -> StepTimes:
     return StepTimes(win, rows, inside(compute), columns["comm_us"], inside(iv.intersect(compute, comm)), compute)
 
 
-def memory_rows(tl: Timeline) -> np.ndarray:
+def memory_rows(tl: Events) -> np.ndarray:
     """The memory records the peaks are read from: CUDA memory when recorded, else host memory."""
     cuda = np.isin(tl.memory.device, CUDA_MEMORY)
     return cuda if cuda.any() else np.isin(tl.memory.device, CPU_MEMORY)
 
 
-def _peak_memory(tl: Timeline, win: Windows) -> np.ndarray:
+def _peak_memory(tl: Events, win: Windows) -> np.ndarray:
     """Highest total allocation per step (of `memory_rows`)."""
     mem = tl.memory
     pick = memory_rows(tl)

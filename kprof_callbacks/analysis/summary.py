@@ -21,6 +21,7 @@ import numpy as np
 from .. import layout
 from ..progress import Progress, ProgressArg
 from . import comm, diagnostics, html, ops, perstep, ranks, reader, report, saved, stacks, steps, trends
+from .events import PYTHON, build
 from .reader import TraceError, TraceFile
 from .series import Series, read_series
 from .tables import (
@@ -36,7 +37,6 @@ from .tables import (
     StepSkew,
     StepStats,
 )
-from .timeline import PYTHON, build
 from .tree import nest
 from .workers import WorkerError, Workers
 

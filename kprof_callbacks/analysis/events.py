@@ -93,14 +93,14 @@ def _dense(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class Host:
     """Host (CPU thread) complete events, one row per event."""
 
-    name: np.ndarray  # int32 ids into Timeline.names
+    name: np.ndarray  # int32 ids into Events.names
     kind: np.ndarray  # int8: OP, ANNOTATION, PYTHON, RUNTIME
     thread: np.ndarray  # int32 id of (pid, tid)
     start: np.ndarray  # int64 ns
     end: np.ndarray
     ext: np.ndarray  # int64 external id (links kernels to the op that launched them), -1 if none
     corr: np.ndarray  # int64 correlation id of runtime calls, -1 if none
-    shape: np.ndarray  # int32 ids into Timeline.shapes, -1 if not recorded
+    shape: np.ndarray  # int32 ids into Events.shapes, -1 if not recorded
 
 
 @dataclasses.dataclass
@@ -115,7 +115,7 @@ class Device:
     ext: np.ndarray
     corr: np.ndarray
     nbytes: np.ndarray  # copy/set size, 0 if unknown
-    collective: np.ndarray  # int32 id into Timeline.names of the c10d collective an NCCL kernel runs, -1 if not said
+    collective: np.ndarray  # int32 id into Events.names of the c10d collective an NCCL kernel runs, -1 if not said
 
 
 @dataclasses.dataclass
@@ -130,7 +130,7 @@ class Memory:
 
 
 @dataclasses.dataclass
-class Timeline:
+class Events:
     """Everything the analysis needs from one trace file."""
 
     source: TraceFile
@@ -166,7 +166,7 @@ def _shapes(dims: np.ndarray, table: list[bytes]) -> tuple[np.ndarray, list[str]
     return shape, [table[k].decode() for k in ids.tolist()]
 
 
-def build(trace: TraceFile) -> Timeline:
+def build(trace: TraceFile) -> Events:
     """Sort a trace's events into host, device and memory columns, and its steps."""
     c = trace.columns
     code = _codes(c)
@@ -221,7 +221,7 @@ def build(trace: TraceFile) -> Timeline:
         axis=1,
     ).reshape(-1, 3)
     steps = steps[np.argsort(steps[:, 1], kind="stable")]
-    return Timeline(
+    return Events(
         trace,
         c.names,
         shape_table,
