@@ -540,8 +540,9 @@ def test_compare_ab_tests_each_impl_on_one_model(capsys: pytest.CaptureFixture) 
     rows = [line.split()[0] for line in out.splitlines() if line.startswith(("torch ", "kprof.swap"))]
     variants = [name for name in rows if not name.endswith(":")]  # not the notes below the table
     assert variants == ["torch", f"kprof.swap-{native}", "kprof.swap-triton", "kprof.swap-torch"]
-    with pytest.raises(SystemExit, match="--impls: impl must be None or one of"):
+    with pytest.raises(SystemExit) as bad:
         main(["compare", "--device", DEVICE, "--impls", "triton,fast"])
+    assert bad.value.code == 2 and "--impls: impl must be None or one of" in capsys.readouterr().err
 
 
 NO_INTERPRETER = """
