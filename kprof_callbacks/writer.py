@@ -218,16 +218,13 @@ class TraceWriter:
         self._warned: set[str] = set()
         self._exports: set[int] = set()  # pids of export processes running now
         self._abandoned = False
-        self._queued: list[Capture] = []  # captures handed to the writer thread and not yet done with (under _room)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._room = threading.Condition()  # guards the three below
-        self._held = 0  # captures held in memory, waiting to be written
+        self._room = threading.Condition()  # guards the five below
+        self._queued: list[Capture] = []  # captures held in memory, handed to the writer thread and not yet done with
         self._held_bytes = 0  # their estimated size
         self._largest = 0  # the largest capture written so far (bytes of JSON): the estimate of the next one
         self._stuck = False  # no room came within room_timeout, and no capture has been written since
-        self._submitted = 0  # captures handed to the writer thread
-        self._done = 0  # of those, captures written or dropped
-        self._forking = 0  # 1 while the capture being written has forked its export process
+        self._forking = False  # the capture being written has forked its export process
         self._thread = threading.Thread(target=self._loop, name="kprof-trace-writer", daemon=True)
         self._thread.start()
 
@@ -276,14 +273,12 @@ class TraceWriter:
         if not (self.fork and hasattr(os, "fork")):
             return
         with self._room:
-            if self._held <= 1:
-                self._room.wait_for(
-                    lambda: self._done + self._forking >= self._submitted or not self._thread.is_alive(), timeout
-                )
+            if len(self._queued) <= 1:
+                self._room.wait_for(lambda: not self._queued or self._forking or not self._thread.is_alive(), timeout)
 
     def _forked(self) -> None:
         with self._room:
-            self._forking = 1
+            self._forking = True
             self._room.notify_all()
 
     def _wait_for_room(self, estimate: int) -> float | None:
@@ -292,7 +287,7 @@ class TraceWriter:
         start = time.perf_counter()
         waited = False
         with self._room:
-            while self._held and self._held_bytes + estimate > self.max_pending_bytes and self._thread.is_alive():
+            while self._queued and self._held_bytes + estimate > self.max_pending_bytes and self._thread.is_alive():
                 left = start + self.room_timeout - time.perf_counter()
                 if self._stuck or left <= 0:
                     self._stuck = True
@@ -305,21 +300,17 @@ class TraceWriter:
         """Hold the capture of ``job`` against the budget and hand it to the writer thread (only the training thread
         adds, so the room found by ``_wait_for_room`` is still there)."""
         with self._room:
-            self._held += 1
             self._held_bytes += job[2]
             self._queued.append(job[1])
-            self._submitted += 1
         self._jobs.put(job)
 
     def _release(self, capture: Capture, estimate: int, written: int) -> None:
         with self._room:
             self._queued.remove(capture)
-            self._held -= 1
             self._held_bytes -= estimate
             self._largest = max(self._largest, written)
             self._stuck = False
-            self._done += 1
-            self._forking = 0
+            self._forking = False
             self._room.notify_all()
 
     def submit_call(self, fn: Callable[[], None]) -> None:
