@@ -72,20 +72,19 @@ def _launch(*commands: list[str]) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def _short_loop(logdir) -> list[str]:
+    """The command of a 3-step loop under a one-step window, with run name "r" (the helper's default)."""
+    options = ("--option", "warmup=0", "--option", "active=1", "--option", "scalars=False")
+    return [sys.executable, str(HELPERS / "loop.py"), str(logdir), "--steps", "3", *options]
+
+
 def _workers(run_dir) -> set[str]:
     return {p.name.split(".")[0] for p in run_dir.glob("*.pt.trace.json")}
 
 
 def test_a_two_rank_launch_then_a_four_rank_launch_with_one_run_name_write_two_runs(tmp_path, check_traces):
     """Ranks 0-1 of the second launch went to <run>-2 and ranks 2-3 into the first launch's folder."""
-    loop = [
-        sys.executable,
-        str(HELPERS / "loop.py"),
-        str(tmp_path / "log"),
-        "--steps",
-        "3",
-        *("--option", "warmup=0", "--option", "active=1", "--option", "scalars=False"),
-    ]
+    loop = _short_loop(tmp_path / "log")
     for world in (2, 4):
         _launch(*(["env", f"RANK={rank}", f"WORLD_SIZE={world}", *loop] for rank in range(world)))
     check_traces(tmp_path / "log")
@@ -97,14 +96,7 @@ def test_a_two_rank_launch_then_a_four_rank_launch_with_one_run_name_write_two_r
 def test_two_launches_in_fresh_pid_namespaces_with_one_host_name_write_two_runs(tmp_path, check_traces):
     """A container restarted with the same host name runs its trainer as pid 1 again: before, the second launch
     took the first one's claim for its own and the two merged."""
-    loop = [
-        sys.executable,
-        str(HELPERS / "loop.py"),
-        str(tmp_path / "log"),
-        "--steps",
-        "3",
-        *("--option", "warmup=0", "--option", "active=1", "--option", "scalars=False"),
-    ]
+    loop = _short_loop(tmp_path / "log")
     for _ in range(2):
         done = subprocess.run(
             ["unshare", "--pid", "--fork", "--mount-proc", *loop], capture_output=True, text=True, timeout=120
