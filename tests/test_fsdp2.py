@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import kprof_callbacks as kprof
+from kprof_callbacks.analysis import fsdp
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +107,14 @@ def test_unsharded_memory_at_the_peak(runs):
 def test_findings_fire_on_the_bad_configurations(runs):
     kinds = {name: {d.kind for d in s.diagnostics} for name, (s, _) in runs.items()}
     assert "fsdp_unsharded_memory" not in kinds["good"]
-    assert {"fsdp_all_gather", "fsdp_reduce_scatter", "fsdp_unsharded_memory"} <= kinds["root"]
+    assert "fsdp_unsharded_memory" in kinds["root"]
+    # One group has nothing to hide its collectives behind. Whether they reach 5% of the step depends on how fast
+    # this CPU computes (2-6% on a loaded 2-core runner), so the test holds the part of each that is exposed;
+    # test_fsdp2_analysis holds the findings' thresholds.
+    for collective, phase in (("all_gather", "forward"), ("reduce_scatter", "backward")):
+        rows = [c for c in runs["root"][0].comm if (c.collective, c.phase) == (collective, phase)]
+        exposed = sum(c.exposed_us for c in rows) / sum(c.total_us for c in rows)
+        assert exposed >= 2 * fsdp.EXPOSED_PART, (collective, exposed)
     assert "fsdp_unsharded_memory" in kinds["kept"]
     assert not any("fsdp_one_communicator" in k for k in kinds.values())  # gloo: no NCCL communicator
     late = next(d for d in runs["good"][0].diagnostics if d.kind == "late_rank")
