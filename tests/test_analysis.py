@@ -431,7 +431,21 @@ def test_h100_trace_matches_its_key_averages(tmp_path):
     found = {d.kind: d.message for d in s.diagnostics}
     pageable = "3 host<->device copies from pageable memory (192.0 KB, 16.4 us in 3 steps)"
     assert found["pageable_memcpy"].startswith(pageable)
-    assert found["sync"].startswith("2.0 host-GPU synchronizations per step (cudaStreamSynchronize x6; 3 tensor reads")
+    assert found["sync"].startswith("2.0 host-GPU synchronizations per step (cudaStreamSynchronize x6; 3 in reads")
+
+
+def test_only_reads_that_call_a_sync_count_as_reads_of_gpu_tensors(tmp_path):
+    """The H100 trace with 100 reads of CPU tensors (no runtime call under them) added to each step: still the three
+    loss.item() calls that waited for the GPU."""
+    doc = json.loads(gzip.decompress((FIXTURES / "gpu_mlp_h100.pt.trace.json.gz").read_bytes()))
+    events = doc["traceEvents"]
+    op = next(e for e in events if e.get("cat") == "cpu_op" and e["name"] == "aten::_local_scalar_dense")
+    for step in [e for e in events if e.get("name", "").startswith("ProfilerStep#")]:
+        events += [dict(op, ts=step["ts"] + 1 + 0.01 * i, dur=0.005) for i in range(100)]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "w.pt.trace.json").write_text(json.dumps(doc))
+    found = {d.kind: d.message for d in summarize(tmp_path / "run").diagnostics}
+    assert "(cudaStreamSynchronize x6; 3 in reads of GPU tensors" in found["sync"]
 
 
 def _torch_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> list[int]:

@@ -75,6 +75,15 @@ def test_a_sync_in_one_step_is_not_a_finding_and_one_in_every_step_is():
     assert "by step 0: 1, 1: 1, 2: 2, 3: 1, 4: 1, 5: 1)" in message
 
 
+def test_reads_of_cpu_tensors_in_every_step_are_not_syncs():
+    """AdamW reads its CPU step counts with .item() twice per parameter each step; they wait for no GPU."""
+    steps = [dataclasses.replace(s, gpu_busy_us=s.wall_us, cpu_only_us=0.0) for s in _steps([20.0] * 6, [0.0] * 6)]
+    calls = np.full((1, 6), 296.0)
+    per_step = PerStep(["op"], [diagnostics.SCALAR_READ], calls * 2.0, calls, steps)
+    found = diagnostics.diagnose(steps, [], [], diagnostics.Evidence(has_gpu=True), per_step)
+    assert "sync" not in {d.kind for d in found}
+
+
 def test_a_slow_step_is_judged_against_how_much_the_steps_vary():
     """1.6x the median is slow among steady steps; among steps that vary by ~20% (a shared CPU) it is ordinary,
     and 2.4x is not. The longest and shortest steps are left out of the spread."""

@@ -20,6 +20,7 @@ from .events import ANNOTATION, KERNEL, MEMCPY, OP, RUNTIME, Events
 from .perstep import PerStep
 from .steps import WHOLE_TRACE, Windows
 from .tables import Diagnostic, RankStats, StepSkew, StepStats
+from .tree import Tree
 
 IDLE_SHARE = 0.30
 SMALL_KERNEL_US = 10.0
@@ -54,7 +55,7 @@ class Evidence:
     has_gpu: bool = False
     syncs: Counter = dataclasses.field(default_factory=Counter)
     sync_us: float = 0.0
-    scalar_reads: int = 0
+    scalar_reads: int = 0  # .item()/bool()/int() that called a sync: reads of GPU tensors
     pageable_copies: int = 0
     pageable_bytes: int = 0
     pageable_us: float = 0.0
@@ -73,8 +74,8 @@ class Evidence:
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-def gather(tl: Events, win: Windows) -> Evidence:
-    """Evidence from one trace's events that fall inside its steps."""
+def gather(tl: Events, win: Windows, tree: Tree) -> Evidence:
+    """Evidence from one trace's events that fall inside its steps (`tree`: their host call tree)."""
     host, dev = tl.host, tl.device
     names = tl.names
     ev = Evidence(has_gpu=bool(dev.start.size))
@@ -85,8 +86,9 @@ def gather(tl: Events, win: Windows) -> Evidence:
     is_sync = host_in & (host.kind == RUNTIME) & np.isin(host.name, sync_id)
     ev.syncs = Counter(names[k] for k in host.name[is_sync].tolist())
     ev.sync_us = float((host.end - host.start)[is_sync].sum()) / 1000.0
-    if SCALAR_READ in names:
-        ev.scalar_reads = int((host_in & (host.kind == OP) & (host.name == names.index(SCALAR_READ))).sum())
+    if SCALAR_READ in names:  # a read of a CPU tensor (AdamW's step counts) calls no sync: it waits for nothing
+        is_read = host_in & (host.kind == OP) & (host.name == names.index(SCALAR_READ))
+        ev.scalar_reads = int(np.isin(np.flatnonzero(is_read), tree.parent[is_sync]).sum())
     dev_in = win.index_of(dev.start) >= 0
     dur = (dev.end - dev.start) / 1000.0
     pageable = dev_in & (dev.kind == MEMCPY) & np.isin(dev.name, [k for k, n in enumerate(names) if "Pageable" in n])
@@ -222,9 +224,7 @@ def _syncs(steps: list[StepStats], ev: Evidence, per_step: PerStep) -> list[Diag
     """Host-GPU synchronizations in the typical step (the median step has one): a sync in one step, such as a loss
     logged every N steps, is not a finding."""
     syncing = [
-        i
-        for i, (kind, name) in enumerate(zip(per_step.kind, per_step.name))
-        if kind == "op" and (name in SYNC_CALLS or name == SCALAR_READ)
+        i for i, (kind, name) in enumerate(zip(per_step.kind, per_step.name)) if kind == "op" and name in SYNC_CALLS
     ]
     counts = per_step.calls[syncing].max(axis=0) if syncing else np.zeros(len(per_step.steps))
     if not counts.size or np.median(counts) < 1:
@@ -237,8 +237,8 @@ def _syncs(steps: list[StepStats], ev: Evidence, per_step: PerStep) -> list[Diag
             "sync",
             "warning",
             (
-                f"{(n_sync or ev.scalar_reads) / len(steps):.1f} host-GPU synchronizations per step "
-                f"({calls or 'none from the runtime'}; {ev.scalar_reads} tensor reads by .item()/bool()/int(), "
+                f"{n_sync / len(steps):.1f} host-GPU synchronizations per step "
+                f"({calls}; {ev.scalar_reads} in reads of GPU tensors by .item()/bool()/int(), "
                 f"{fmt.duration(ev.sync_us)} blocked; by step {shown}): the host stalls until the GPU catches up; "
                 "keep values "
                 "on the GPU, log every N steps, avoid .item()/.cpu()/print(tensor) inside the step."

@@ -255,7 +255,7 @@ def _analyze(trace: TraceFile) -> _FileResult:
         labels=ops.label_totals(tl, tree, costs),
         label_nesting=ops.label_nesting(tl, tree),
         kernels=ops.kernel_totals(tl),
-        evidence=diagnostics.gather(tl, times.windows),
+        evidence=diagnostics.gather(tl, times.windows, tree),
         stack=stacks.StackSource(
             names=tl.names,
             name=host.name,
