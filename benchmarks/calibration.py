@@ -42,9 +42,10 @@ from pathlib import Path
 import numpy as np
 
 from kprof_callbacks import stats, triggers
-from kprof_callbacks.analysis import Summary, diagnostics, diff, growth
+from kprof_callbacks.analysis import Summary, diagnostics, diff, growth, ranks
+from kprof_callbacks.analysis.comm import Transfers
 from kprof_callbacks.analysis.perstep import PerStep
-from kprof_callbacks.analysis.tables import StepStats
+from kprof_callbacks.analysis.tables import RankStats, StepStats
 from kprof_callbacks.config import ProfileConfig
 from kprof_callbacks.session import EARLY_MEMORY_STEPS
 
@@ -97,7 +98,7 @@ def _kinds(found: list) -> set[str]:
 def _findings(steps: list[StepStats], ev: diagnostics.Evidence, rows: tuple[list, list, np.ndarray] | None = None):
     kind, name, calls = rows or ([], [], np.zeros((0, len(steps))))
     per_step = PerStep(kind, name, calls * 5.0, calls, steps)
-    return _kinds(diagnostics.diagnose(steps, [], [], ev, per_step))
+    return _kinds(diagnostics.diagnose(steps, [], ev, per_step))
 
 
 def slow_step(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
@@ -217,6 +218,72 @@ def slow_step_trigger(rng: np.random.Generator, sigma: float, inject: bool, step
     return bool(fired)
 
 
+def _ranks_findings(rng: np.random.Generator, sigma: float, n_ranks: int, extra: float, late: float) -> dict:
+    """Data-parallel steps on one host clock, as ``ranks.findings`` reads them: each step every rank loads its batch
+    (5% of the step) and computes 12 pieces (80% in all), each ending in a collective that ends when the last rank
+    arrives, plus its transfer (15% in all); every load and piece draws its own noise. Rank 1 computes ``extra`` more
+    (a straggler), or starts each step ``late`` of a step later (slow data loading). 4 profiled steps, as
+    ``kprof.session``'s default schedule records."""
+    steps, pieces, step_ns = 4, 12, STEP_US * 1e3
+    start, end = np.zeros((2, n_ranks, steps, pieces))
+    compute = np.zeros((n_ranks, steps))
+    now = 0.0
+    for s in range(steps):
+        at = now + 0.05 * step_ns * rng.lognormal(0.0, sigma, n_ranks)
+        at[1] += late * step_ns
+        for k in range(pieces):
+            work = (
+                0.8
+                * step_ns
+                / pieces
+                * rng.lognormal(0.0, sigma, n_ranks)
+                * np.where(np.arange(n_ranks) == 1, 1 + extra, 1)
+            )
+            compute[:, s] += work
+            start[:, s, k] = at + work
+            end[:, s, k] = at = start[:, s, k].max() + 0.15 * step_ns / pieces
+        now = at
+    code = np.repeat(np.arange(steps), pieces), np.tile(np.arange(pieces), steps)
+    workers = [
+        ranks.Worker(
+            r,
+            f"rank{r}_host_1",
+            [],
+            [Transfers(code[0], np.zeros(code[0].size, np.int8), code[1], start[r].ravel(), end[r].ravel())],
+        )
+        for r in range(n_ranks)
+    ]
+    arrived = ranks.arrivals(workers)
+    wall = now / steps / 1e3
+    stats_ = [
+        RankStats(
+            r,
+            f"rank{r}_host_1",
+            steps,
+            wall,
+            compute[r].mean() / 1e3,
+            wall - compute[r].mean() / 1e3,
+            0.0,
+            wall - compute[r].mean() / 1e3,
+            **arrived[r],
+        )
+        for r in range(n_ranks)
+    ]
+    skew = ranks.skew_of({s: {r: float(compute[r, s]) / 1e3 for r in range(n_ranks)} for s in range(steps)})
+    return {d.kind: int(d.message.split()[1]) for d in ranks.findings(stats_, skew)}
+
+
+def rank_finding(kind: str, n_ranks: int, effect: str) -> Callable[[np.random.Generator, float, bool], bool]:
+    """Fires on noise (any ``kind`` finding), or names rank 1 when ``effect`` ("extra" or "late") is injected."""
+    size = {"extra": 0.25, "late": 0.20}[effect]
+
+    def fired(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
+        found = _ranks_findings(rng, sigma, n_ranks, **{"extra": 0.0, "late": 0.0, effect: size * inject})
+        return found.get(kind) == 1 if inject else kind in found
+
+    return fired
+
+
 DETECTORS = (
     Detector("slow step", "10 profiled steps", "one step 2x the typical", slow_step),
     Detector(
@@ -243,6 +310,19 @@ DETECTORS = (
     Detector("diff: gate at 5%", "10 against 10 steps, B 5% slower (at the limit)", "B 15% slower", diff_gate),
     Detector("compare verdict", "50 timed steps a variant, rounds of 1", "a variant 20% slower", compare_verdict),
     Detector("slow-step trigger", "300 steps, factor 3, after 20 steps", "one step 4x", slow_step_trigger),
+    *(
+        Detector(
+            f"{kind}, {n} ranks",
+            f"{n} ranks alike, 4 steps of 12 collectives, data loading 5% of the step",
+            f"rank 1 {what}",
+            rank_finding(kind, n, effect),
+        )
+        for kind, effect, what in (
+            ("straggler", "extra", "computes 25% longer (20% of the step)"),
+            ("late_rank", "late", "loads data 20% of the step longer"),
+        )
+        for n in (2, 8)
+    ),
 )
 
 

@@ -1,5 +1,5 @@
-"""Findings a user can trust: a window's first step or one outlier step does not decide a finding, and each finding
-shows the per-step evidence it used."""
+"""Findings a user can trust: a window's first step or one outlier step does not decide a finding, each finding
+shows the per-step evidence it used, and findings about ranks never contradict each other."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections import Counter
 
 import numpy as np
 
-from kprof_callbacks.analysis import diagnostics
+from kprof_callbacks.analysis import diagnostics, ranks
 from kprof_callbacks.analysis.perstep import PerStep
-from kprof_callbacks.analysis.tables import StepStats
+from kprof_callbacks.analysis.tables import RankStats, StepSkew, StepStats
 
 
 def _steps(wall_ms: list[float], loader_ms: list[float], numbers: list[int] | None = None) -> list[StepStats]:
@@ -37,7 +37,7 @@ def _steps(wall_ms: list[float], loader_ms: list[float], numbers: list[int] | No
 
 def _diagnose(steps: list[StepStats]) -> dict[str, str]:
     per_step = PerStep([], [], np.zeros((0, len(steps))), np.zeros((0, len(steps))), steps)
-    found = diagnostics.diagnose(steps, [], [], diagnostics.Evidence(has_gpu=False), per_step)
+    found = diagnostics.diagnose(steps, [], diagnostics.Evidence(has_gpu=False), per_step)
     return {d.kind: d.message for d in found}
 
 
@@ -65,7 +65,7 @@ def _with_syncs(per_step_syncs: list[int]) -> dict[str, str]:
     calls = np.array([per_step_syncs], dtype=np.float64)
     per_step = PerStep(["op"], ["cudaStreamSynchronize"], calls * 50.0, calls, steps)
     ev = diagnostics.Evidence(has_gpu=True, syncs=Counter({"cudaStreamSynchronize": sum(per_step_syncs)}))
-    return {d.kind: d.message for d in diagnostics.diagnose(steps, [], [], ev, per_step)}
+    return {d.kind: d.message for d in diagnostics.diagnose(steps, [], ev, per_step)}
 
 
 def test_a_sync_in_one_step_is_not_a_finding_and_one_in_every_step_is():
@@ -80,7 +80,7 @@ def test_reads_of_cpu_tensors_in_every_step_are_not_syncs():
     steps = [dataclasses.replace(s, gpu_busy_us=s.wall_us, cpu_only_us=0.0) for s in _steps([20.0] * 6, [0.0] * 6)]
     calls = np.full((1, 6), 296.0)
     per_step = PerStep(["op"], [diagnostics.SCALAR_READ], calls * 2.0, calls, steps)
-    found = diagnostics.diagnose(steps, [], [], diagnostics.Evidence(has_gpu=True), per_step)
+    found = diagnostics.diagnose(steps, [], diagnostics.Evidence(has_gpu=True), per_step)
     assert "sync" not in {d.kind for d in found}
 
 
@@ -95,3 +95,45 @@ def test_a_slow_step_is_judged_against_how_much_the_steps_vary():
     assert message.startswith("Step 9 took 250.0 ms, 2.4x the median 103.0 ms.")
     assert diagnostics.slow_threshold(np.array(steady + [400.0])) == diagnostics.SLOW_STEP_RATIO
     assert 1.6 < diagnostics.slow_threshold(np.array(noisy + [400.0])) < 1.75
+
+
+def _rank(rank: int, compute_ms: float, late_ms: float, comm_ms: float = 60.0, overlap_ms: float = 5.0) -> RankStats:
+    return RankStats(
+        rank=rank,
+        worker=f"rank{rank}_host_1",
+        steps=4,
+        step_us=125e3,
+        compute_us=compute_ms * 1e3,
+        comm_us=comm_ms * 1e3,
+        overlap_us=overlap_ms * 1e3,
+        exposed_comm_us=(comm_ms - overlap_ms) * 1e3,
+        collectives=120,
+        late_us=late_ms * 1e3,
+    )
+
+
+def _skew(slowest: int, compute_ms: float, others_ms: float) -> list[StepSkew]:
+    return [StepSkew(n, slowest, compute_ms * 1e3, others_ms * 1e3, (compute_ms - others_ms) * 1e3) for n in range(4)]
+
+
+def test_the_rank_the_others_wait_for_is_named_once_and_consistently():
+    """Two H100s, FSDP2, a host-bound step of 125 ms: rank 1 computes 2.7 ms (+26%) longer, but rank 0 is the one
+    waited for, 92 ms a step. Rank 1 is no straggler: the others wait 5 ms (4% of the step) for it."""
+    found = ranks.findings([_rank(0, 10.4, 91.7), _rank(1, 13.1, 5.4)], _skew(1, 13.1, 10.4))
+    assert [(d.kind, d.message.split()[1]) for d in found] == [("late_rank", "0")]
+    # a rank that computes 30 ms longer and is waited for 32 ms: the straggler, with the measured wait
+    found = ranks.findings([_rank(0, 40.0, 1.0), _rank(1, 70.0, 32.0)], _skew(1, 70.0, 40.0))
+    assert [(d.kind, d.message.split()[1]) for d in found] == [("straggler", "1")]
+    assert "the others wait 32.0 ms per step for it in the collectives (26% of the step)" in found[0].message
+    # waited for 60 ms but computing only 20 ms longer: its time goes elsewhere, and only late_rank says so
+    found = ranks.findings([_rank(0, 40.0, 1.0), _rank(1, 60.0, 60.0)], _skew(1, 60.0, 40.0))
+    assert [d.kind for d in found] == ["late_rank"]
+
+
+def test_the_overlap_finding_gives_fsdp_advice_on_fsdp_runs():
+    steps = [dataclasses.replace(s, rank=s.step % 2, comm_us=60e3) for s in _steps([125.0] * 4, [0.0] * 4)]
+    per_step = PerStep([], [], np.zeros((0, 4)), np.zeros((0, 4)), steps)
+    ranked = [_rank(0, 40.0, 0.0), _rank(1, 40.0, 0.0)]
+    for fsdp, advice in ((False, "DDP overlaps gradient all-reduce"), (True, "FSDP hides a block's all-gather")):
+        found = diagnostics.diagnose(steps, ranked, diagnostics.Evidence(has_gpu=False), per_step, fsdp=fsdp)
+        assert advice in next(d.message for d in found if d.kind == "overlap")

@@ -19,7 +19,7 @@ from . import flops, fmt
 from .events import ANNOTATION, KERNEL, MEMCPY, OP, RUNTIME, Events
 from .perstep import PerStep
 from .steps import WHOLE_TRACE, Windows
-from .tables import Diagnostic, RankStats, StepSkew, StepStats
+from .tables import Diagnostic, RankStats, StepStats
 from .tree import Tree
 
 IDLE_SHARE = 0.30
@@ -31,7 +31,15 @@ SLOW_STEP_SPREAD = 3.0  # ... and this many standard deviations of the worker's 
 GREW_ROWS, GREW_SHARE = 4, 0.05  # a slow step's finding names up to 4 rows, each >= 5% of its extra time
 COMM_SHARE = 0.20
 OVERLAP_SHARE = 0.50
-STRAGGLER_LAG = 0.10
+DDP_OVERLAP = (
+    "DDP overlaps gradient all-reduce with backward: check bucket_cap_mb, find_unused_parameters=False, and that no "
+    "synchronization sits between backward and the optimizer."
+)
+FSDP_OVERLAP = (
+    "FSDP hides a block's all-gather behind the previous block's computation and its reduce-scatter behind the next "
+    "block's backward: the table of collectives shows which one is exposed, and in which phase, and the fsdp_ "
+    "findings say what to change."
+)
 SYNC_CALLS = frozenset(
     {
         "cudaStreamSynchronize",
@@ -108,9 +116,10 @@ def gather(tl: Events, win: Windows, tree: Tree) -> Evidence:
 
 
 def diagnose(
-    steps: list[StepStats], ranks: list[RankStats], skew: list[StepSkew], ev: Evidence, per_step: PerStep
+    steps: list[StepStats], ranks: list[RankStats], ev: Evidence, per_step: PerStep, fsdp: bool = False
 ) -> list[Diagnostic]:
-    """All findings for one run, warnings first."""
+    """The findings of one run's steps, GPU and ranks' communication (`fsdp`: the trace has FSDP's labels), warnings
+    first."""
     found = []
     wall = sum(s.wall_us for s in steps)
     if ev.has_gpu and steps:
@@ -118,7 +127,7 @@ def diagnose(
     found += _data_loading(steps)
     found += _slow_steps(steps, per_step, ev.eval_calls)
     if len(ranks) > 1 and all(r.rank is not None for r in ranks):
-        found += _rank_findings(ranks, skew)
+        found += _rank_findings(ranks, fsdp)
     if not ev.has_gpu:
         found.append(
             Diagnostic(
@@ -314,8 +323,7 @@ def _slow_steps(steps: list[StepStats], per_step: PerStep, eval_calls: Counter) 
 def _grew_in(per_step: PerStep, slow: StepStats, normal: list[StepStats]) -> str:
     """What took longer in the `slow` step than the median of the `normal` ones: the rows behind its extra time."""
     extra = slow.wall_us - median(s.wall_us for s in normal)
-    cols = [per_step.column(s) for s in normal]
-    column = per_step.column(slow)
+    *cols, column = per_step.columns([*normal, slow])
     grew = per_step.time_us[:, column] - np.median(per_step.time_us[:, cols], axis=1)
     top = [i for i in np.argsort(-grew, kind="stable")[:GREW_ROWS].tolist() if grew[i] >= GREW_SHARE * extra]
     against = f"against the median of the {len(normal)} other step{'s' * (len(normal) != 1)}"
@@ -334,29 +342,8 @@ def _grew_in(per_step: PerStep, slow: StepStats, normal: list[StepStats]) -> str
     return f"What grew in it, {against} (extra {fmt.duration(extra)}): {', '.join(item(i) for i in top)}."
 
 
-def _rank_findings(ranks: list[RankStats], skew: list[StepSkew]) -> list[Diagnostic]:
+def _rank_findings(ranks: list[RankStats], fsdp: bool) -> list[Diagnostic]:
     found = []
-    if skew:
-        counts = Counter(s.slowest_rank for s in skew)
-        rank, times = counts.most_common(1)[0]
-        mine = [s for s in skew if s.slowest_rank == rank]
-        lag = sum(s.lag_us for s in mine) / len(mine)
-        base = sum(s.median_compute_us for s in mine) / len(mine)
-        if times * 2 >= len(skew) and base and lag / base >= STRAGGLER_LAG:
-            found.append(
-                Diagnostic(
-                    "straggler",
-                    "warning",
-                    (
-                        f"Rank {rank} is the straggler: slowest in {times} of {len(skew)} steps, computing "
-                        f"{fmt.duration(lag)} (+{fmt.share(lag / base)}) longer than the other ranks (median); they "
-                        "wait for "
-                        "it in the collectives. Check uneven batch sizes or sequence lengths, its data loading, and "
-                        "its GPU "
-                        "(clocks, temperature, other processes)."
-                    ),
-                )
-            )
     worst = max(ranks, key=lambda r: r.comm_share)
     mean_share = sum(r.comm_share for r in ranks) / len(ranks)
     if mean_share >= COMM_SHARE:
@@ -383,10 +370,7 @@ def _rank_findings(ranks: list[RankStats], skew: list[StepSkew]) -> list[Diagnos
                     "warning",
                     (
                         f"Only {fmt.share(overlap)} of communication overlaps computation; {fmt.duration(exposed)} "
-                        "per step "
-                        "per rank is exposed. DDP overlaps gradient all-reduce with backward: check bucket_cap_mb, "
-                        "find_unused_parameters=False, and that no synchronization sits between backward and the "
-                        "optimizer."
+                        f"per step per rank is exposed. {FSDP_OVERLAP if fsdp else DDP_OVERLAP}"
                     ),
                 )
             )

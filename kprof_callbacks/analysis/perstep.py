@@ -64,10 +64,10 @@ class PerStep:
             [steps[i] for i in data["steps"]],
         )
 
-    def column(self, step: StepStats) -> int:
-        """The column of one step (matched on rank, worker and step number)."""
-        key = (step.rank, step.worker, step.step)
-        return next(i for i, s in enumerate(self.steps) if (s.rank, s.worker, s.step) == key)
+    def columns(self, steps: Sequence[StepStats]) -> list[int]:
+        """The column of each of `steps` (matched on rank, worker and step number)."""
+        index = {(s.rank, s.worker, s.step): i for i, s in reversed(list(enumerate(self.steps)))}
+        return [index[s.rank, s.worker, s.step] for s in steps]
 
 
 def _by_step(code: np.ndarray, step: np.ndarray, values: np.ndarray, n_steps: int):

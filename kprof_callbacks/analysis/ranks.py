@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 
@@ -24,8 +24,9 @@ from .comm import Transfers
 from .steps import WHOLE_TRACE, StepTimes
 from .tables import Diagnostic, RankStats, StepSkew
 
-LATE_SHARE = 0.5  # a rank the others spend half their waiting on (and 1.3x its fair share: 65% with 2 ranks) ...
-LATE_WAIT = 0.10  # ... and this part of a step
+STRAGGLER_LAG = 0.10  # straggler: computes this part longer than the others (median)
+LATE_SHARE = 0.5  # late rank: the others spend half their waiting on it (and 1.3x its fair share: 65% with 2 ranks)
+LATE_WAIT = 0.10  # either: the others wait for it this part of a step
 
 
 @dataclasses.dataclass
@@ -73,6 +74,11 @@ def step_skew(workers: list[Worker]) -> list[StepSkew]:
             for n, c in zip(t.windows.number.tolist(), t.compute_us.tolist()):
                 if n != WHOLE_TRACE:
                     per_step[n][w.rank] = per_step[n].get(w.rank, 0.0) + c
+    return skew_of(per_step)
+
+
+def skew_of(per_step: dict[int, dict[int, float]]) -> list[StepSkew]:
+    """`per_step`: step number -> rank -> its compute (us)."""
     out = []
     for step in sorted(per_step):
         by_rank = per_step[step]
@@ -161,13 +167,63 @@ def arrivals(workers: list[Worker]) -> dict[int, dict[str, float]]:
     return out
 
 
-def findings(ranks: list[RankStats]) -> list[Diagnostic]:
+def findings(ranks: list[RankStats], skew: list[StepSkew]) -> list[Diagnostic]:
+    """The ranks the others wait for, and why: the one that computes longest (`straggler`) and the one whose time goes
+    outside computation (`late_rank`), each when the others' wait for it is long enough to matter. Where ranks share
+    collectives the wait is measured (`late_us`); elsewhere a straggler's extra computation stands for it."""
+    found = [f for f in (_straggler(ranks, skew), _late_rank(ranks)) if f]
+    if len(found) == 2 and found[0][0] == found[1][0]:
+        del found[0]  # one rank, computing a little longer but waited for far longer: late_rank says both
+    return [d for _, d in found]
+
+
+def _straggler(ranks: list[RankStats], skew: list[StepSkew]) -> tuple[int, Diagnostic] | None:
+    """The rank slowest to compute in at least half the steps, by STRAGGLER_LAG of the others' computation, which
+    they wait for at least LATE_WAIT of a step. Where waits are measured, its computation must explain at least half
+    of theirs: otherwise its time goes elsewhere, and `late_rank` says so."""
+    if not skew:
+        return None
+    rank, times = Counter(s.slowest_rank for s in skew).most_common(1)[0]
+    mine = [s for s in skew if s.slowest_rank == rank]
+    lag = sum(s.lag_us for s in mine) / len(mine)
+    base = sum(s.median_compute_us for s in mine) / len(mine)
+    me = next((r for r in ranks if r.rank == rank), None)
+    measured = me is not None and any(r.collectives for r in ranks)
+    waited = me.late_us if measured else lag
+    step = float(np.mean([r.step_us for r in ranks]))
+    if (
+        times * 2 < len(skew)
+        or not base
+        or lag < STRAGGLER_LAG * base
+        or waited < LATE_WAIT * step
+        or (measured and lag < waited / 2)
+    ):
+        return None
+    wait = (
+        f"the others wait {fmt.duration(waited)} per step for it in the collectives ({fmt.share(waited / step)} of the "
+        "step)"
+        if measured
+        else "the others wait for it in the collectives"
+    )
+    return rank, Diagnostic(
+        "straggler",
+        "warning",
+        (
+            f"Rank {rank} is the straggler: slowest in {times} of {len(skew)} steps, computing "
+            f"{fmt.duration(lag)} (+{fmt.share(lag / base)}) longer than the other ranks (median); {wait}. Check "
+            "uneven batch sizes or sequence lengths, its data loading, and its GPU (clocks, temperature, other "
+            "processes)."
+        ),
+    )
+
+
+def _late_rank(ranks: list[RankStats]) -> tuple[int, Diagnostic] | None:
     """A rank the others wait for although it computes no longer than they do: most of their waiting is for it (more
     than by chance), long enough to matter, and not explained by its computation: its time goes elsewhere."""
     shared = [r for r in ranks if r.collectives]
     blame = sum(r.late_us for r in shared)
     if len(shared) < 2 or not blame:
-        return []
+        return None
     late = max(shared, key=lambda r: r.late_us)
     step = float(np.mean([r.step_us for r in shared]))
     compute_lag = late.compute_us - float(np.median([r.compute_us for r in shared if r is not late]))
@@ -176,20 +232,16 @@ def findings(ranks: list[RankStats]) -> list[Diagnostic]:
         or late.late_us < LATE_WAIT * step
         or compute_lag >= late.late_us / 2
     ):
-        return []
+        return None
     hosts = len({r.clock_offset_us for r in shared})
-    return [
-        Diagnostic(
-            "late_rank",
-            "warning",
-            (
-                f"Rank {late.rank} is the one the others wait for: {fmt.duration(late.late_us)} per step "
-                f"({fmt.share(late.late_us / step)} of the step, {fmt.share(late.late_us / blame)} of all waiting for "
-                "a last "
-                f"rank; clocks aligned across {hosts} host clock{'s' * (hosts != 1)}), but it computes only "
-                f"{fmt.duration(max(compute_lag, 0.0))} longer than they do: its time goes outside computation. Look "
-                "at its "
-                "data loading, host-side work between steps and its CPU (other processes, fewer cores)."
-            ),
-        )
-    ]
+    return late.rank, Diagnostic(
+        "late_rank",
+        "warning",
+        (
+            f"Rank {late.rank} is the one the others wait for: {fmt.duration(late.late_us)} per step "
+            f"({fmt.share(late.late_us / step)} of the step, {fmt.share(late.late_us / blame)} of all waiting for "
+            f"a last rank; clocks aligned across {hosts} host clock{'s' * (hosts != 1)}), but it computes only "
+            f"{fmt.duration(max(compute_lag, 0.0))} longer than they do: its time goes outside computation. Look at "
+            "its data loading, host-side work between steps and its CPU (other processes, fewer cores)."
+        ),
+    )

@@ -410,9 +410,9 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     skew = ranks.step_skew(ordered)
     per_step = perstep.merge([r.per_step for r in results])
     series = read_series(files[0].parent)
-    found_all = diagnostics.diagnose(step_rows, rank_rows, skew, evidence, per_step)
     comm_rows, fsdp_rows = [c for r in results for c in r.comm.rows], [f for r in results for f in r.comm.fsdp]
-    found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu) + ranks.findings(rank_rows)
+    found_all = diagnostics.diagnose(step_rows, rank_rows, evidence, per_step, fsdp=bool(fsdp_rows))
+    found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu) + ranks.findings(rank_rows, skew)
     ends: dict[str, list[int]] = {}
     for r in results:
         ends.setdefault(r.worker, []).extend(s.step for s in r.times.rows[-1:])
