@@ -389,7 +389,8 @@ def _train(logdir: Path, run: str, *, extra: bool, slow_step: int | None = None)
                     torch.linalg.matrix_exp(torch.randn(64, 64))
             if i == slow_step:
                 with s.region("checkpoint"):
-                    time.sleep(0.25)
+                    time.sleep(0.6)
+            time.sleep(0.03)  # steps of 30 ms or more: a busy runner's hiccups of tens of ms stay moderate outliers
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -409,13 +410,13 @@ def test_real_cpu_runs_name_the_added_work(tmp_path):
 
 
 def test_summary_explains_the_slow_step(tmp_path):
-    """A step 1.5x the median gets a finding naming what grew in it, against the worker's other steps."""
+    """A slow step gets a finding naming what grew in it, against the worker's other steps."""
     s = summarize(_train(tmp_path, "slow", extra=False, slow_step=5))
     (finding,) = [d for d in s.diagnostics if d.kind == "slow_step"]
     print(finding.message)
     assert finding.message.startswith("Step 5 took")  # numbered from 0, as ProfilerStep#N
     assert "What grew in it, against the median of the " in finding.message  # 7 other steps, less any noisy one
-    assert "label 'checkpoint' +2" in finding.message  # ~250 ms of sleep
+    assert "label 'checkpoint' +6" in finding.message  # ~600 ms of sleep
 
 
 def test_slow_step_names_a_kernel_that_grew(tmp_path):
