@@ -286,7 +286,7 @@ _RANK_WORKER = textwrap.dedent("""
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
                  on_trace_ready=handler) as prof:
         for _ in range(5):
-            x = torch.randn(256 * (1 + 7 * rank), 32)  # rank 1 computes 8x more: the straggler
+            x = torch.randn(256 * (1 + 31 * rank), 32)  # rank 1 computes 32x more: the straggler
             model(x).sum().backward()
             opt.step(); opt.zero_grad(); prof.step()
     dist.destroy_process_group()
