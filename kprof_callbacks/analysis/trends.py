@@ -85,7 +85,8 @@ def _matmul_finding(per_step: float, tflops: float, peak: float | None) -> Diagn
     mfu = (
         f", {fmt.share(tflops / peak)} of the dense peak of {peak:.1f} TFLOP/s"
         if peak
-        else "; pass peak_tflops= or mfu_dtype= to kprof.session for MFU where the device is not in kprof's table"
+        else "; no dense peak to give MFU against: kprof.session records one for the GPUs in kprof's table, and "
+        "peak_tflops= (and mfu_dtype=) for others"
     )
     return Diagnostic(
         "matmul_flops",
