@@ -21,6 +21,15 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# --- Signals (tests/faults/test_interrupt_faults.py, tests/test_tensorboard.py) -------------------------------------
+# A shell starts a background job (`make test &`, nohup) with SIGINT (and SIGHUP) ignored, and an ignored signal stays
+# ignored across exec: the children these tests interrupt would never see their Ctrl-C. Restore what a foreground run
+# has; a handler, unlike SIG_IGN, is reset to the default in every child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
 # --- TensorBoard (tests/test_tensorboard.py, tests/test_browser.py) ----------------------------------------------
 
 
