@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 
-from kprof_callbacks.analysis import diagnostics, ranks
+from kprof_callbacks.analysis import Summary, diagnostics, ranks, report
 from kprof_callbacks.analysis.perstep import PerStep
 from kprof_callbacks.analysis.tables import RankStats, StepSkew, StepStats
 
@@ -97,7 +97,9 @@ def test_a_slow_step_is_judged_against_how_much_the_steps_vary():
     assert 1.6 < diagnostics.slow_threshold(np.array(noisy + [400.0])) < 1.75
 
 
-def _rank(rank: int, compute_ms: float, late_ms: float, comm_ms: float = 60.0, overlap_ms: float = 5.0) -> RankStats:
+def _rank(
+    rank: int, compute_ms: float, late_ms: float, comm_ms: float = 60.0, overlap_ms: float = 5.0, host_ms: float = 0.0
+) -> RankStats:
     return RankStats(
         rank=rank,
         worker=f"rank{rank}_host_1",
@@ -109,6 +111,7 @@ def _rank(rank: int, compute_ms: float, late_ms: float, comm_ms: float = 60.0, o
         exposed_comm_us=(comm_ms - overlap_ms) * 1e3,
         collectives=120,
         late_us=late_ms * 1e3,
+        host_only_us=host_ms * 1e3,
     )
 
 
@@ -119,8 +122,11 @@ def _skew(slowest: int, compute_ms: float, others_ms: float) -> list[StepSkew]:
 def test_the_rank_the_others_wait_for_is_named_once_and_consistently():
     """Two H100s, FSDP2, a host-bound step of 125 ms: rank 1 computes 2.7 ms (+26%) longer, but rank 0 is the one
     waited for, 92 ms a step. Rank 1 is no straggler: the others wait 5 ms (4% of the step) for it."""
-    found = ranks.findings([_rank(0, 10.4, 91.7), _rank(1, 13.1, 5.4)], _skew(1, 13.1, 10.4))
+    found = ranks.findings([_rank(0, 10.4, 91.7, host_ms=75.8), _rank(1, 13.1, 5.4, host_ms=9.0)], _skew(1, 13.1, 10.4))
     assert [(d.kind, d.message.split()[1]) for d in found] == [("late_rank", "0")]
+    assert "Its host works while its GPU is idle 75.8 ms per step, against 9.00 ms on the others." in found[0].message
+    table = report.ranks_table(dataclasses.replace(Summary.empty("r", "w"), ranks=[_rank(0, 10.4, 91.7, host_ms=75.8)]))
+    assert "host only" in table.headers and "75.8 ms" in table.rows[0]
     # a rank that computes 30 ms longer and is waited for 32 ms: the straggler, with the measured wait
     found = ranks.findings([_rank(0, 40.0, 1.0), _rank(1, 70.0, 32.0)], _skew(1, 70.0, 40.0))
     assert [(d.kind, d.message.split()[1]) for d in found] == [("straggler", "1")]

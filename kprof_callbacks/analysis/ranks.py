@@ -44,7 +44,9 @@ def rank_stats(workers: list[Worker]) -> list[RankStats]:
     arrived = arrivals(workers)
     out = []
     for w in workers:
-        wall = np.concatenate([[r.wall_us for r in t.rows] for t in w.times])
+        rows = [r for t in w.times for r in t.rows]
+        wall = np.array([r.wall_us for r in rows])
+        gpu = any(r.gpu_busy_us for r in rows)
         compute, comm, overlap = (
             np.concatenate([getattr(t, f) for t in w.times]) for f in ("compute_us", "comm_us", "overlap_us")
         )
@@ -58,6 +60,7 @@ def rank_stats(workers: list[Worker]) -> list[RankStats]:
                 comm_us=float(comm.mean()),
                 overlap_us=float(overlap.mean()),
                 exposed_comm_us=float((comm - overlap).mean()),
+                host_only_us=float(np.mean([r.cpu_only_us for r in rows])) if gpu else 0.0,
                 **arrived.get(w.rank, {}),
             )
         )
@@ -234,6 +237,12 @@ def _late_rank(ranks: list[RankStats]) -> tuple[int, Diagnostic] | None:
     ):
         return None
     hosts = len({r.clock_offset_us for r in shared})
+    host = (
+        f" Its host works while its GPU is idle {fmt.duration(late.host_only_us)} per step, against "
+        f"{fmt.duration(float(np.median([r.host_only_us for r in shared if r is not late])))} on the others."
+        if late.host_only_us
+        else ""
+    )
     return late.rank, Diagnostic(
         "late_rank",
         "warning",
@@ -241,7 +250,7 @@ def _late_rank(ranks: list[RankStats]) -> tuple[int, Diagnostic] | None:
             f"Rank {late.rank} is the one the others wait for: {fmt.duration(late.late_us)} per step "
             f"({fmt.share(late.late_us / step)} of the step, {fmt.share(late.late_us / blame)} of all waiting for "
             f"a last rank; clocks aligned across {hosts} host clock{'s' * (hosts != 1)}), but it computes only "
-            f"{fmt.duration(max(compute_lag, 0.0))} longer than they do: its time goes outside computation. Look at "
-            "its data loading, host-side work between steps and its CPU (other processes, fewer cores)."
+            f"{fmt.duration(max(compute_lag, 0.0))} longer than they do: its time goes outside computation.{host} "
+            "Look at its data loading, host-side work between steps and its CPU (other processes, fewer cores)."
         ),
     )

@@ -98,14 +98,17 @@ def steps_table(s: Summary, top: int) -> Table:
 
 
 def ranks_table(s: Summary) -> Table:
-    """Per rank: means per step of compute and communication; where ranks share collectives, how long each waited
-    for the last to arrive and the others for it (and its host clock's offset, when ranks span hosts)."""
+    """Per rank: means per step of compute and communication (and, on GPUs, of host work while the GPU is idle);
+    where ranks share collectives, how long each waited for the last to arrive and the others for it (and its host
+    clock's offset, when ranks span hosts)."""
+    host_only = any(r.host_only_us for r in s.ranks)
     arrivals = any(r.collectives for r in s.ranks)
     hosts = any(r.clock_offset_us for r in s.ranks)
     return Table(
         "ranks",
         "Ranks (means per step)",
         ["rank", "steps", "step", "compute", "comm", "comm %", "overlapped", "exposed comm"]
+        + (["host only"] if host_only else [])
         + (["waits for others", "others wait for it"] if arrivals else [])
         + (["clock offset"] if hosts else []),
         [
@@ -119,6 +122,7 @@ def ranks_table(s: Summary) -> Table:
                 fmt.share(r.overlap_share),
                 fmt.duration(r.exposed_comm_us),
             ]
+            + ([fmt.duration(r.host_only_us)] if host_only else [])
             + ([fmt.duration(r.waited_us), fmt.duration(r.late_us)] if arrivals else [])
             + ([fmt.duration(r.clock_offset_us)] if hosts else [])
             for r in s.ranks

@@ -85,6 +85,7 @@ class RankStats:
     waited_us: float = 0.0  # in them, waiting for the last rank to arrive (clocks aligned; mean per step)
     late_us: float = 0.0  # the others' wait for it where it arrived last (its lead on their median; mean per step)
     clock_offset_us: float = 0.0  # its host's clock minus rank 0's host's, from the ends of shared collectives
+    host_only_us: float = 0.0  # host operators running while its GPU is idle (0 in a trace without GPU activity)
 
     @property
     def comm_share(self) -> float:
