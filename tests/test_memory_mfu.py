@@ -4,12 +4,14 @@ ones that do not), the allocation sites of a snapshot, the dense peak table, and
 from __future__ import annotations
 
 import collections
+import gzip
 import mmap
 import pickle
 import sys
 import threading
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,10 +19,13 @@ import torch
 
 import kprof_callbacks as kprof
 from kprof_callbacks import layout, peaks, scalars
+from kprof_callbacks.analysis import reader, trends
 from kprof_callbacks.analysis.growth import growth
 from kprof_callbacks.analysis.trends import growing_sites
 from kprof_callbacks.history import KEEP_STEPS
 from kprof_callbacks.session import EARLY_MEMORY_STEPS
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 STEPS = np.arange(0, 300, 2)  # memory sampled every 2 steps
@@ -280,7 +285,46 @@ def test_matrix_product_flops_are_counted_from_recorded_shapes(tmp_path):
     per_step = 2 * 8 * 64 * 32 * 2  # the forward product and the weight gradient's (no input gradient needed)
     assert f"Matrix products: {per_step:.4g} FLOP per profiled step" in finding
     wall_s = sum(st.wall_us for st in summary.steps) / 1e6
-    assert f"{3 * per_step / wall_s / 1e12:.3g} TFLOP/s" in finding and "of the dense peak of 1.0 TFLOP/s" in finding
+    assert (
+        f"{3 * per_step / wall_s / 1e12:.3g} TFLOP/s" in finding
+        and "of 1.0 TFLOP/s, the dense peak (counted" in finding
+    )
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _matmul_message(by_dtype: dict[str, float], gpu: str) -> str:
+    found = trends.findings({}, [], collections.Counter(by_dtype), 1e6, 10, None, gpu)
+    return next(d.message for d in found if d.kind == "matmul_flops")
+
+
+def test_a_trace_kprof_did_not_record_gets_mfu_from_its_gpu_and_the_products_dtype(tmp_path):
+    """The H100 fixture (fp32 products), and the same trace with its products' inputs made bf16: the peak comes from
+    the GPU the trace names in the products' dtype, read in pieces as in one go; fp32 could be TF32, so no MFU."""
+    source = FIXTURES / "gpu_small.pt.trace.json.gz"
+    fp32 = next(d.message for d in kprof.summarize(source).diagnostics if d.kind == "matmul_flops")
+    assert f"fp32 products on the {H100} run at its fp32 peak, or at its TF32 peak" in fp32
+    run = tmp_path / "bf16"
+    run.mkdir()
+    path = run / "w.pt.trace.json"  # "float" is spelled so only in input types
+    path.write_bytes(gzip.decompress(source.read_bytes()).replace(b'"float"', b'"c10::BFloat16"'))
+    messages = []
+    for chunk in (reader.CHUNK_BYTES, 20_000):  # one piece, then many
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(reader, "CHUNK_BYTES", chunk)
+            assert len(reader.plan(path).pieces) == (1 if chunk > 20_000 else 13)
+            found = kprof.summarize(run).diagnostics
+        messages.append(next(d.message for d in found if d.kind == "matmul_flops"))
+    assert messages[0] == messages[1] and f"TFLOP/s, the bf16 dense peak of the {H100} the trace names" in messages[0]
+    assert f"of {peaks.peak_tflops(H100, 'bf16'):.1f} TFLOP/s" in messages[0]
+
+
+def test_mixed_dtypes_or_an_unknown_gpu_give_no_mfu():
+    assert "of 989.4 TFLOP/s, the bf16 dense peak of the" in _matmul_message({"bf16": 1e12}, H100)
+    assert "no dense peak to give MFU against" in _matmul_message({"bf16": 9e11, "fp32": 1e11}, H100)
+    assert "no dense peak to give MFU against" in _matmul_message({"bf16": 1e12}, "")  # no GPU named, or several
+    assert "the Some GPU 9000 is not in kprof's table" in _matmul_message({"fp16": 1e12}, "Some GPU 9000")
 
 
 @pytest.mark.parametrize(

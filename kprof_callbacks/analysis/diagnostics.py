@@ -72,7 +72,8 @@ class Evidence:
     small_kernel_us: float = 0.0
     files_without_steps: list[str] = dataclasses.field(default_factory=list)
     eval_calls: Counter = dataclasses.field(default_factory=Counter)  # (rank, worker, step) -> eval-loop labels in it
-    matmul_flops: float = 0.0  # FLOPs of the matrix products in the steps, from their recorded shapes
+    matmul_flops: Counter = dataclasses.field(default_factory=Counter)  # of the steps' matrix products, by dtype
+    gpus: Counter = dataclasses.field(default_factory=Counter)  # the GPU each file's trace names -> files
 
     def add(self, other: Evidence) -> None:
         for f in dataclasses.fields(self):
@@ -111,7 +112,11 @@ def gather(tl: Events, win: Windows, tree: Tree) -> Evidence:
     who = (tl.source.rank, tl.source.worker)
     ev.eval_calls = Counter((*who, int(win.number[w])) for w in window[in_eval].tolist())
     if tl.shapes:
-        ev.matmul_flops = flops.matmul_flops(names, tl.shapes, host.name[host_in], host.shape[host_in])
+        ev.matmul_flops = flops.matmul_flops(
+            (names, tl.shapes, tl.types), host.name[host_in], host.shape[host_in], host.types[host_in]
+        )
+    if ev.has_gpu and tl.source.device:
+        ev.gpus[tl.source.device] += 1
     return ev
 
 

@@ -101,6 +101,7 @@ class Host:
     ext: np.ndarray  # int64 external id (links kernels to the op that launched them), -1 if none
     corr: np.ndarray  # int64 correlation id of runtime calls, -1 if none
     shape: np.ndarray  # int32 ids into Events.shapes, -1 if not recorded
+    types: np.ndarray  # int32 ids into Events.types (input types of matrix products), -1 elsewhere
 
 
 @dataclasses.dataclass
@@ -136,6 +137,7 @@ class Events:
     source: TraceFile
     names: list[str]
     shapes: list[str]
+    types: list[str]
     host: Host
     device: Device
     memory: Memory
@@ -158,12 +160,13 @@ def _codes(c: Columns) -> np.ndarray:
     return code
 
 
-def _shapes(dims: np.ndarray, table: list[bytes]) -> tuple[np.ndarray, list[str]]:
-    """Input-shape ids of host events (-1 where not recorded) and the shape of each id, in order of appearance."""
-    shape = np.full(dims.size, -1, np.int32)
-    recorded = dims > 0
-    shape[recorded], ids = _dense(dims[recorded])
-    return shape, [table[k].decode() for k in ids.tolist()]
+def _recorded(raw: np.ndarray, table: list[bytes]) -> tuple[np.ndarray, list[str]]:
+    """Ids of host events' recorded JSON values (input shapes, types; -1 where not recorded) and the value of each id,
+    in order of appearance."""
+    out = np.full(raw.size, -1, np.int32)
+    recorded = raw > 0
+    out[recorded], ids = _dense(raw[recorded])
+    return out, [table[k].decode() for k in ids.tolist()]
 
 
 def build(trace: TraceFile) -> Events:
@@ -179,7 +182,8 @@ def build(trace: TraceFile) -> Events:
 
     threads, thread_ids = _dense(c.lane[host_rows])
     streams, stream_ids = _dense(c.lane[device_rows])
-    shape, shape_table = _shapes(c.dims[host_rows], c.dims_table)
+    shape, shape_table = _recorded(c.dims[host_rows], c.dims_table)
+    types, type_table = _recorded(c.types[host_rows], c.types_table)
     host = Host(
         c.name[host_rows],
         code[host_rows],
@@ -189,6 +193,7 @@ def build(trace: TraceFile) -> Events:
         c.ext[host_rows],
         c.corr[host_rows],
         shape,
+        types,
     )
     device = Device(
         c.name[device_rows],
@@ -225,6 +230,7 @@ def build(trace: TraceFile) -> Events:
         trace,
         c.names,
         shape_table,
+        type_table,
         host,
         device,
         memory,

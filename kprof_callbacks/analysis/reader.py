@@ -25,6 +25,7 @@ import msgspec
 import numpy as np
 
 from ..layout import rank_of, worker_of
+from .flops import MATMULS
 
 CHUNK_BYTES = 8 << 20  # a piece: ~40 MB of decoded objects at the most, ~0.05 s of work
 _HEAD_BYTES = 1 << 20  # "traceEvents" must open within this many bytes for the file to be cut into pieces
@@ -50,6 +51,7 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     correlation: Int64 = -1
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_dims_old: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input dims")
+    input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
     mem_bytes: Int64 = msgspec.field(default=0, name="Bytes")
     mem_device_type: Int64 = msgspec.field(default=-1, name="Device Type")
     total_allocated: Int64 = msgspec.field(default=0, name="Total Allocated")
@@ -81,15 +83,24 @@ class _DistributedInfo(msgspec.Struct):
     backend: str | None = None
 
 
-class _Trace(msgspec.Struct):
-    traceEvents: list[Event] | None = None  # noqa: N815 (the file's key)
-    distributedInfo: _DistributedInfo | None = None  # noqa: N815
+class _Device(msgspec.Struct):
+    name: str = ""
 
 
 class _Around(msgspec.Struct):
     """The keys before and after ``traceEvents``, decoded on their own when the file is cut into pieces."""
 
-    distributedInfo: _DistributedInfo | None = None  # noqa: N815
+    distributedInfo: _DistributedInfo | None = None  # noqa: N815 (the file's keys)
+    deviceProperties: list[_Device] | None = None  # noqa: N815
+
+    def update(self, other: _Around) -> None:
+        """Take ``other``'s keys where this one lacks them."""
+        self.distributedInfo = self.distributedInfo or other.distributedInfo
+        self.deviceProperties = self.deviceProperties or other.deviceProperties
+
+
+class _Trace(_Around):
+    traceEvents: list[Event] | None = None  # noqa: N815
 
 
 _WHOLE = msgspec.json.Decoder(_Trace | list[Event])  # a list: legacy autograd-profiler chrome trace
@@ -131,6 +142,7 @@ class Columns:
     ext: np.ndarray  # int64 external id, -1 if none
     corr: np.ndarray  # int64 correlation id, -1 if none
     dims: np.ndarray  # int32 -> dims_table; 0 (b"") where input shapes were not recorded
+    types: np.ndarray  # int32 -> types_table: input types of matrix products (flops.MATMULS); 0 (b"") elsewhere
     copy_bytes: np.ndarray  # int64 size of a copy or set
     mem_bytes: np.ndarray  # int64: `[memory]` instants' allocation (+) or free (-)
     mem_device: np.ndarray  # int64 c10::DeviceType
@@ -141,10 +153,11 @@ class Columns:
     cats: list[str]
     lanes: list[tuple[int | str, int | str]]  # (pid, tid): a host thread or a (device, stream)
     dims_table: list[bytes]  # raw JSON of each distinct input-shape list
+    types_table: list[bytes]  # raw JSON of each distinct input-type list
     thread_labels: list[tuple[int | str, str]]  # (tid, label) of each `thread_name` metadata event, in order
     new_ext: bool
     new_dims: bool
-    distributed: _DistributedInfo | None = None  # the file's distributedInfo, when a whole file was decoded
+    around: _Around | None = None  # the file's keys besides traceEvents, when a whole file was decoded
 
     def __len__(self) -> int:
         return int(self.start.size)
@@ -160,6 +173,7 @@ _ARGS = {
         "correlation",
         "input_dims",
         "input_dims_old",
+        "input_type",
         "mem_bytes",
         "mem_device_type",
         "total_allocated",
@@ -231,6 +245,15 @@ def columns(events: list[Event]) -> Columns:
         for f, column in mem.items():
             column[rows] = _column(picked, _ARGS[f], np.int64)
     names = _Interner()
+    name = _interned(events, _FIELDS["name"], names)
+    types = _Interner({b"": 0})
+    type_ids = np.zeros(len(events), np.int32)
+    products = ops & np.isin(name, [k for k, n in enumerate(names) if n in MATMULS])
+    if products.any():  # input types: read for matrix products alone, whose dtype sets the peak their FLOPs run at
+        typed = [events[i] for i in np.flatnonzero(products).tolist()]
+        type_ids[products] = np.fromiter(
+            map(types.__getitem__, map(bytes, map(_ARGS["input_type"], typed))), np.int32, len(typed)
+        )
     collective = np.full(len(events), -1, np.int32)
     kernels = np.isin(cat, [k for k, c in enumerate(cats) if c.lower() == "kernel"])
     if kernels.any():  # only kernels name a collective: the other events are not looked at
@@ -238,7 +261,7 @@ def columns(events: list[Event]) -> Columns:
         collective[kernels] = np.fromiter((names[c] if c else -1 for c in said), np.int32, len(said))
     return Columns(
         instant=instant,
-        name=_interned(events, _FIELDS["name"], names),
+        name=name,
         cat=cat,
         lane=lane,
         start=start,
@@ -246,6 +269,7 @@ def columns(events: list[Event]) -> Columns:
         ext=ext,
         corr=_column(events, _ARGS["correlation"], np.int64),
         dims=dims_ids,
+        types=type_ids,
         copy_bytes=_column(events, _ARGS["copy_bytes"], np.int64),
         mem_bytes=mem["mem_bytes"],
         mem_device=mem["mem_device_type"],
@@ -256,6 +280,7 @@ def columns(events: list[Event]) -> Columns:
         cats=list(cats),
         lanes=list(lanes),
         dims_table=list(dims),
+        types_table=list(types),
         thread_labels=_thread_labels(meta),
         new_ext=new_ext,
         new_dims=new_dims,
@@ -271,7 +296,7 @@ def merge(parts: list[Columns]) -> Columns:
     """One file's pieces, in order, as one `Columns`."""
     if len(parts) == 1:
         return parts[0]
-    names, cats, lanes, dims = _Interner(), _Interner(), _Interner(), _Interner({b"": 0})
+    names, cats, lanes, dims, types = _Interner(), _Interner(), _Interner(), _Interner({b"": 0}), _Interner({b"": 0})
     new_ext, new_dims = any(p.new_ext for p in parts), any(p.new_dims for p in parts)
 
     def joined(field: str, table: _Interner | None = None, local: str = "") -> np.ndarray:
@@ -297,6 +322,7 @@ def merge(parts: list[Columns]) -> Columns:
         ext=ext,
         corr=joined("corr"),
         dims=dim_ids,
+        types=joined("types", types, "types_table"),
         copy_bytes=joined("copy_bytes"),
         mem_bytes=joined("mem_bytes"),
         mem_device=joined("mem_device"),
@@ -307,10 +333,11 @@ def merge(parts: list[Columns]) -> Columns:
         cats=list(cats),
         lanes=list(lanes),
         dims_table=list(dims),
+        types_table=list(types),
         thread_labels=[t for p in parts for t in p.thread_labels],
         new_ext=new_ext,
         new_dims=new_dims,
-        distributed=next((p.distributed for p in parts if p.distributed), None),
+        around=next((p.around for p in parts if p.around), None),
     )
 
 
@@ -354,7 +381,7 @@ class Plan:
     path: Path
     size: int  # bytes of the file on disk
     pieces: list[Piece]
-    distributed: _DistributedInfo | None = None
+    around: _Around | None = None  # the keys besides traceEvents, when the file is cut
 
     def whole(self) -> Piece:
         """The file as one piece, decoded in one go."""
@@ -375,7 +402,7 @@ def plan(path: Path) -> Plan:
     if cut is None:
         found.pieces.append(found.whole())
         return found
-    found.distributed, ranges = cut
+    found.around, ranges = cut
     cut_bytes = max(1, sum(hi - lo for lo, hi in ranges))
     weights = [size * (hi - lo) // cut_bytes for lo, hi in ranges]
     if weights:
@@ -386,7 +413,7 @@ def plan(path: Path) -> Plan:
     return found
 
 
-def _cut(f: BinaryIO, size: int) -> tuple[_DistributedInfo | None, list[tuple[int, int]]] | None:
+def _cut(f: BinaryIO, size: int) -> tuple[_Around, list[tuple[int, int]]] | None:
     """The byte ranges of whole events in ``f``'s ``traceEvents`` array, and the keys around it; None unless the
     file is laid out as torch writes it."""
     f.seek(0)
@@ -408,8 +435,7 @@ def _cut(f: BinaryIO, size: int) -> tuple[_DistributedInfo | None, list[tuple[in
         if after != b"}":
             if not after.startswith(b","):
                 return None
-            around_after = _AROUND.decode(b"{" + after[1:])
-            around.distributedInfo = around.distributedInfo or around_after.distributedInfo
+            around.update(_AROUND.decode(b"{" + after[1:]))
     except (msgspec.DecodeError, UnicodeDecodeError):
         return None
     ranges, lo = [], first
@@ -421,7 +447,7 @@ def _cut(f: BinaryIO, size: int) -> tuple[_DistributedInfo | None, list[tuple[in
         lo = cut + 2
     if last > lo:
         ranges.append((lo, last))
-    return around.distributedInfo, ranges
+    return around, ranges
 
 
 def _find(f: BinaryIO, needle: bytes, start: int, stop: int, window: int = 1 << 20) -> int:
@@ -465,7 +491,7 @@ def decode_whole(path: Path) -> Columns:
     if events is None:
         raise TraceError("not a torch.profiler trace (no 'traceEvents')")
     decoded = columns(events)
-    decoded.distributed = None if isinstance(doc, list) else doc.distributedInfo
+    decoded.around = None if isinstance(doc, list) else _Around(doc.distributedInfo, doc.deviceProperties)
     return decoded
 
 
@@ -487,17 +513,20 @@ class TraceFile:
     rank: int | None
     world_size: int | None
     columns: Columns
+    device: str = ""  # the GPU's name where the trace lists GPUs of one kind (deviceProperties)
 
 
-def trace_file(path: Path, parts: list[Columns], info: _DistributedInfo | None = None) -> TraceFile:
+def trace_file(path: Path, parts: list[Columns], around: _Around | None = None) -> TraceFile:
     """The decoded pieces of ``path``, in order, as a TraceFile; TraceError when they hold no timed event."""
     merged = merge(parts) if parts else columns([])
     if merged.instant.all():
         raise TraceError("no timed events in the trace (profiler recorded nothing)")
-    info = info or merged.distributed
-    worker = worker_of(path)
+    around = around or merged.around or _Around()
+    info, worker = around.distributedInfo, worker_of(path)
     rank = info.rank if info is not None and info.rank is not None else rank_of(worker)
-    return TraceFile(path, worker, rank, info.world_size if info else None, merged)
+    gpus = {d.name for d in around.deviceProperties or []}
+    device = gpus.pop() if len(gpus) == 1 else ""
+    return TraceFile(path, worker, rank, info.world_size if info else None, merged, device)
 
 
 def read_trace(path: Path, progress: Callable[[int], None] | None = None) -> TraceFile:
@@ -512,4 +541,4 @@ def read_trace(path: Path, progress: Callable[[int], None] | None = None) -> Tra
                 progress(piece.weight)
     except Uncut:
         parts = [found.whole().decode()]
-    return trace_file(path, parts, found.distributed)
+    return trace_file(path, parts, found.around)

@@ -306,7 +306,7 @@ def _read_in(workers: Workers, path: Path, progress: Progress) -> Callable[[], T
             parts = [f.result() for f in futures]
         except reader.Uncut:
             parts = [found.whole().decode()]
-        return reader.trace_file(path, parts, found.distributed)
+        return reader.trace_file(path, parts, found.around)
 
     return merged
 
@@ -416,8 +416,15 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     ends: dict[str, list[int]] = {}
     for r in results:
         ends.setdefault(r.worker, []).extend(s.step for s in r.times.rows[-1:])
+    gpus = list(evidence.gpus)
     found_all += trends.findings(
-        series, found.snapshots, evidence.matmul_flops, sum(s.wall_us for s in step_rows), len(step_rows), ends
+        series,
+        found.snapshots,
+        evidence.matmul_flops,
+        sum(s.wall_us for s in step_rows),
+        len(step_rows),
+        ends,
+        gpus[0] if len(gpus) == 1 else "",
     )
     return Summary(
         name=name,

@@ -28,14 +28,16 @@ _LIBRARY = ("/site-packages/", "/dist-packages/", "/torch/", "/lib/python")
 def findings(
     series: dict[str, dict[str, Series]],
     snapshots: list[Path],
-    matmul_flops: float = 0.0,
+    matmul_flops: Counter | None = None,
     profiled_us: float = 0.0,
     profiled_steps: int = 0,
     window_ends: dict[str, list[int]] | None = None,
+    gpu: str = "",
 ) -> list[Diagnostic]:
     """Profiling's own cost and memory growth per worker (CUDA allocated, else the process's RSS), throughput / MFU
-    from the FLOPs the program gave, and from the matrix products of the profiled steps (``matmul_flops`` in
-    ``profiled_steps`` steps that took ``profiled_us``). ``window_ends``: per worker, the last step of each trace."""
+    from the FLOPs the program gave, and from the matrix products of the profiled steps (``matmul_flops`` by dtype in
+    ``profiled_steps`` steps that took ``profiled_us``, on the ``gpu`` the traces name). ``window_ends``: per worker,
+    the last step of each trace."""
     found = []
     many = len(series) > 1
     for worker, tags in series.items():
@@ -49,8 +51,10 @@ def findings(
                 found.append(_growth_finding(trend, what + where, snapshots if key == "allocated" else []))
                 break
     found += _mfu_findings(series)
-    if matmul_flops and profiled_us and profiled_steps:
-        found.append(_matmul_finding(matmul_flops / profiled_steps, matmul_flops / profiled_us / 1e6, _peak(series)))
+    total = sum((matmul_flops or Counter()).values())
+    if total and profiled_us and profiled_steps:
+        peak, how = _matmul_peak(series, matmul_flops or Counter(), gpu)
+        found.append(_matmul_finding(total / profiled_steps, total / profiled_us / 1e6, peak, how))
     return found
 
 
@@ -81,13 +85,36 @@ def _peak(series: dict[str, dict[str, Series]]) -> float | None:
     return next((float(tags[layout.PEAK_TAG].values[0]) for tags in series.values() if layout.PEAK_TAG in tags), None)
 
 
-def _matmul_finding(per_step: float, tflops: float, peak: float | None) -> Diagnostic:
-    mfu = (
-        f", {fmt.share(tflops / peak)} of the dense peak of {peak:.1f} TFLOP/s"
-        if peak
-        else "; no dense peak to give MFU against: kprof.session records one for the GPUs in kprof's table, and "
-        "peak_tflops= (and mfu_dtype=) for others"
-    )
+def _matmul_peak(series: dict[str, dict[str, Series]], by_dtype: Counter, gpu: str) -> tuple[float | None, str]:
+    """The dense peak to hold the matrix products against, and where it came from ("" for the one the session
+    recorded), or why there is none: else the peak of the GPU the trace names in the products' dtype (one dtype
+    holding 99% of their FLOPs)."""
+    session = _peak(series)
+    if session:
+        return session, ""
+    dtype, flops = by_dtype.most_common(1)[0]
+    if not gpu or not dtype or flops < 0.99 * sum(by_dtype.values()):
+        return None, (
+            "; no dense peak to give MFU against: kprof.session records one for the GPUs in kprof's table, and "
+            "peak_tflops= (and mfu_dtype=) for others"
+        )
+    if dtype == "fp32":
+        return None, (
+            f"; fp32 products on the {gpu} run at its fp32 peak, or at its TF32 peak where TF32 is allowed "
+            "(torch.backends.cuda.matmul.allow_tf32), which the trace does not say: pass peak_tflops= to kprof.session "
+            "for MFU"
+        )
+    peak = peaks.peak_tflops(gpu, dtype)
+    if peak is None:
+        return None, f"; the {gpu} is not in kprof's table of peaks: pass peak_tflops= to kprof.session for MFU"
+    return peak, f", the {dtype} dense peak of the {gpu} the trace names"
+
+
+def _matmul_finding(per_step: float, tflops: float, peak: float | None, how: str) -> Diagnostic:
+    """``how``: where a ``peak`` came from ("" for the session's), or why there is none."""
+    mfu = how
+    if peak:
+        mfu = f", {fmt.share(tflops / peak)} of {peak:.1f} TFLOP/s{how or ', the dense peak'}"
     return Diagnostic(
         "matmul_flops",
         "info",
