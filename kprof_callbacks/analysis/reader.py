@@ -51,7 +51,6 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     correlation: Int64 = -1
     input_dims: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input Dims")
     input_dims_old: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input dims")
-    input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
     mem_bytes: Int64 = msgspec.field(default=0, name="Bytes")
     mem_device_type: Int64 = msgspec.field(default=-1, name="Device Type")
     total_allocated: Int64 = msgspec.field(default=0, name="Total Allocated")
@@ -61,7 +60,14 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     addr: Int64 = msgspec.field(default=0, name="Addr")  # `[memory]` events: the block allocated or freed
 
 
-_NO_ARGS = Args()
+class _TypedArgs(Args, frozen=True, gc=False):
+    """With the operators' input types, which only a GPU trace needs (its matrix products' dtype): keeping them costs
+    5-10% of the decoding, so a trace that lists no GPU is decoded without them."""
+
+    input_type: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Input type")
+
+
+_NO_ARGS, _NO_TYPED_ARGS = Args(), _TypedArgs()
 
 
 class Event(msgspec.Struct, frozen=True, gc=False):
@@ -75,6 +81,10 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     ts: Micros = 0.0
     dur: Annotated[float, msgspec.Meta(ge=0.0, le=1e14)] = 0.0  # negative: a broken clock, not a duration
     args: Args = _NO_ARGS
+
+
+class _TypedEvent(Event, frozen=True, gc=False):
+    args: _TypedArgs = _NO_TYPED_ARGS
 
 
 class _DistributedInfo(msgspec.Struct):
@@ -100,11 +110,11 @@ class _Around(msgspec.Struct):
 
 
 class _Trace(_Around):
-    traceEvents: list[Event] | None = None  # noqa: N815
+    traceEvents: list[_TypedEvent] | None = None  # noqa: N815
 
 
-_WHOLE = msgspec.json.Decoder(_Trace | list[Event])  # a list: legacy autograd-profiler chrome trace
-_PIECE = msgspec.json.Decoder(list[Event])
+_WHOLE = msgspec.json.Decoder(_Trace | list[_TypedEvent])  # a list: legacy autograd-profiler chrome trace
+_PIECE = {False: msgspec.json.Decoder(list[Event]), True: msgspec.json.Decoder(list[_TypedEvent])}  # by `typed`
 _AROUND = msgspec.json.Decoder(_Around)
 
 
@@ -249,7 +259,7 @@ def columns(events: list[Event]) -> Columns:
     types = _Interner({b"": 0})
     type_ids = np.zeros(len(events), np.int32)
     products = ops & np.isin(name, [k for k, n in enumerate(names) if n in MATMULS])
-    if products.any():  # input types: read for matrix products alone, whose dtype sets the peak their FLOPs run at
+    if products.any() and isinstance(events[0], _TypedEvent):  # the products' dtype sets the peak their FLOPs run at
         typed = [events[i] for i in np.flatnonzero(products).tolist()]
         type_ids[products] = np.fromiter(
             map(types.__getitem__, map(bytes, map(_ARGS["input_type"], typed))), np.int32, len(typed)
@@ -351,6 +361,7 @@ class Piece:
     hi: int
     data: bytes | None = None
     whole: bool = False
+    typed: bool = False  # keep the operators' input types (the file lists a GPU)
     weight: int = 0  # bytes of the file on disk it stands for (progress): the pieces of a file add up to its size
 
     @property
@@ -369,7 +380,7 @@ class Piece:
         else:
             text = self.data
         try:
-            return columns(_PIECE.decode(b"[" + text + b"]"))
+            return columns(_PIECE[self.typed].decode(b"[" + text + b"]"))
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise Uncut(str(exc)) from exc
 
@@ -408,7 +419,8 @@ def plan(path: Path) -> Plan:
     if weights:
         weights[-1] += size - sum(weights)
     found.pieces += [
-        Piece(path, lo, hi, None if data is None else data[lo:hi], weight=w) for (lo, hi), w in zip(ranges, weights)
+        Piece(path, lo, hi, None if data is None else data[lo:hi], weight=w, typed=bool(found.around.deviceProperties))
+        for (lo, hi), w in zip(ranges, weights)
     ]
     return found
 
