@@ -128,6 +128,17 @@ def launch_bound(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
     return "launch_bound" in _findings(steps, ev)
 
 
+def gpu_idle(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
+    """The GPU idle 20% of a step (each window's first step 45%: the profiler starting, the first batch), or 45% of
+    every step."""
+    walls = _walls(rng, sigma, 2 * WINDOW)
+    typical = np.where(np.arange(walls.size) % WINDOW == 0, 0.45, 0.45 if inject else 0.20)
+    idle_share = np.clip(typical * rng.lognormal(0.0, sigma, walls.size), 0, 0.95)
+    busy = walls * (1 - idle_share)
+    steps = _steps(walls, gpu_busy_us=busy, gpu_idle_us=walls - busy, kernel_us=busy)
+    return "gpu_idle" in _findings(steps, diagnostics.Evidence(has_gpu=True))
+
+
 def syncs(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
     walls = _walls(rng, sigma, 2 * WINDOW)
     per_step = np.zeros(walls.size)
@@ -323,6 +334,7 @@ DETECTORS = (
         )
         for n in (2, 8)
     ),
+    Detector("GPU idle", "GPU steps idle 20% (a window's first step 45%)", "the GPU idle 45% of every step", gpu_idle),
 )
 
 
