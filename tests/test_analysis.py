@@ -289,6 +289,7 @@ _RANK_WORKER = textwrap.dedent("""
             x = torch.randn(256 * (1 + 31 * rank), 32)  # rank 1 computes 32x more: the straggler
             model(x).sum().backward()
             opt.step(); opt.zero_grad(); prof.step()
+    dist.barrier()  # both traces written before either rank tears gloo down
     dist.destroy_process_group()
 """)
 
