@@ -265,22 +265,12 @@ def _ranks_findings(rng: np.random.Generator, sigma: float, n_ranks: int, extra:
         for r in range(n_ranks)
     ]
     arrived = ranks.arrivals(workers)
-    wall = now / steps / 1e3
-    stats_ = [
-        RankStats(
-            r,
-            f"rank{r}_host_1",
-            steps,
-            wall,
-            compute[r].mean() / 1e3,
-            wall - compute[r].mean() / 1e3,
-            0.0,
-            wall - compute[r].mean() / 1e3,
-            **arrived[r],
-        )
-        for r in range(n_ranks)
-    ]
-    skew = ranks.skew_of({s: {r: float(compute[r, s]) / 1e3 for r in range(n_ranks)} for s in range(steps)})
+    wall, compute_us = now / steps / 1e3, compute / 1e3
+    stats_ = []
+    for w in workers:
+        mine = float(compute_us[w.rank].mean())  # communication: the rest of the step, none of it overlapped
+        stats_.append(RankStats(w.rank, w.worker, steps, wall, mine, wall - mine, 0.0, wall - mine, **arrived[w.rank]))
+    skew = ranks.skew_of({s: {r: float(compute_us[r, s]) for r in range(n_ranks)} for s in range(steps)})
     return {d.kind: int(d.message.split()[1]) for d in ranks.findings(stats_, skew)}
 
 

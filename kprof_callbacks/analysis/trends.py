@@ -51,9 +51,10 @@ def findings(
                 found.append(_growth_finding(trend, what + where, snapshots if key == "allocated" else []))
                 break
     found += _mfu_findings(series)
-    total = sum((matmul_flops or Counter()).values())
+    by_dtype = matmul_flops or Counter()
+    total = sum(by_dtype.values())
     if total and profiled_us and profiled_steps:
-        peak, how = _matmul_peak(series, matmul_flops or Counter(), gpu)
+        peak, how = _matmul_peak(series, by_dtype, gpu)
         found.append(_matmul_finding(total / profiled_steps, total / profiled_us / 1e6, peak, how))
     return found
 
