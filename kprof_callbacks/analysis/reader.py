@@ -258,9 +258,9 @@ def columns(events: list[Event]) -> Columns:
     name = _interned(events, _FIELDS["name"], names)
     types = _Interner({b"": 0})
     type_ids = np.zeros(len(events), np.int32)
-    products = ops & np.isin(name, [k for k, n in enumerate(names) if n in MATMULS])
-    if products.any() and isinstance(events[0], _TypedEvent):  # the products' dtype sets the peak their FLOPs run at
-        typed = [events[i] for i in np.flatnonzero(products).tolist()]
+    if events and isinstance(events[0], _TypedEvent):  # the matrix products' dtype sets the peak their FLOPs run at
+        products = np.flatnonzero(ops & np.isin(name, [k for k, n in enumerate(names) if n in MATMULS]))
+        typed = [events[i] for i in products.tolist()]
         type_ids[products] = np.fromiter(
             map(types.__getitem__, map(bytes, map(_ARGS["input_type"], typed))), np.int32, len(typed)
         )
