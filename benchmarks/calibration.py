@@ -19,6 +19,9 @@ kernels, memory kept, a longer step). Rows that need a GPU are left out on a CPU
     python benchmarks/calibration.py --quick                          # 40 trials a row (the test)
     python benchmarks/calibration.py --out benchmarks/results/calibration-cpu.json
     python benchmarks/calibration.py --real --trials 10 --out calibration-real.json   # ~5 min on an H100
+    python benchmarks/calibration.py --real --only "slow step,syncs" --out part.json  # some rows (same seeds)
+
+``--out`` is written again after each row, so a run cut short keeps the rows it finished.
 """
 
 from __future__ import annotations
@@ -468,12 +471,20 @@ def wilson(hits: int, n: int) -> tuple[float, float]:
 
 
 def calibrate(
-    trials: int, seed: int = 0, detectors: tuple[Detector, ...] = DETECTORS, noise: tuple[float | None, ...] = NOISE
+    trials: int,
+    seed: int = 0,
+    detectors: tuple[Detector, ...] = DETECTORS,
+    noise: tuple[float | None, ...] = NOISE,
+    on_row: Callable[[list[dict]], None] = lambda rows: None,
+    only: frozenset[str] | None = None,
 ) -> list[dict]:
     """Every detector at every noise level (None: the machine's own): false-positive and detection rates over
-    ``trials`` seeded runs each."""
+    ``trials`` seeded runs each. ``on_row(rows)`` after each row (the rows so far), so a long run cut short keeps
+    what it measured. ``only``: the names of the detectors to run (each keeps the seeds it has in a full run)."""
     rows = []
     for k, det in enumerate(detectors):
+        if only is not None and det.name not in only:
+            continue
         for sigma in noise:
             started = time.perf_counter()
             rates = {}
@@ -497,6 +508,7 @@ def calibrate(
                 }
             )
             print(_line(rows[-1]), flush=True)
+            on_row(rows)
     return rows
 
 
@@ -530,15 +542,25 @@ def environment(real: bool) -> dict:
     }
 
 
+def _check_only(only: frozenset[str] | None, detectors: tuple[Detector, ...]) -> None:
+    unknown = sorted((only or frozenset()) - {d.name for d in detectors})
+    if unknown:
+        raise SystemExit(f"--only: no detector named {unknown}; these run here: {[d.name for d in detectors]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=1000, help="seeded runs per rate (default 1000)")
     parser.add_argument("--quick", action="store_true", help="40 trials a rate: a smoke test")
     parser.add_argument("--real", action="store_true", help="end to end on this machine's training noise")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here (again after each row)")
+    parser.add_argument(
+        "--only", help="comma-separated detector names to run (e.g. 'slow step,syncs'); default: all of them"
+    )
     args = parser.parse_args(argv)
     trials = 40 if args.quick else args.trials
+    only = None if args.only is None else frozenset(n.strip() for n in args.only.split(",") if n.strip())
     print(
         f"{trials} seeded trials per rate; targets: <= {FP_TARGET:.0%} false positives, "
         f">= {DETECTION_TARGET:.0%} detection\n"
@@ -546,23 +568,33 @@ def main(argv: list[str] | None = None) -> int:
     print("| detector | noise | false positives [95% CI] | detection [95% CI] | injected effect | targets |")
     print("|---|---:|---:|---:|---|---|")
     started = time.perf_counter()
-    if args.real:
-        with tempfile.TemporaryDirectory() as logdir:
-            rows = calibrate(trials, args.seed, real_detectors(RealLoop(Path(logdir))), (None,))
-    else:
-        rows = calibrate(trials, args.seed)
-    result = {
-        **environment(args.real),
-        "trials": trials,
-        "seed": args.seed,
-        "seconds": round(time.perf_counter() - started, 1),
-        "targets": {"false_positive_rate": FP_TARGET, "detection_rate": DETECTION_TARGET},
-        "rows": rows,
-        "command": shlex.join(["python", "benchmarks/calibration.py", *(sys.argv[1:] if argv is None else argv)]),
-    }
-    if args.out:
+    command = shlex.join(["python", "benchmarks/calibration.py", *(sys.argv[1:] if argv is None else argv)])
+
+    def write(rows: list[dict]) -> None:
+        if args.out is None:
+            return
+        result = {
+            **environment(args.real),
+            "trials": trials,
+            "seed": args.seed,
+            "seconds": round(time.perf_counter() - started, 1),
+            "targets": {"false_positive_rate": FP_TARGET, "detection_rate": DETECTION_TARGET},
+            "rows": rows,
+            "command": command,
+        }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+    if args.real:
+        with tempfile.TemporaryDirectory() as logdir:
+            detectors = real_detectors(RealLoop(Path(logdir)))
+            _check_only(only, detectors)
+            rows = calibrate(trials, args.seed, detectors, (None,), write, only)
+    else:
+        _check_only(only, DETECTORS)
+        rows = calibrate(trials, args.seed, on_row=write, only=only)
+    write(rows)
+    if args.out:
         print(f"\nwritten to {args.out}", file=sys.stderr)
     return 0
 

@@ -238,3 +238,11 @@ def test_calibration_quick_rates_every_detector_on_noise_and_on_its_effect(tmp_p
         if row["noise_sigma"] == 0.05:  # a GPU step's noise: every detector near its targets even in 40 trials
             assert row["false_positive_rate"] <= 0.1 and row["detection_rate"] >= 0.9, row
     assert "| slow-step trigger | 15% |" in capsys.readouterr().out
+    # --only runs some rows with the seeds they have in the full run, so its rows are the full run's
+    part = tmp_path / "part.json"
+    assert calibration.main(["--quick", "--only", "GPU idle, slow step", "--out", str(part)]) == 0
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    picked = [r for r in doc["rows"] if r["detector"] in ("GPU idle", "slow step")]
+    assert drop(json.loads(part.read_text())["rows"]) == drop(picked)
+    with pytest.raises(SystemExit, match="no detector named"):
+        calibration.main(["--quick", "--only", "slow stpe"])
