@@ -78,6 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="R:MS",
         help="rank R sleeps MS milliseconds loading each batch",
     )
+    parser.add_argument(
+        "--profile-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="record allocations (the unsharded-memory finding reads them; they cost host time per operator)",
+    )
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--batch", type=int, default=None, help="sequences per rank (default: 4 on GPU, 8 on CPU)")
     parser.add_argument("--layers", type=int, default=None, help="blocks (default: 12 on GPU, 6 on CPU)")
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     shard(model, args, gpu)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batches = models.random_batches(cfg, n=args.steps, batch=args.batch or (4 if gpu else 8), device=device, seed=rank)
-    with kprof.session(args.logdir, run=args.name, wait=3, warmup=1, active=4, profile_memory=True) as s:
+    with kprof.session(args.logdir, run=args.name, wait=3, warmup=1, active=4, profile_memory=args.profile_memory) as s:
         for idx, targets in batches:
             if rank == args.slow_data[0]:
                 with s.region("data_loading"):

@@ -16,8 +16,10 @@
 
 #include <Python.h>
 
+#include <string>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 
 namespace kprof {
 
@@ -67,28 +69,40 @@ inline void no_autograd_of_its_own(const c10::OperatorHandle& op, c10::DispatchK
   op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
 }
 
-// The fp32 autocast policy (torch's for layer_norm, pow, ... on CUDA): every floating tensor argument on the
-// autocast device goes to float32, then the operator runs with this autocast key off. Boxed, so one function
-// serves every schema.
-template <c10::DispatchKey Key, c10::DeviceType Device>
-void autocast_to_fp32(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
-  for (auto it = stack->end() - n; it != stack->end(); ++it) {
-    if (it->isTensor()) *it = at::autocast::cached_cast(at::kFloat, it->toTensor(), Device);
-  }
-  const c10::impl::ExcludeDispatchKeyGuard no_autocast(Key);
-  op.callBoxed(stack);
-}
+// The fp32 autocast policy (torch's for layer_norm, pow, ... on CUDA), for an operator of C++ signature R(Args...):
+// every floating tensor argument on the autocast device goes to float32, then the operator runs with this autocast
+// key off. Unboxed, as torch's own autocast wrappers are (at::autocast::WrapFunction_): the arguments go straight
+// to the typed call, with no IValue stack and no list allocation per call (a boxed kernel cost the host about as
+// much as the rest of a LayerNorm forward's dispatch). One instance per operator (`kernel` is its autograd kernel);
+// `handle` is set when the kernel is registered.
+template <c10::DispatchKey Key, c10::DeviceType Device, auto& kernel,
+          typename Sig = std::remove_reference_t<decltype(kernel)>>
+struct AutocastFp32;
 
-// Under autocast, `op` behaves as the torch op it replaces (`twin`, e.g. {"aten::layer_norm", ""}) does on this
-// device: torch gives norms and pow the fp32 policy where it autocasts them at all (layer_norm on CUDA; rms_norm on
-// CUDA from torch 2.12), and nothing otherwise (gelu, silu, add, and everything on the CPU follow their input).
-// Asking torch's dispatcher which twins it autocasts keeps this right across torch versions.
-template <c10::DispatchKey Key, c10::DeviceType Device>
+template <c10::DispatchKey Key, c10::DeviceType Device, auto& kernel, typename R, typename... Args>
+struct AutocastFp32<Key, Device, kernel, R(Args...)> {
+  static inline std::optional<c10::TypedOperatorHandle<R(Args...)>> handle;
+
+  static R call(Args... args) {
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(Key);
+    return handle->call(at::autocast::cached_cast(at::kFloat, args, Device)...);
+  }
+};
+
+// Under autocast, `op` ("kprof::<name>", whose kernels have the signature of `kernel`) behaves as the torch op it
+// replaces (`twin`, e.g. {"aten::layer_norm", ""}) does on this device: torch gives norms and pow the fp32 policy
+// where it autocasts them at all (layer_norm on CUDA; rms_norm on CUDA from torch 2.12), and nothing otherwise (gelu,
+// silu, add, and everything on the CPU follow their input). Asking torch's dispatcher which twins it autocasts keeps
+// this right across torch versions.
+template <c10::DispatchKey Key, c10::DeviceType Device, auto& kernel>
 void autocast_like(torch::Library& m, const char* op, c10::OperatorName twin) {
+  using Sig = std::remove_reference_t<decltype(kernel)>;
+  using Wrapper = AutocastFp32<Key, Device, kernel>;
   const auto handle = c10::Dispatcher::singleton().findOp(twin);
   if (handle && handle->hasKernelForDispatchKey(Key)) {
-    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&autocast_to_fp32<Key, Device>>());
+    const std::string name = std::string("kprof::") + op;
+    Wrapper::handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "").template typed<Sig>();
+    m.impl(op, &Wrapper::call);
   }
 }
 
@@ -100,14 +114,15 @@ void autocast_like(torch::Library& m, const char* op, c10::OperatorName twin) {
   TORCH_LIBRARY_IMPL(kprof, CPU, m) { register_fn(m); } \
   TORCH_LIBRARY_IMPL(kprof, CUDA, m) { register_fn(m); }
 
-// Autocast for kprof operator `op` on both devices as torch autocasts its twin, e.g. ("layer_norm", "aten::layer_norm",
-// "") or ("square", "aten::pow", "Tensor_Scalar") (torch.square is pow(x, 2)).
-#define KPROF_AUTOCAST_LIKE(op, twin, overload)                                                             \
-  TORCH_LIBRARY_IMPL(kprof, AutocastCUDA, m) {                                                             \
-    kprof::autocast_like<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>(m, op, {twin, overload}); \
-  }                                                                                                         \
-  TORCH_LIBRARY_IMPL(kprof, AutocastCPU, m) {                                                              \
-    kprof::autocast_like<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>(m, op, {twin, overload});   \
+// Autocast for kprof operator `op` (whose kernels have the signature of `kernel`) on both devices as torch autocasts
+// its twin, e.g. ("layer_norm", layer_norm_autograd, "aten::layer_norm", "") or ("square", square_autograd, "aten::pow",
+// "Tensor_Scalar") (torch.square is pow(x, 2)).
+#define KPROF_AUTOCAST_LIKE(op, kernel, twin, overload)                                                         \
+  TORCH_LIBRARY_IMPL(kprof, AutocastCUDA, m) {                                                                 \
+    kprof::autocast_like<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA, kernel>(m, op, {twin, overload}); \
+  }                                                                                                             \
+  TORCH_LIBRARY_IMPL(kprof, AutocastCPU, m) {                                                                  \
+    kprof::autocast_like<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU, kernel>(m, op, {twin, overload});   \
   }
 
 #define KPROF_CAT2(a, b) a##b

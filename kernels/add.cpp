@@ -57,6 +57,6 @@ KPROF_CPU_AND_CUDA_KERNELS(kernels)
 
 TORCH_LIBRARY_IMPL(kprof, Autograd, m) { m.impl("add", &add_autograd); }
 
-KPROF_AUTOCAST_LIKE("add", "aten::add", "Tensor")
+KPROF_AUTOCAST_LIKE("add", add_autograd, "aten::add", "Tensor")
 
 KPROF_PYTHON_MODULE(KPROF_FAST("add", add_autograd))

@@ -254,7 +254,7 @@ TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
   m.impl("bias_gelu_backward", &bias_gelu_backward_autograd);
 }
 
-KPROF_AUTOCAST_LIKE("gelu", "aten::gelu", "")
-KPROF_AUTOCAST_LIKE("bias_gelu", "aten::gelu", "")
+KPROF_AUTOCAST_LIKE("gelu", gelu_autograd, "aten::gelu", "")
+KPROF_AUTOCAST_LIKE("bias_gelu", bias_gelu_autograd, "aten::gelu", "")
 
 KPROF_PYTHON_MODULE(KPROF_FAST("gelu", gelu_autograd), KPROF_FAST("bias_gelu", bias_gelu_autograd))

@@ -231,6 +231,6 @@ TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
   m.impl("layer_norm_backward", &layer_norm_backward_autograd);
 }
 
-KPROF_AUTOCAST_LIKE("layer_norm", "aten::layer_norm", "")
+KPROF_AUTOCAST_LIKE("layer_norm", layer_norm_autograd, "aten::layer_norm", "")
 
 KPROF_PYTHON_MODULE(KPROF_FAST("layer_norm", layer_norm_autograd))

@@ -197,6 +197,6 @@ TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
   m.impl("rms_norm_backward", &rms_norm_backward_autograd);
 }
 
-KPROF_AUTOCAST_LIKE("rms_norm", "aten::rms_norm", "")
+KPROF_AUTOCAST_LIKE("rms_norm", rms_norm_autograd, "aten::rms_norm", "")
 
 KPROF_PYTHON_MODULE(KPROF_FAST("rms_norm", rms_norm_autograd))

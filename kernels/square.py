@@ -193,7 +193,7 @@ TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
   m.impl("square_backward", &square_backward_autograd);
 }
 
-KPROF_AUTOCAST_LIKE("square", "aten::pow", "Tensor_Scalar")  // torch.square(x) is pow(x, 2)
+KPROF_AUTOCAST_LIKE("square", square_autograd, "aten::pow", "Tensor_Scalar")  // torch.square(x) is pow(x, 2)
 
 KPROF_PYTHON_MODULE()
 """

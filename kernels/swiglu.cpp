@@ -125,6 +125,6 @@ TORCH_LIBRARY_IMPL(kprof, Autograd, m) {
   m.impl("swiglu_backward", &swiglu_backward_autograd);
 }
 
-KPROF_AUTOCAST_LIKE("swiglu", "aten::silu", "")
+KPROF_AUTOCAST_LIKE("swiglu", swiglu_autograd, "aten::silu", "")
 
 KPROF_PYTHON_MODULE(KPROF_FAST("swiglu", swiglu_autograd))
