@@ -465,3 +465,21 @@ def test_cli(tmp_path, capsys):
     assert "step 7 not in" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _cli(str(a), str(b), "--confidence", "2")
+
+
+def test_the_empty_step_a_cut_short_window_ends_with_is_no_step(tmp_path):
+    """torch opens ProfilerStep#N at the loop's last step() and closes it when the session stops: nothing ran in it."""
+    path = write_trace(tmp_path / "t.pt.trace.json", [{"aten::mm": 500.0}] * 4, kernels=[{"k": 300.0}] * 4)
+    doc = json.loads(path.read_text())
+    end = max(e["ts"] + e["dur"] for e in doc["traceEvents"])
+    doc["traceEvents"].append(
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 1, "ts": end + 5, "dur": 30}
+    )
+    path.write_text(json.dumps(doc))
+    walls = [s.wall_us for s in summarize(path).per_step.steps]
+    assert len(walls) == 4 and min(walls) > 500  # was 5 steps, the last 30 us
+    doc["traceEvents"].append(  # an operator in it: a real step, however short
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": end + 10, "dur": 5}
+    )
+    path.write_text(json.dumps(doc))
+    assert len(summarize(path).per_step.steps) == 5

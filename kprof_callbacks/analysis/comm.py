@@ -21,8 +21,8 @@ import numpy as np
 
 from . import fsdp
 from . import intervals as iv
-from .events import Events
-from .steps import StepTimes, Windows, comm_events, launch_times
+from .events import Events, launch_times
+from .steps import StepTimes, Windows, comm_events
 from .tables import CommStats, Diagnostic, FsdpStep, StepStats
 
 KINDS = (

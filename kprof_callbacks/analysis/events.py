@@ -169,6 +169,29 @@ def _recorded(raw: np.ndarray, table: list[bytes]) -> tuple[np.ndarray, list[str
     return out, [table[k].decode() for k in ids.tolist()]
 
 
+def launch_times(tl: Events) -> np.ndarray:
+    """When the host launched each device event (its runtime call's start; else its own start)."""
+    host, dev = tl.host, tl.device
+    runtime = match(np.flatnonzero((host.kind == RUNTIME) & (host.corr >= 0)), host.corr, dev.corr)
+    launch = dev.start.copy()
+    launch[runtime >= 0] = host.start[runtime[runtime >= 0]]
+    return launch
+
+
+def _without_empty_last_step(tl: Events) -> Events:
+    """``tl`` less its last step when nothing ran in it: the range torch opens at the last step() and closes when a
+    window is cut short (the loop ended) holds no host event and launches no GPU work, and its few microseconds
+    are no step time."""
+    if not tl.steps.shape[0]:
+        return tl
+    lo, hi = tl.steps[-1, 1], tl.steps[-1, 2]
+    step_names = np.isin(tl.host.name, [k for k, n in enumerate(tl.names) if _STEP.match(n)])
+    starts = np.concatenate([tl.host.start[~step_names], launch_times(tl)])
+    if np.any((starts >= lo) & (starts <= hi)):
+        return tl
+    return dataclasses.replace(tl, steps=tl.steps[:-1])
+
+
 def build(trace: TraceFile) -> Events:
     """Sort a trace's events into host, device and memory columns, and its steps."""
     c = trace.columns
@@ -226,7 +249,7 @@ def build(trace: TraceFile) -> Events:
         axis=1,
     ).reshape(-1, 3)
     steps = steps[np.argsort(steps[:, 1], kind="stable")]
-    return Events(
+    events = Events(
         trace,
         c.names,
         shape_table,
@@ -238,3 +261,4 @@ def build(trace: TraceFile) -> Events:
         [c.lanes[k] for k in thread_ids.tolist()],
         [c.lanes[k] for k in stream_ids.tolist()],
     )
+    return _without_empty_last_step(events)

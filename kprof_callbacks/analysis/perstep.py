@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .events import DEVICE_KINDS, Events
+from .events import DEVICE_KINDS, Events, launch_times
 from .ops import HostCosts, label_events, op_events
-from .steps import StepTimes, Windows, launch_times
+from .steps import StepTimes, Windows
 from .tables import StepStats
 from .tree import Tree
 

@@ -26,7 +26,7 @@ from .events import (
     RUNTIME,
     Events,
     is_collective_name,
-    match,
+    launch_times,
 )
 from .tables import StepStats
 from .tree import Tree
@@ -68,15 +68,6 @@ class StepTimes:
     comm_us: np.ndarray
     overlap_us: np.ndarray
     compute: iv.Intervals = dataclasses.field(repr=False, default=iv.EMPTY)  # when anything computed, all steps
-
-
-def launch_times(tl: Events) -> np.ndarray:
-    """When the host launched each device event (its runtime call's start; else its own start)."""
-    host, dev = tl.host, tl.device
-    runtime = match(np.flatnonzero((host.kind == RUNTIME) & (host.corr >= 0)), host.corr, dev.corr)
-    launch = dev.start.copy()
-    launch[runtime >= 0] = host.start[runtime[runtime >= 0]]
-    return launch
 
 
 def windows(tl: Events) -> Windows:
