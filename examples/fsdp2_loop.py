@@ -9,7 +9,8 @@ One GPU per rank with NCCL and a bf16 MixedPrecisionPolicy (fp32 gradient reduct
 else gloo on the CPU in fp32. Each block gets its own ``fully_shard`` and the root one more (``--wrap root``: only the
 root), so FSDP all-gathers a block's parameters before its forward and backward and reduce-scatters its gradients after
 its backward. Each rank writes ``rank<R>_<host>_<pid>.<ns>.pt.trace.json`` into ``log/<run>`` (memory recorded, for
-the unsharded-parameter finding); rank 0 prints the summary.
+the unsharded-parameter finding, unless ``--no-profile-memory``: the memory profiler costs host time per operator);
+rank 0 prints the summary.
 
 The flags make each finding fire or stay quiet (docs/multi-gpu.md says which fires where): ``--wrap root``,
 ``--no-reshard-after-forward``, ``--prefetch N`` (explicit prefetching, N groups ahead; 0: FSDP's implicit one),
@@ -25,6 +26,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import kprof_callbacks as kprof
@@ -100,10 +102,13 @@ def shard(model: models.GPT, args: argparse.Namespace, gpu: bool) -> None:
     """fully_shard the blocks (unless --wrap root) and the root, and set prefetching and the reduce-scatter group."""
     bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     policy = bf16 if gpu else MixedPrecisionPolicy()
+    # fully_shard's default mesh is on the machine's accelerator: gloo ranks on a machine with fewer GPUs than ranks
+    # need a CPU mesh of their own.
+    mesh = None if gpu else init_device_mesh("cpu", (dist.get_world_size(),))
     blocks = list(model.blocks) if args.wrap == "blocks" else []
     for block in blocks:
-        fully_shard(block, mp_policy=policy, reshard_after_forward=args.reshard)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=False)  # backward needs the root first: keep it
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=args.reshard)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)  # backward needs the root first
     if args.prefetch:
         for i, block in enumerate(blocks):
             block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + args.prefetch])
@@ -153,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     shard(model, args, gpu)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batches = models.random_batches(cfg, n=args.steps, batch=args.batch or (4 if gpu else 8), device=device, seed=rank)
-    with kprof.session(args.logdir, run=args.name, wait=3, warmup=1, active=4, profile_memory=args.profile_memory) as s:
+    schedule = dict(wait=3, warmup=1, active=4)
+    with kprof.session(args.logdir, run=args.name, **schedule, profile_memory=args.profile_memory) as s:
         for idx, targets in batches:
             if rank == args.slow_data[0]:
                 with s.region("data_loading"):

@@ -308,8 +308,18 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"wheel": wheel, "sdist": sdist}
 
 
+def dependency_dirs() -> list[str]:
+    """Where this interpreter finds its packages, the checkout left out: torch's site-packages, and any folder a
+    machine without an index adds to PYTHONPATH for the rest (msgspec, torch-tb-profiler)."""
+    checkout = REPO
+    dirs = [Path(p).resolve() for p in sys.path if p and Path(p).is_dir()]
+    keep = [d for d in dirs if d != checkout and checkout not in d.parents]
+    return list(dict.fromkeys(map(str, [Path(torch.__file__).parents[1], *keep])))
+
+
 def install_alone(dist: Path, venv: Path) -> Path:
-    """A fresh venv holding only ``dist`` (dependencies come from torch's site-packages); returns its python."""
+    """A fresh venv holding only ``dist`` (dependencies come from this interpreter's package folders, never from the
+    checkout); returns its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     site = subprocess.run(
@@ -318,7 +328,7 @@ def install_alone(dist: Path, venv: Path) -> Path:
         text=True,
         check=True,
     ).stdout.strip()
-    (Path(site) / "kprof_deps.pth").write_text(f"{Path(torch.__file__).parents[1]}\n")
+    (Path(site) / "kprof_deps.pth").write_text("".join(f"{d}\n" for d in dependency_dirs()))
     installed = subprocess.run(
         [
             python,

@@ -220,6 +220,7 @@ def test_compare_gates_each_variant_against_the_baseline():
         result.regressed(-5)
 
 
+@pytest.mark.usefixtures("one_thread")  # a 16-wide model: OpenMP threads beside busy test workers only add noise
 def test_compare_cli_exits_3_on_a_slower_variant_and_names_it(monkeypatch, capsys):
     """The builtin model against a copy that sleeps 20 ms a step."""
     torch = pytest.importorskip("torch")

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLE = EXAMPLES / "fsdp2_loop.py"
+# The CPU path (gloo), also on a machine with GPUs: the examples take NCCL when every rank has a GPU of its own.
+CPU_ENV = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
 LAYERS = 3
 SMALL = ["--layers", str(LAYERS), "--steps", "8"]
 
@@ -42,7 +44,7 @@ def _torchrun(logdir: Path, name: str, *flags: str, ranks: int = 2) -> subproces
         text=True,
         timeout=600,
         cwd=logdir,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        env=CPU_ENV,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -171,7 +173,11 @@ def test_sixteen_ranks_on_two_hosts(tmp_path):
         found = {d.kind: d.message for d in s.diagnostics}
         assert found["straggler"].startswith("Rank 3 ")
         assert found["late_rank"].startswith("Rank 11 ")
-        assert {"fsdp_all_gather", "fsdp_reduce_scatter"} <= found.keys()  # gloo: FSDP's collectives block
+        # gloo: FSDP's collectives block. Whether reduce-scatter reaches 5% of a step that rank 11's 400 ms sleep
+        # stretches depends on the machine (it did not on 32 cores); the part of it that is exposed does not.
+        assert "fsdp_all_gather" in found
+        rows = [c for c in s.comm if c.collective == "reduce_scatter"]
+        assert sum(c.exposed_us for c in rows) / sum(c.total_us for c in rows) >= 2 * fsdp.EXPOSED_PART
     offsets = {r.rank: r.clock_offset_us for r in two_hosts.ranks}
     assert all(offsets[r] == 0 for r in range(8))
     assert all(abs(offsets[r] - 3.7e6) < 5_000 for r in range(8, 16))  # within 5 ms
@@ -187,7 +193,7 @@ def test_lightning_model_parallel_strategy_profiles_every_rank(tmp_path):
         text=True,
         timeout=600,
         cwd=tmp_path,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        env=CPU_ENV,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "lightning_logs" / "version_0" / "kprof" / "train"
