@@ -123,6 +123,21 @@ def _range(key: str, spec: str = "+.1%") -> str:
     return f"{{{key}[0]:{spec}}} ({{{key}[1]:{spec}}} .. {{{key}[2]:{spec}}})"
 
 
+def _real_model(source: str) -> Table:
+    return Table(
+        source,
+        (
+            _t("mode", "{mode}"),
+            _t("variant", "{variant}"),
+            Col("torch ms/step", "{torch_ms:.2f}"),
+            Col("kprof.swap ms/step", "{kprof_ms:.2f}"),
+            Col("speedup [95% CI]", "{speedup:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"),
+            _t("verdict", "{verdict}"),
+            _t("check (no `tol=`)", "{check}"),
+        ),
+    )
+
+
 def _kernels(source: str) -> Table:
     return Table(
         source,
@@ -289,18 +304,8 @@ TABLES: dict[str, Table] = {
             _t("dispatches to", "{dispatches}"),
         ),
     ),
-    "real_model": Table(
-        "real_model-h100.json",
-        (
-            _t("mode", "{mode}"),
-            _t("variant", "{variant}"),
-            Col("torch ms/step", "{torch_ms:.2f}"),
-            Col("kprof.swap ms/step", "{kprof_ms:.2f}"),
-            Col("speedup [95% CI]", "{speedup:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"),
-            _t("verdict", "{verdict}"),
-            _t("check (no `tol=`)", "{check}"),
-        ),
-    ),
+    "real_model": _real_model("real_model-h100.json"),
+    "real_model-h200": _real_model("real_model-h200.json"),
     "mfu": Table(
         "mfu-h100.json", (_t("measure", "{measure}"), Col("TFLOP/s", "{tflops:.1f}"), Col("MFU", "{mfu:.1%}"))
     ),
@@ -335,6 +340,7 @@ TABLES: dict[str, Table] = {
     ),
     "calibration": _calibration("calibration-cpu.json", noise=True),
     "calibration-real": _calibration("calibration-real-cpu.json", noise=False),
+    "calibration-real-gpu": _calibration("calibration-real-h200.json", noise=False),
     "gpu-suite": Table(
         "test_suite-h100.json",
         (
