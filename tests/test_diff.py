@@ -483,3 +483,21 @@ def test_the_empty_step_a_cut_short_window_ends_with_is_no_step(tmp_path):
     )
     path.write_text(json.dumps(doc))
     assert len(summarize(path).per_step.steps) == 5
+
+
+def test_a_windows_first_step_is_not_charged_the_gpus_backlog(tmp_path):
+    """The host ran ahead: step 0's kernel waited 5 ms in the queue behind steps from before the window, so step 0's
+    time starts when its kernel did (steps 1.. already start where the previous one ended); its operator is still
+    its own."""
+    path = write_trace(tmp_path / "t.pt.trace.json", [{"aten::mm": 50.0}] * 4, kernels=[{"k": 1000.0}] * 4)
+    doc = json.loads(path.read_text())
+    for e in doc["traceEvents"]:
+        if e["cat"] == "kernel":
+            e["ts"] += 5000.0  # every kernel 5 ms late: the GPU ran them back to back after the backlog
+    path.write_text(json.dumps(doc))
+    s = summarize(path)
+    walls = [step.wall_us for step in s.per_step.steps]
+    assert walls == pytest.approx([1000.0] * 4, abs=60), walls
+    assert s.per_step.steps[0].gpu_idle_us < 60  # the GPU was never idle in it
+    row = [(k, n) for k, n in zip(s.per_step.kind, s.per_step.name)].index(("op", "aten::mm"))
+    assert s.per_step.calls[row].tolist() == [1, 1, 1, 1]

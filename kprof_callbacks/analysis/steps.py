@@ -2,8 +2,11 @@
 
 A step is its `ProfilerStep#N` host range, extended to the end of the last GPU activity
 launched inside it and starting no earlier than the previous step's end, as
-torch-tb-profiler's overview does (kernels run after the host has moved on). Traces
-without step ranges (no schedule / prof.step(), older torch) are one step covering all.
+torch-tb-profiler's overview does (kernels run after the host has moved on). A trace's first step
+has no step before it in the trace: where its first GPU activity waited in the queue behind work
+from before the trace (the host ran ahead), its wall time starts when that activity did, so a
+window's first step is not charged the backlog of the unprofiled steps before it (what runs in it
+still belongs to it). Traces without step ranges (no schedule / prof.step(), older torch) are one step covering all.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ from .events import (
 from .tables import StepStats
 from .tree import Tree
 
+QUEUED_NS = 100_000
+"""A GPU activity that started this long after its launch waited behind earlier work (on an idle GPU one starts
+within tens of microseconds)."""
+
 WHOLE_TRACE = -1
 """Step number of the single pseudo-step of a trace without ProfilerStep ranges."""
 
@@ -45,11 +52,18 @@ def is_dataloader_name(name: str) -> bool:
 
 @dataclasses.dataclass
 class Windows:
-    """Step numbers and their [lo, hi) time windows (ns), in time order."""
+    """Step numbers and their [lo, hi) time windows (ns), in time order: what happens in a window belongs to its step.
+    ``start`` is where each step's wall time starts: ``lo``, except for a trace's first step when the GPU was still
+    running work from before the trace (``windows``)."""
 
     number: np.ndarray
     lo: np.ndarray
     hi: np.ndarray
+    start: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.start is None:
+            self.start = self.lo
 
     def index_of(self, times: np.ndarray) -> np.ndarray:
         """Index of the window holding each time, -1 outside all windows."""
@@ -78,14 +92,22 @@ def windows(tl: Events) -> Windows:
         hi = max(host.end.max(initial=0), dev.end.max(initial=0))
         return Windows(np.array([WHOLE_TRACE]), np.array([lo]), np.array([hi]))
     number, lo, hi = tl.steps[:, 0].copy(), tl.steps[:, 1].copy(), tl.steps[:, 2].copy()
+    start = lo.copy()
     if dev.start.size:
-        owner = Windows(number, lo, hi).index_of(launch_times(tl))
+        launch = launch_times(tl)
+        owner = Windows(number, lo, hi).index_of(launch)
         launched = owner >= 0
         np.maximum.at(hi, owner[launched], dev.end[launched])
+        first = np.flatnonzero(owner == 0)
+        if first.size:  # the first step's work waited behind the steps before the trace: its time starts with it
+            k = first[np.argmin(dev.start[first])]
+            if dev.start[k] - launch[k] > QUEUED_NS:
+                start[0] = min(max(lo[0], dev.start[k]), hi[0])
     for i in range(1, lo.size):
         lo[i] = max(lo[i], hi[i - 1])
         hi[i] = max(hi[i], lo[i])
-    return Windows(number, lo, hi)
+    start[1:] = lo[1:]
+    return Windows(number, lo, hi, start)
 
 
 def _named(tl: Events, predicate: Callable[[str], bool]) -> np.ndarray:
@@ -147,9 +169,9 @@ def step_times(tl: Events, rank: int | None, tree: Tree) -> StepTimes:
     )
 
     def inside(spans: iv.Intervals) -> np.ndarray:
-        return iv.length_in(spans, win.lo, win.hi) / 1000.0
+        return iv.length_in(spans, win.start, win.hi) / 1000.0
 
-    wall = (win.hi - win.lo) / 1000.0
+    wall = (win.hi - win.start) / 1000.0
     busy = inside(gpu)
     columns = {
         "wall_us": wall,
