@@ -612,6 +612,7 @@ def test_pieces_and_workers_read_what_one_whole_decode_reads(tmp_path, monkeypat
     whole = _whole_file_summary(path, monkeypatch)
     monkeypatch.setattr(reader, "CHUNK_BYTES", 40_000)
     monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
+    monkeypatch.setattr(summary_module, "_JOB_BYTES", 1)
     assert len(reader.plan(path).pieces) > 30 and len(reader.plan(gz).pieces) > 30
     for source in (path, gz):
         for jobs in (1, 3):
@@ -628,6 +629,7 @@ def test_two_files_in_workers_are_analyzed_like_in_one_process(tmp_path, monkeyp
     here = summarize(path.parent).to_dict()
     monkeypatch.setattr(reader, "CHUNK_BYTES", 100_000)
     monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
+    monkeypatch.setattr(summary_module, "_JOB_BYTES", 1)
     assert summarize(path.parent, jobs=4).to_dict() == here
 
 
