@@ -472,9 +472,27 @@ def test_the_empty_step_a_cut_short_window_ends_with_is_no_step(tmp_path):
     path = write_trace(tmp_path / "t.pt.trace.json", [{"aten::mm": 500.0}] * 4, kernels=[{"k": 300.0}] * 4)
     doc = json.loads(path.read_text())
     end = max(e["ts"] + e["dur"] for e in doc["traceEvents"])
-    doc["traceEvents"].append(
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 1, "ts": end + 5, "dur": 30}
-    )
+    doc["traceEvents"] += [  # on a GPU the profiler's stop synchronizes in it; with stacks, its Python frames show
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 1, "ts": end + 5, "dur": 30},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaDeviceSynchronize",
+            "pid": 1,
+            "tid": 1,
+            "ts": end + 8,
+            "dur": 9,
+        },
+        {
+            "ph": "X",
+            "cat": "python_function",
+            "name": "profiler.py(120): stop",
+            "pid": 1,
+            "tid": 1,
+            "ts": end + 6,
+            "dur": 20,
+        },
+    ]
     path.write_text(json.dumps(doc))
     walls = [s.wall_us for s in summarize(path).per_step.steps]
     assert len(walls) == 4 and min(walls) > 500  # was 5 steps, the last 30 us
@@ -501,3 +519,27 @@ def test_a_windows_first_step_is_not_charged_the_gpus_backlog(tmp_path):
     assert s.per_step.steps[0].gpu_idle_us < 60  # the GPU was never idle in it
     row = [(k, n) for k, n in zip(s.per_step.kind, s.per_step.name)].index(("op", "aten::mm"))
     assert s.per_step.calls[row].tolist() == [1, 1, 1, 1]
+
+
+def _windows(folder: Path, step_us: float, first_us: float, windows=((3, 5), (11, 5))) -> Path:
+    """A run of profiling windows ((first step number, steps), one trace file each): every window's first step
+    takes ``first_us``, the others ``step_us``."""
+    folder.mkdir(parents=True)
+    for k, (first, n) in enumerate(windows):
+        ops = [{"aten::mm": first_us if i == 0 else step_us} for i in range(n)]
+        write_trace(folder / f"host_{100 + k}.{k}.pt.trace.json", ops, first=first)
+    return folder
+
+
+def test_each_windows_first_step_is_left_out_of_the_step_time_test(tmp_path):
+    """The first step of a window holds the profiler's start (and on a GPU the backlog before the window): with 2 of
+    10 steps a side 40% long, B 10% slower is judged on the other 8 steps a side."""
+    a = _windows(tmp_path / "a", 1000.0, 1400.0)
+    b = _windows(tmp_path / "b", 1100.0, 1540.0)
+    d = diff(a, b)
+    t = d.step_time
+    assert (t.window_starts, t.a_steps, t.b_steps) == ((2, 2), 8, 8)
+    assert t.verdict == stats.SLOWER and t.a_median_us == pytest.approx(1001, abs=2), t
+    assert "Each window's first step is left out (2 of A's, 2 of B's)" in str(d)
+    few = diff(_windows(tmp_path / "c", 1000.0, 1400.0, ((3, 3),)), _windows(tmp_path / "d", 1100.0, 1540.0, ((3, 3),)))
+    assert few.step_time.window_starts == (0, 0) and few.step_time.a_steps == 3  # 2 a side would be too few

@@ -59,6 +59,12 @@ def _step_line(d: Diff) -> str:
         line = f"Step time: {times}, {interval}: " + (
             "no significant difference." if t.verdict == stats.SAME else f"B is {t.verdict}."
         )
+    a_out, b_out = t.window_starts
+    if a_out or b_out:
+        line += (
+            f" Each window's first step is left out ({a_out} of A's, {b_out} of B's): the profiler's start and, on a "
+            "GPU, the steps queued before the window land in it."
+        )
     return f"{line} {t.note}" if t.note else line
 
 

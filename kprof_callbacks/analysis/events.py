@@ -179,14 +179,15 @@ def launch_times(tl: Events) -> np.ndarray:
 
 
 def _without_empty_last_step(tl: Events) -> Events:
-    """``tl`` less its last step when nothing ran in it: the range torch opens at the last step() and closes when a
-    window is cut short (the loop ended) holds no host event and launches no GPU work, and its few microseconds
-    are no step time."""
+    """``tl`` less its last step when no step ran in it: the range torch opens at the last step() and closes when a
+    window is cut short (the loop ended) holds no operator and no label and launches no GPU work (only the
+    profiler's own stop: a device synchronize, its Python frames), and its few microseconds are no step time."""
     if not tl.steps.shape[0]:
         return tl
     lo, hi = tl.steps[-1, 1], tl.steps[-1, 2]
-    step_names = np.isin(tl.host.name, [k for k, n in enumerate(tl.names) if _STEP.match(n)])
-    starts = np.concatenate([tl.host.start[~step_names], launch_times(tl)])
+    steps = np.isin(tl.host.name, [k for k, n in enumerate(tl.names) if _STEP.match(n)])
+    work = ((tl.host.kind == OP) | (tl.host.kind == ANNOTATION)) & ~steps
+    starts = np.concatenate([tl.host.start[work], launch_times(tl)])
     if np.any((starts >= lo) & (starts <= hi)):
         return tl
     return dataclasses.replace(tl, steps=tl.steps[:-1])

@@ -31,6 +31,7 @@ from .diff_inputs import Source, load, select
 from .html import fragment
 from .perstep import PerStep
 from .summary import Summary
+from .tables import StepStats
 
 if TYPE_CHECKING:
     import pandas
@@ -72,6 +73,7 @@ class StepTimeChange:
     a_mean_us: float
     b_mean_us: float
     note: str | None = None  # why the means moved otherwise than the typical step, when they did
+    window_starts: tuple[int, int] = (0, 0)  # steps a side left out of the test: each the first of its window
 
     @property
     def change(self) -> float:
@@ -376,9 +378,25 @@ def _diagnostic_changes(a: Summary, b: Summary) -> list[DiagnosticChange]:
     ]
 
 
-def _step_time(tables: tuple[PerStep, PerStep], confidence: float, noise: float) -> StepTimeChange:
-    """The typical step of B against A, by the rank test, and why the means say otherwise when they do."""
-    walls = [np.array([s.wall_us for s in t.steps]) for t in tables]
+def _window_starts(table: PerStep, summary: Summary) -> np.ndarray:
+    """Per step of ``table``: whether it is the first of its profiling window (its rank and worker recorded no step
+    numbered one less). torch.profiler's start lands in that step and, on a GPU, so does the backlog of the
+    unprofiled steps before the window (on an H200, 30-40% of a step), so it is no sample of the typical step."""
+    recorded = {(s.rank, s.worker, s.step) for s in summary.steps}
+    return np.array([(s.rank, s.worker, s.step - 1) not in recorded for s in table.steps], bool)
+
+
+def _step_time(
+    tables: tuple[PerStep, PerStep], summaries: tuple[Summary, Summary], confidence: float, noise: float
+) -> StepTimeChange:
+    """The typical step of B against A, by the rank test, and why the means say otherwise when they do. Each
+    window's first step is left out of the test where both sides keep enough steps without them."""
+    first = [_window_starts(t, summary) for t, summary in zip(tables, summaries)]
+    used = [[s for s, f in zip(t.steps, firsts) if not f] for t, firsts in zip(tables, first)]
+    left_out = (int(first[0].sum()), int(first[1].sum()))
+    if not any(left_out) or min(map(len, used)) < stats.rank_min_steps(confidence):
+        used, left_out = [list(t.steps) for t in tables], (0, 0)
+    walls = [np.array([s.wall_us for s in steps]) for steps in used]
     speedup, low, high = stats.rank_ratio(walls[0], walls[1], confidence=confidence)
     verdict = stats.TOO_FEW if low is None else stats.verdict(speedup, low, high, threshold=noise)
     change = StepTimeChange(
@@ -393,15 +411,16 @@ def _step_time(tables: tuple[PerStep, PerStep], confidence: float, noise: float)
         stats.rank_min_steps(confidence),
         float(walls[0].mean()),
         float(walls[1].mean()),
+        window_starts=left_out,
     )
-    return dataclasses.replace(change, note=_mean_note(change, tables, noise))
+    return dataclasses.replace(change, note=_mean_note(change, used, noise))
 
 
 def _direction(relative: float, noise: float) -> int:
     return 1 if relative > noise else -1 if relative < -noise else 0
 
 
-def _mean_note(t: StepTimeChange, tables: tuple[PerStep, PerStep], noise: float) -> str | None:
+def _mean_note(t: StepTimeChange, used: list[list[StepStats]], noise: float) -> str | None:
     """Why the mean step time moved another way than the typical step, when it did: one outlier step (named, with
     the mean without it), or step times skewed by a few long steps."""
     if t.verdict == stats.TOO_FEW:
@@ -414,14 +433,14 @@ def _mean_note(t: StepTimeChange, tables: tuple[PerStep, PerStep], noise: float)
         f"The mean step time changed by {'+' if mean > 0 else '-'}{fmt.duration(abs(mean))} "
         f"({mean / t.a_mean_us:+.0%}) while the typical step {'did not' if not typical else 'moved the other way'}"
     )
-    for side, table in zip("AB", tables):
-        walls = np.array([s.wall_us for s in table.steps])
+    for side, steps in zip("AB", used):
+        walls = np.array([s.wall_us for s in steps])
         worst = int(np.argmax(np.abs(walls - np.median(walls))))
         rest = np.delete(walls, worst)
         if rest.size:
             without = t.b_mean_us - rest.mean() if side == "A" else rest.mean() - t.a_mean_us
             if _direction(without / t.a_mean_us, noise) == typical:
-                step = table.steps[worst]
+                step = steps[worst]
                 return (
                     f"{said}: step {step.step} of {side} took {fmt.duration(walls[worst])}, "
                     f"{walls[worst] / np.median(walls):.1f}x its median (an outlier); without it the mean "
@@ -464,7 +483,7 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
     sides = load(a, b)
     tables = select(sides)
     changes, row_confidence = _rows(*tables, confidence, noise_threshold)
-    step_time = _step_time(tables, confidence, noise_threshold)
+    step_time = _step_time(tables, (sides[0].summary, sides[1].summary), confidence, noise_threshold)
     same_run = sides[0].summary is sides[1].summary
     notes = _steps_note(step_time, confidence) + _broad_shift(changes)
     if same_run:
