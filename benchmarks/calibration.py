@@ -70,12 +70,18 @@ class Detector:
     fired: Callable[[np.random.Generator, float, bool], bool]
 
 
+def _step_number(i: int) -> int:
+    """The number of the ``i``-th profiled step under the default schedule (wait 2, warmup 1, active WINDOW): the
+    windows' steps are numbered with gaps between them, as in a real run."""
+    return (i // WINDOW) * (WINDOW + 3) + 3 + i % WINDOW
+
+
 def _steps(wall_us: np.ndarray, **columns: np.ndarray) -> list[StepStats]:
     zero = np.zeros(wall_us.size)
     values = {k: columns.get(k, zero) for k in ("gpu_busy_us", "gpu_idle_us", "kernel_us", "dataloader_us")}
     return [
         StepStats(
-            step=i,
+            step=_step_number(i),
             rank=None,
             worker="w",
             wall_us=float(w),
@@ -176,6 +182,7 @@ def _summary(rng: np.random.Generator, sigma: float, n: int, scale: np.ndarray) 
     """A run of ``n`` steps of 30 operators and 12 kernels (``scale``: each row's factor), as a Summary's table."""
     base = np.concatenate([OPS, KERNELS]) * scale
     time_us = base[:, None] * rng.lognormal(0.0, sigma, (base.size, n))
+    time_us[:, ::WINDOW] *= 1.10  # each window's first step: the profiler starting
     calls = np.ones_like(time_us)
     kinds = ["op"] * OPS.size + ["kernel"] * KERNELS.size
     names = [f"aten::op{k}" for k in range(OPS.size)] + [f"kernel_{k}" for k in range(KERNELS.size)]
