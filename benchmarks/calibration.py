@@ -57,7 +57,8 @@ from kprof_callbacks.session import EARLY_MEMORY_STEPS
 NOISE = (0.05, 0.15)
 FP_TARGET, DETECTION_TARGET = 0.05, 0.95
 STEP_US = 100_000.0
-WINDOW = 5  # profiled steps per window: the first of each is a window's first step
+SCHEDULE = {"wait": 2, "warmup": 1, "active": 5, "repeat": 2}  # the end-to-end runs' schedule, as the synthetic
+WINDOW = SCHEDULE["active"]  # ones number their steps: profiled steps per window, the first of each a window's first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +72,10 @@ class Detector:
 
 
 def _step_number(i: int) -> int:
-    """The number of the ``i``-th profiled step under the default schedule (wait 2, warmup 1, active WINDOW): the
-    windows' steps are numbered with gaps between them, as in a real run."""
-    return (i // WINDOW) * (WINDOW + 3) + 3 + i % WINDOW
+    """The number of the ``i``-th profiled step under SCHEDULE: the windows' steps are numbered with gaps between
+    them (the waiting and warm-up steps), as in a real run."""
+    skipped = SCHEDULE["wait"] + SCHEDULE["warmup"]
+    return (i // WINDOW) * (WINDOW + skipped) + skipped + i % WINDOW
 
 
 def _steps(wall_us: np.ndarray, **columns: np.ndarray) -> list[StepStats]:
@@ -417,7 +419,7 @@ class RealLoop:
 
         self.runs += 1
         kept = []
-        schedule = schedule or {"wait": 2, "warmup": 1, "active": 5, "repeat": 2}
+        schedule = schedule or SCHEDULE
         with kprof.session(self.logdir, run=f"r{self.runs}", **schedule, **options) as s:
             for i in range(steps):
                 if effect == "data":

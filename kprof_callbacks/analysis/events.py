@@ -178,15 +178,14 @@ def launch_times(tl: Events) -> np.ndarray:
     return launch
 
 
-def _without_empty_last_step(tl: Events) -> Events:
+def _without_empty_last_step(tl: Events, is_step: np.ndarray) -> Events:
     """``tl`` less its last step when no step ran in it: the range torch opens at the last step() and closes when a
     window is cut short (the loop ended) holds no operator and no label and launches no GPU work (only the
     profiler's own stop: a device synchronize, its Python frames), and its few microseconds are no step time."""
     if not tl.steps.shape[0]:
         return tl
     lo, hi = tl.steps[-1, 1], tl.steps[-1, 2]
-    steps = np.isin(tl.host.name, [k for k, n in enumerate(tl.names) if _STEP.match(n)])
-    work = ((tl.host.kind == OP) | (tl.host.kind == ANNOTATION)) & ~steps
+    work = ((tl.host.kind == OP) | (tl.host.kind == ANNOTATION)) & ~is_step
     starts = np.concatenate([tl.host.start[work], launch_times(tl)])
     if np.any((starts >= lo) & (starts <= hi)):
         return tl
@@ -262,4 +261,4 @@ def build(trace: TraceFile) -> Events:
         [c.lanes[k] for k in thread_ids.tolist()],
         [c.lanes[k] for k in stream_ids.tolist()],
     )
-    return _without_empty_last_step(events)
+    return _without_empty_last_step(events, is_step)
