@@ -15,8 +15,8 @@ import dataclasses
 import gzip
 import io
 import zlib
-from collections.abc import Callable
-from itertools import compress, repeat
+from collections.abc import Callable, Iterable
+from itertools import compress
 from operator import attrgetter
 from pathlib import Path
 from typing import Annotated, BinaryIO
@@ -173,10 +173,10 @@ class Columns:
         return int(self.start.size)
 
 
-_PH = attrgetter("ph")
-_FIELDS = {f: attrgetter(f) for f in ("name", "cat", "pid", "tid", "ts", "dur")}
+_KIND = attrgetter("ph", "name", "cat", "pid", "tid")  # what an event shares with many others
+_FIELDS = {f: attrgetter(f) for f in ("ts", "dur", "args")}
 _ARGS = {
-    f: attrgetter(f"args.{f}")
+    f: attrgetter(f)
     for f in (
         "external_id",
         "external_id_old",
@@ -196,16 +196,29 @@ _PH_CODE = {"X": 0, "i": 1, "M": 2}
 _OPERATOR_CATEGORIES = ("cpu_op", "operator", "")  # "": pre-kineto traces, which name no category
 
 
-def _column(events: list[Event], getter: attrgetter, dtype: type) -> np.ndarray:
-    return np.fromiter(map(getter, events), dtype, len(events))
+def _column(items: list, getter: attrgetter, dtype: type) -> np.ndarray:
+    return np.fromiter(map(getter, items), dtype, len(items))
 
 
 def _ns(values: np.ndarray) -> np.ndarray:
     return np.rint(values * 1000.0).astype(np.int64)
 
 
-def _interned(events: list[Event], getter: attrgetter, table: _Interner) -> np.ndarray:
-    return np.fromiter(map(table.__getitem__, map(getter, events)), np.int32, len(events))
+def _interned(values: Iterable, table: _Interner, count: int) -> np.ndarray:
+    return np.fromiter(map(table.__getitem__, values), np.int32, count)
+
+
+def _interned_raw(raws: Iterable[msgspec.Raw], table: _Interner, count: int) -> np.ndarray:
+    """Raw JSON values numbered by their bytes, made by one join and one split: faster than a bytes() call each
+    (JSON text holds no NUL byte, the decoder rejects one)."""
+    return _interned(b"\0".join(raws).split(b"\0") if count else [], table, count)
+
+
+def _kind_ids(kinds: _Interner, names: _Interner, cats: _Interner, lanes: _Interner) -> np.ndarray:
+    """The name, category and lane ids of each kind of `X` and `i` event (-1 for the other kinds). Numbered kind by
+    kind, in the kinds' order of first appearance, the tables come out as numbering event by event would make them."""
+    ids = [(names[n], cats[c], lanes[p, t]) if _PH_CODE.get(ph, 3) <= 1 else (-1, -1, -1) for ph, n, c, p, t in kinds]
+    return np.array(ids, np.int32).reshape(len(ids), 3).T
 
 
 def _thread_labels(meta: list[Event]) -> list[tuple[int | str, str]]:
@@ -220,54 +233,47 @@ def _thread_labels(meta: list[Event]) -> list[tuple[int | str, str]]:
 
 def columns(events: list[Event]) -> Columns:
     """The `X` and `i` events of ``events`` as columns (and the thread names their `M` events give)."""
-    ph = np.fromiter(map(_PH_CODE.get, map(_PH, events), repeat(3)), np.int8, len(events))
-    meta = list(compress(events, (ph == 2).tolist()))
+    # one lookup (and one hash of its strings) per event for ph, name, cat and lane: they are numbered per kind
+    kinds = _Interner()
+    kind = _interned(map(_KIND, events), kinds, len(events))
+    ph = np.array([_PH_CODE.get(k[0], 3) for k in kinds], np.int8)[kind]
+    meta = [events[i] for i in np.flatnonzero(ph == 2).tolist()]
     timed = ph <= 1
     if not timed.all():
-        events, ph = list(compress(events, timed.tolist())), ph[timed]
+        events, ph, kind = list(compress(events, timed.tolist())), ph[timed], kind[timed]
     instant = ph == 1
-    cats, lanes, dims = _Interner(), _Interner(), _Interner({b"": 0})
-    cat = _interned(events, _FIELDS["cat"], cats)
+    names, cats, lanes, dims = _Interner(), _Interner(), _Interner(), _Interner({b"": 0})
+    name_ids, cat_ids, lane_ids = _kind_ids(kinds, names, cats, lanes)
+    name, cat, lane = name_ids[kind], cat_ids[kind], lane_ids[kind]
+    args = list(map(_FIELDS["args"], events))  # fetched once: most columns come from the args
     start = _ns(_column(events, _FIELDS["ts"], np.float64))
-    ext = _column(events, _ARGS["external_id"], np.int64)
+    ext = _column(args, _ARGS["external_id"], np.int64)
     new_ext = bool((ext >= 0).any())
     if not new_ext:
-        ext = _column(events, _ARGS["external_id_old"], np.int64)
+        ext = _column(args, _ARGS["external_id_old"], np.int64)
     # input shapes: recorded on operators only, so only their events are looked at
     ops = np.isin(cat, [k for k, c in enumerate(cats) if c.lower() in _OPERATOR_CATEGORIES])
-    shaped = list(compress(events, ops.tolist()))
+    shaped = list(compress(args, ops.tolist()))
     dims_ids = np.zeros(len(events), np.int32)
-    dims_ids[ops] = np.fromiter(
-        map(dims.__getitem__, map(bytes, map(_ARGS["input_dims"], shaped))), np.int32, len(shaped)
-    )
+    dims_ids[ops] = _interned_raw(map(_ARGS["input_dims"], shaped), dims, len(shaped))
     new_dims = len(dims) > 1
     if not new_dims:
-        dims_ids[ops] = np.fromiter(
-            map(dims.__getitem__, map(bytes, map(_ARGS["input_dims_old"], shaped))), np.int32, len(shaped)
-        )
-    lane = np.fromiter(
-        map(lanes.__getitem__, zip(map(_FIELDS["pid"], events), map(_FIELDS["tid"], events))), np.int32, len(events)
-    )
+        dims_ids[ops] = _interned_raw(map(_ARGS["input_dims_old"], shaped), dims, len(shaped))
     mem = {f: np.zeros(len(events), np.int64) for f in ("mem_bytes", "mem_device_type", "total_allocated", "addr")}
     if instant.any():
         rows = np.flatnonzero(instant)
-        picked = list(compress(events, instant.tolist()))
+        picked = list(compress(args, instant.tolist()))
         for f, column in mem.items():
             column[rows] = _column(picked, _ARGS[f], np.int64)
-    names = _Interner()
-    name = _interned(events, _FIELDS["name"], names)
     types = _Interner({b"": 0})
     type_ids = np.zeros(len(events), np.int32)
     if events and isinstance(events[0], _TypedEvent):  # the matrix products' dtype sets the peak their FLOPs run at
         products = np.flatnonzero(ops & np.isin(name, [k for k, n in enumerate(names) if n in MATMULS]))
-        typed = [events[i] for i in products.tolist()]
-        type_ids[products] = np.fromiter(
-            map(types.__getitem__, map(bytes, map(_ARGS["input_type"], typed))), np.int32, len(typed)
-        )
+        type_ids[products] = _interned_raw((args[i].input_type for i in products.tolist()), types, products.size)
     collective = np.full(len(events), -1, np.int32)
     kernels = np.isin(cat, [k for k, c in enumerate(cats) if c.lower() == "kernel"])
     if kernels.any():  # only kernels name a collective: the other events are not looked at
-        said = list(map(_ARGS["collective"], compress(events, kernels.tolist())))
+        said = list(map(_ARGS["collective"], compress(args, kernels.tolist())))
         collective[kernels] = np.fromiter((names[c] if c else -1 for c in said), np.int32, len(said))
     return Columns(
         instant=instant,
@@ -277,10 +283,10 @@ def columns(events: list[Event]) -> Columns:
         start=start,
         end=start + _ns(_column(events, _FIELDS["dur"], np.float64)),
         ext=ext,
-        corr=_column(events, _ARGS["correlation"], np.int64),
+        corr=_column(args, _ARGS["correlation"], np.int64),
         dims=dims_ids,
         types=type_ids,
-        copy_bytes=_column(events, _ARGS["copy_bytes"], np.int64),
+        copy_bytes=_column(args, _ARGS["copy_bytes"], np.int64),
         mem_bytes=mem["mem_bytes"],
         mem_device=mem["mem_device_type"],
         mem_total=mem["total_allocated"],
