@@ -247,6 +247,8 @@ class Session:
         self._prof.step()
         if len(self.captures) > windows:  # a window ended: its export forks now, inside kprof's time
             self._writer.wait_forked(_FORK_WAIT)
+        else:  # an export that could not fork at its window's end (the writer was busy) forks here
+            self._writer.let_fork(_FORK_WAIT)
         self._raise_interrupt()
         if self.config.scalars and self.steps % _SCALAR_EVERY == 0:
             self._send_scalars()

@@ -40,6 +40,7 @@ from . import layout, torch_compat
 
 log = logging.getLogger(__name__)
 
+_IDLE, _WAITING, _FORKING = "idle", "waiting", "forking"  # TraceWriter._fork_state
 _CHILD_NICE = 19  # the export process's scheduling priority, below the training process's
 _MIN_ESTIMATE = 2**20  # what a held capture counts before any trace has been written
 # A name field as torch's exporters write it: on a line of its own (torch >= 2.12), or followed by the pid
@@ -225,6 +226,10 @@ class TraceWriter:
         self._largest = 0  # the largest capture written so far (bytes of JSON): the estimate of the next one
         self._stuck = False  # no room came within room_timeout, and no capture has been written since
         self._forking = False  # the capture being written has forked its export process
+        # A fork copies one thread, but every lock the process holds. So the writer forks only while the training
+        # thread is parked in kprof's own code (never inside torch, holding the profiler's or an allocator's lock):
+        self._fork_state = _IDLE  # _WAITING: a capture waits to fork; _FORKING: it is forking now
+        self._parked = False  # the training thread is parked for a fork (for good once the session closes)
         self._thread = threading.Thread(target=self._loop, name="kprof-trace-writer", daemon=True)
         self._thread.start()
 
@@ -267,18 +272,46 @@ class TraceWriter:
         self._queue(job)
 
     def wait_forked(self, timeout: float) -> None:
-        """Wait (at most ``timeout``) until the capture submitted last has forked its export process, unless an
-        earlier capture is still being written. The fork holds the GIL, so it stalls the training thread wherever
-        it lands; waiting for it at the window's end keeps that stall inside kprof's own, measured, time."""
-        if not (self.fork and hasattr(os, "fork")):
-            return
+        """At a window's end (training thread): park (at most ``timeout``) until the capture submitted last has
+        forked its export process, unless an earlier capture is still being written (it forks at a later
+        ``let_fork``). The fork holds the GIL and must find the training thread outside torch: parking here keeps
+        the stall inside kprof's own, measured, time."""
+        if self.fork and hasattr(os, "fork") and len(self._queued) <= 1:
+            self._park(timeout, lambda: not self._queued or self._forking)
+
+    def let_fork(self, timeout: float) -> None:
+        """At any step (training thread): if a capture waits to fork, park (at most ``timeout``) while it does."""
+        if self._fork_state == _WAITING:  # read without the lock: a hint, checked again under it
+            self._park(timeout, lambda: self._fork_state == _IDLE)
+
+    def _park(self, timeout: float, done: Callable[[], bool]) -> None:
+        with self._room, self._parking():
+            self._room.wait_for(lambda: done() or not self._thread.is_alive(), timeout)
+
+    @contextlib.contextmanager
+    def _parking(self):
+        """(Holding ``_room``, on the training thread) parked for the block: the writer may fork meanwhile; on
+        leaving, a fork under way (it takes moments) ends first."""
+        self._parked = True
+        self._room.notify_all()
+        try:
+            yield
+            self._room.wait_for(lambda: self._fork_state != _FORKING)
+        finally:
+            self._parked = False
+
+    def _await_park(self) -> None:
+        """Writer thread: wait until the training thread is parked (or the session closes), then fork at once."""
         with self._room:
-            if len(self._queued) <= 1:
-                self._room.wait_for(lambda: not self._queued or self._forking or not self._thread.is_alive(), timeout)
+            self._fork_state = _WAITING
+            while not self._parked and not self._abandoned:
+                self._room.wait(0.05)
+            self._fork_state = _FORKING
 
     def _forked(self) -> None:
         with self._room:
             self._forking = True
+            self._fork_state = _IDLE
             self._room.notify_all()
 
     def _wait_for_room(self, estimate: int) -> float | None:
@@ -286,7 +319,7 @@ class TraceWriter:
         None when no room came within ``room_timeout`` (at once while the writer is known to be stuck)."""
         start = time.perf_counter()
         waited = False
-        with self._room:
+        with self._room, self._parking():  # the writer may need to fork to make room
             while self._queued and self._held_bytes + estimate > self.max_pending_bytes and self._thread.is_alive():
                 left = start + self.room_timeout - time.perf_counter()
                 if self._stuck or left <= 0:
@@ -325,8 +358,15 @@ class TraceWriter:
         if not self._thread.is_alive():  # closed: close() already waited for what was queued
             return True
         done = threading.Event()
-        self._jobs.put((done.set, None, 0))
-        return done.wait(timeout)
+
+        def mark() -> None:
+            with self._room:
+                done.set()
+                self._room.notify_all()
+
+        self._jobs.put((mark, None, 0))
+        self._park(timeout, done.is_set)  # this thread waits here anyway: exports may fork meanwhile
+        return done.is_set()
 
     def close(self, timeout: float) -> bool:
         """Finish queued writes within ``timeout`` seconds; returns False (and warns) if some were left.
@@ -334,6 +374,9 @@ class TraceWriter:
         What is left is dropped (each such capture's ``error`` says so) and a hung export process is killed: an
         orphan would keep writing after the program ends, holding its stdout/stderr pipes open.
         """
+        with self._room:
+            self._parked = True  # for good: training is over, the writer may fork at any time
+            self._room.notify_all()
         self._jobs.put(None)
         self._thread.join(timeout)
         if not self._thread.is_alive():
@@ -378,7 +421,15 @@ class TraceWriter:
         final = layout.new_trace_path(self.run_dir, self.worker, self.compress)
         try:
             if self.fork and hasattr(os, "fork"):
-                size = _export_in_child(results, final, self.compress, self.child_timeout, self._exports, self._forked)
+                self._await_park()
+                try:
+                    size = _export_in_child(
+                        results, final, self.compress, self.child_timeout, self._exports, self._forked
+                    )
+                finally:
+                    with self._room:  # when the fork itself failed, the parked thread must not wait on
+                        self._fork_state = _IDLE
+                        self._room.notify_all()
             else:
                 size = _export(results, final, self.compress)
             os.replace(layout.partial_path(final), final)

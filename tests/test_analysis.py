@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -273,12 +275,14 @@ def test_cli(tmp_path, run, capsys):
 
 
 _RANK_WORKER = textwrap.dedent("""
-    import os, sys, torch, torch.distributed as dist
+    import datetime, faulthandler, os, sys, torch, torch.distributed as dist
     from torch import nn
+    faulthandler.dump_traceback_later(240, exit=True)  # a hung rank says where, and ends before the test's limit
     from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
     rank, world, logdir, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=200))  # a rank that died fails the other's collective
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     handler = tensorboard_trace_handler(logdir, worker_name=f"rank{rank}_host_{os.getpid()}")
@@ -297,16 +301,26 @@ _RANK_WORKER = textwrap.dedent("""
 def test_two_ranks_give_a_rank_table(tmp_path):
     logdir = tmp_path / "ddp"
     world = 2
+    errs = [(tmp_path / f"rank{r}.err").open("wb") for r in range(world)]  # files: a full pipe cannot block a rank
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _RANK_WORKER, str(r), str(world), str(logdir), str(tmp_path / "store")],
-            stderr=subprocess.PIPE,
+            stderr=errs[r],
             env=dict(os.environ, OMP_NUM_THREADS="1"),
         )
         for r in range(world)
     ]
+    deadline = time.monotonic() + 280
     for p in procs:
-        assert p.wait(timeout=300) == 0, p.stderr.read().decode()[-2000:]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    for p, err in zip(procs, errs):
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        err.close()
+    said = {r: (tmp_path / f"rank{r}.err").read_text(errors="replace")[-2000:] for r in range(world)}
+    assert [p.returncode for p in procs] == [0] * world, said  # every rank's stderr: one that died first says why
     s = summarize(logdir)
     assert [(r.rank, r.steps) for r in s.ranks] == [(0, 3), (1, 3)]
     for r in s.ranks:

@@ -77,3 +77,31 @@ def test_lightning_fit_writes_every_cycle(fit, check_traces, tmp_path):
     )
     fit([callback], steps=32)
     assert len(check_traces(tmp_path / "log")) == 5
+
+
+def test_an_export_forks_only_while_the_training_thread_is_parked_in_kprof(tmp_path, check_traces, monkeypatch):
+    """A fork copies every lock the process holds, so it must never land while the training thread runs torch code.
+    The writer is kept busy (a slow on_trace callback), so later windows cannot fork at their own end: they fork at
+    a later step, while the training thread waits in kprof, never during the user's step."""
+    import torch
+
+    in_user_code, seen = [False], []
+    fork = writer.os.fork
+
+    def watched_fork():
+        seen.append(in_user_code[0])
+        return fork()
+
+    monkeypatch.setattr(writer.os, "fork", watched_fork)
+    model = torch.nn.Linear(16, 16)
+    config = kprof.ProfileConfig(logdir=tmp_path, run="r", wait=0, warmup=0, active=1, repeat=4, scalars=False)
+    with kprof.Session(config, on_trace=lambda path: time.sleep(0.4)) as s:
+        for _ in range(16):
+            in_user_code[0] = True
+            deadline = time.perf_counter() + 0.05
+            while time.perf_counter() < deadline:
+                model(torch.randn(8, 16)).sum().backward()
+            in_user_code[0] = False
+            s.step()
+    assert len(check_traces(tmp_path)) == 4
+    assert len(seen) == 4 and not any(seen), seen
