@@ -33,6 +33,7 @@ class Layout:
     rank: int = 0
     clock: float = 0.0  # this host's clock offset (us)
     waits: float = 0.0  # this rank's first all-gather of a step waits this long for a late peer
+    kept_across: int = 0  # the first N blocks stay unsharded from one step into the next (never resharded)
 
 
 class _Trace:
@@ -105,6 +106,8 @@ class _Trace:
         )
 
     def unshard(self, group: str, ts: float, size: int, addr: int) -> None:
+        if addr in self.live:  # still unsharded: FSDP gathers nothing
+            return
         self.host(f"FSDP::all_gather_copy_out{group}", ts, 4.0)
         self.memory(ts + 1, size, addr)
         self.live[addr] = size
@@ -153,7 +156,8 @@ class _Trace:
                 gathered[i - 1] = self.collective(hi + 25, g, gather, False)
             self.host(f"FSDP::post_backward_reduce{group}", hi + 100, 20)
             reduced = self.collective(hi + 105, g, scatter, True)
-            self.reshard(f"FSDP::post_backward_reshard{group}", hi + 130, 1000 + i)
+            if i >= lay.kept_across:
+                self.reshard(f"FSDP::post_backward_reshard{group}", hi + 130, 1000 + i)
         self.host("FSDP::root_post_backward_callback", h + 1000 + 200 * len(groups), 20)
         self.memory(h + 3900, -64 * BLOCK_BYTES, 1)
         end = self.gpu("multi_tensor_apply_kernel", h + 3950, max(g, reduced), 100, 7)  # the optimizer
@@ -259,6 +263,23 @@ def test_unsharded_memory_at_the_peak_against_the_sharded_size(tmp_path):
     message = next(d.message for d in kept.diagnostics if d.kind == "fsdp_unsharded_memory")
     assert "6.0 MB of unsharded parameters" in message and "3.0 MB sharded per rank over 2 ranks" in message
     assert "reshard_after_forward" in message
+
+
+def test_groups_kept_unsharded_from_an_earlier_step_count_in_the_model_size(tmp_path):
+    """Blocks 0-2 all-gather once and stay unsharded into the later steps: at each later peak every block is alive,
+    and the model's unsharded size counts them all (before: only the 3 that all-gathered in the step, so the finding
+    read '6 of 3 FSDP groups, 200% of the model')."""
+    s = summarize(_run(tmp_path, "across", reshard=False, kept_across=3))
+    later = [f for f in s.fsdp if f.step != STEPS[0]]
+    assert later and all(f.groups == BLOCKS - 3 for f in later)
+    for f in later:
+        assert (f.unsharded_total, f.unsharded_at_peak, f.groups_at_peak) == (
+            BLOCKS * BLOCK_BYTES,
+            BLOCKS * BLOCK_BYTES,
+            BLOCKS,
+        )
+    message = next(d.message for d in s.diagnostics if d.kind == "fsdp_unsharded_memory")
+    assert f"{BLOCKS} of {BLOCKS} FSDP groups, 100% of the model" in message
 
 
 def test_clock_offsets_are_recovered_and_the_late_rank_found_across_hosts(tmp_path):

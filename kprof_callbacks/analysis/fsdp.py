@@ -126,15 +126,15 @@ def _unsharded(tl: Events, win: Windows) -> _Unsharded:
     group = tl.host.name[copy_out]
     mem_step = win.index_of(time)
     for i in np.unique(mem_step[mem_step >= 0]).tolist():
-        mine = label_step == i
-        sizes: dict[int, int] = {}
-        for g, b in zip(group[mine].tolist(), per_label[mine].tolist()):  # a group's size: its largest all-gather
-            sizes[g] = max(sizes.get(g, 0), b)
-        out.total[i], out.largest[i] = sum(sizes.values()), max(sizes.values(), default=0)
         at = np.flatnonzero(mem_step == i)[np.argmax(allocated[mem_step == i])]
         alive = kept & (time <= time[at]) & (freed > time[at])
         out.peak[i], out.at_peak[i] = allocated[at], nbytes[alive].sum()
         out.groups_at_peak[i] = np.unique(group[label[alive]]).size
+        # the groups that all-gathered in the step and those still alive from before it (kept unsharded)
+        sizes: dict[int, int] = {}
+        for k in np.union1d(np.flatnonzero(label_step == i), label[alive]).tolist():  # a group: its largest gather
+            sizes[group[k]] = max(sizes.get(group[k], 0), int(per_label[k]))
+        out.total[i], out.largest[i] = sum(sizes.values()), max(sizes.values(), default=0)
     return out
 
 
@@ -303,6 +303,7 @@ def _memory_finding(rows: list[FsdpStep]) -> list[Diagnostic]:
         "reshard_after_forward=True to fully_shard of the blocks, for one more all-gather per block in backward"
     )
     who = f" on rank {worst.rank}" if worst.rank is not None else ""
+    groups = max(worst.groups, worst.groups_at_peak)  # some may have stayed unsharded from an earlier step
     return [
         Diagnostic(
             "fsdp_unsharded_memory",
@@ -310,8 +311,7 @@ def _memory_finding(rows: list[FsdpStep]) -> list[Diagnostic]:
             (
                 f"At the memory peak of step {worst.step}{who} ({fmt.size(worst.peak_memory)} allocated), "
                 f"{fmt.size(worst.unsharded_at_peak)} of unsharded parameters are alive: {worst.groups_at_peak} of "
-                f"{worst.groups} FSDP groups, {fmt.share(worst.unsharded_at_peak / worst.unsharded_total)} of the "
-                "model's "
+                f"{groups} FSDP groups, {fmt.share(worst.unsharded_at_peak / worst.unsharded_total)} of the model's "
                 f"{fmt.size(worst.unsharded_total)} (as all-gathered){sharded}; {why}."
             ),
         )

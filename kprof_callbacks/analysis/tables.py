@@ -124,7 +124,8 @@ class FsdpStep:
     last_scatter_exposed_us: float  # exposed part of the step's last reduce-scatter (end of backward)
     gather_scatter_concurrent_us: float  # all-gather and reduce-scatter running at the same time
     gather_queued_us: float  # all-gathers waiting for a reduce-scatter to end before they start (one communicator)
-    unsharded_total: int  # bytes of every group's unsharded parameters (as all-gathered); 0 without profile_memory
+    unsharded_total: int  # bytes of the unsharded parameters (as all-gathered) of the groups that all-gathered in
+    # the step or stayed unsharded into it; 0 without profile_memory
     unsharded_at_peak: int  # of which alive at the step's memory peak
     groups_at_peak: int  # groups whose unsharded parameters were alive then
     largest_group: int  # bytes of the largest group's unsharded parameters
