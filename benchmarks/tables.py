@@ -157,6 +157,22 @@ def _kernels(source: str) -> Table:
     )
 
 
+_FSDP2 = (
+    _t("config", "{config}"),
+    Col("step ms", "{step_ms:.1f}"),
+    Col(
+        "exposed all-gather fwd / bwd ms",
+        "{exposed_all_gather_forward_ms:.1f} / {exposed_all_gather_backward_ms:.1f}",
+    ),
+    Col("exposed reduce-scatter ms", "{exposed_reduce_scatter_ms:.1f}"),
+    Col("overlap", "{overlap:.0%}"),
+    Col("all-gather queued ms", "{all_gather_queued_ms:.1f}"),
+    Col("unsharded at peak / total MiB", "{unsharded_at_peak_mib:.0f} / {unsharded_total_mib:.0f}"),
+    _t("findings", "{findings}"),
+    _t("command", "`{command}`"),
+)
+
+
 TABLES: dict[str, Table] = {
     "overhead": Table(
         "overhead-h100.json",
@@ -228,6 +244,9 @@ TABLES: dict[str, Table] = {
             Col("load average", "{load_average:.1f}"),
         ),
     ),
+    "reading-h200": Table(
+        "reading-h200.json", (_t("target", "{target}"), _t("measured", "{measured}"), _t("", "{met}"))
+    ),
     "gpt_trace": Table(
         "gpt_trace-cpu.json",
         (_t("input", "{input}"), Col("`--jobs`", "{jobs}"), Col("wall s", "{wall_s}"), Col("peak RSS MB", "{rss_mb}")),
@@ -267,6 +286,7 @@ TABLES: dict[str, Table] = {
     ),
     "kernels-h100": _kernels("kernels-h100.json"),
     "kernels-h200": _kernels("kernels-h200.json"),
+    "kernels-gpt-h200": _kernels("kernels-gpt-h200.json"),
     "gemm_floor": Table(
         "gemm_floor-h100.json",
         (
@@ -321,28 +341,13 @@ TABLES: dict[str, Table] = {
             Col("comm share", "{comm_share:.1%}"),
         ),
     ),
-    "fsdp2": Table(
-        "fsdp2-h100x2.json",
-        (
-            _t("config", "{config}"),
-            Col("step ms", "{step_ms:.1f}"),
-            Col(
-                "exposed all-gather fwd / bwd ms",
-                "{exposed_all_gather_forward_ms:.1f} / {exposed_all_gather_backward_ms:.1f}",
-            ),
-            Col("exposed reduce-scatter ms", "{exposed_reduce_scatter_ms:.1f}"),
-            Col("overlap", "{overlap:.0%}"),
-            Col("all-gather queued ms", "{all_gather_queued_ms:.1f}"),
-            Col("unsharded at peak / total MiB", "{unsharded_at_peak_mib:.0f} / {unsharded_total_mib:.0f}"),
-            _t("findings", "{findings}"),
-            _t("command", "`{command}`"),
-        ),
-    ),
+    "fsdp2": Table("fsdp2-h100x2.json", _FSDP2),
+    "fsdp2-h200": Table("fsdp2-h200x2.json", _FSDP2),
     "calibration": _calibration("calibration-cpu.json", noise=True),
     "calibration-real": _calibration("calibration-real-cpu.json", noise=False),
     "calibration-real-gpu": _calibration("calibration-real-h200.json", noise=False),
     "gpu-suite": Table(
-        "test_suite-h100.json",
+        "test_suite-h200.json",
         (
             _t("part", "{part}"),
             Col("passed", "{passed}"),
