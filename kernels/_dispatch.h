@@ -1,7 +1,7 @@
 // How every kprof library registers its torch.ops.kprof operators (torchvision's pattern for roi_align): schemas
 // with TORCH_LIBRARY_FRAGMENT (each library adds its own to the one namespace), one kernel function per operator
-// for both the CPU and the CUDA key (it picks the device itself), autograd as a C++ torch::autograd::Function at
-// the Autograd key, and autocast that mirrors torch's own policy for the op a layer replaces. The dispatcher then
+// for both the CPU and the CUDA key (it picks the device itself), autograd at the Autograd key (a backward node of
+// its own, `recorded` below), and autocast that mirrors torch's own policy for the op a layer replaces. The dispatcher then
 // does per call what Python code did before: no Python frame between the call and the kernel, and the profiler
 // records `kprof::<op>` by itself. Fake (shape-only) kernels for torch.compile are registered from Python.
 #pragma once
@@ -12,12 +12,15 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
 #include <Python.h>
 
+#include <array>
 #include <string>
 #include <functional>
+#include <type_traits>
 #include <initializer_list>
 #include <optional>
 
@@ -54,6 +57,77 @@ bool requires_grad(const T&) {
 template <typename... Args>
 bool records(const Args&... args) {
   return at::GradMode::is_enabled() && (requires_grad(args) || ...);
+}
+
+// -- backward nodes ----------------------------------------------------------------------------------------------
+// A layer's node in the autograd graph, written as torch's generated ones are (GeluBackward0 and the like): the saved
+// tensors as SavedVariables, the constants as a member, apply() calling the backward operator. A
+// torch::autograd::Function does the same through an AutogradContext made on every call (a string-keyed map of
+// IValues, vectors of saved variables and of per-input flags), host time paid on every layer of a host-bound model.
+// `Backward(grad, saved, consts)` returns one gradient per recorded input, in their order (undefined: none).
+template <size_t kSaved, typename Consts>
+using Backward = torch::autograd::variable_list (*)(const at::Tensor& grad, const std::array<at::Tensor, kSaved>& saved,
+                                                    const Consts& consts);
+
+struct NoConsts {};
+
+template <size_t kSaved, typename Consts>
+struct GradNode final : torch::autograd::Node {
+  GradNode(const char* name, Backward<kSaved, Consts> backward, Consts consts)
+      : name_(name), backward_(backward), consts_(std::move(consts)) {}
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    if (!grads[0].defined()) return torch::autograd::variable_list(num_outputs());  // no gradient reached the output
+    std::array<at::Tensor, kSaved> saved;
+    for (size_t i = 0; i < kSaved; ++i) saved[i] = saved_[i].unpack();  // raises if one was modified in place
+    return backward_(grads[0], saved, consts_);
+  }
+
+  void release_variables() override {
+    for (auto& s : saved_) s.reset_data();
+  }
+
+  std::string name() const override { return name_; }
+
+  std::array<torch::autograd::SavedVariable, kSaved> saved_;
+
+ private:
+  const char* name_;
+  Backward<kSaved, Consts> backward_;
+  Consts consts_;
+};
+
+// torch's pointer to a node: std::shared_ptr<Node>, deleted by torch's deleteNode (which frees long chains without
+// recursing), before torch moved nodes to c10::intrusive_ptr.
+using NodeRef = decltype(torch::autograd::Edge::function);
+
+template <typename N, typename Ref = NodeRef, typename... Args>
+Ref make_node(Args&&... args) {
+  if constexpr (std::is_same_v<Ref, c10::intrusive_ptr<torch::autograd::Node>>) {
+    return c10::make_intrusive<N>(std::forward<Args>(args)...);
+  } else {
+    N* node = new N(std::forward<Args>(args)...);
+    return Ref(node, [](typename Ref::element_type* n) { deleteNode(n); });  // found by ADL: torch::autograd
+  }
+}
+
+inline const at::Tensor& tensor_of(const at::Tensor& t) { return t; }
+inline at::Tensor tensor_of(const std::optional<at::Tensor>& t) { return t.value_or(at::Tensor()); }
+inline bool has_tangent(const at::Tensor& t) { return t.defined() && t._fw_grad(/*level=*/0).defined(); }
+
+// `out`, recorded in the autograd graph as computed from `inputs` (Tensors or optional Tensors, in the order
+// `backward` returns their gradients), with `saved` kept for the backward. The caller checked `records(inputs...)`.
+template <size_t kSaved, typename Consts, typename... Inputs>
+at::Tensor recorded(at::Tensor out, const char* name, Backward<kSaved, Consts> backward, Consts consts,
+                    std::array<at::Tensor, kSaved> saved, const Inputs&... inputs) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!(has_tangent(tensor_of(inputs)) || ...),
+                              msg(name, ": forward-mode AD (dual tensors, jvp) is not supported"));
+  auto node = make_node<GradNode<kSaved, Consts>>(name, backward, std::move(consts));
+  auto* grad_node = static_cast<GradNode<kSaved, Consts>*>(node.get());
+  grad_node->set_next_edges(torch::autograd::collect_next_edges(tensor_of(inputs)...));
+  for (size_t i = 0; i < kSaved; ++i) grad_node->saved_[i] = torch::autograd::SavedVariable(saved[i], false);
+  torch::autograd::set_history(out, node);
+  return out;
 }
 
 // The Autograd kernel of an operator that runs below another operator's autograd (a norm's forward that also

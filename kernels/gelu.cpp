@@ -25,7 +25,6 @@ cudaError_t kprof_bias_gelu_backward(int dtype, const void* dy, const void* x, c
 namespace {
 
 namespace gelu = kprof::gelu;
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 #define KPROF_FLOAT_DISPATCH(t, op, ...) \
@@ -173,43 +172,27 @@ const auto& gelu_backward_op() { return kprof::op<gelu_backward>("kprof::gelu_ba
 const auto& bias_gelu_op() { return kprof::op<bias_gelu_forward>("kprof::bias_gelu"); }
 const auto& bias_gelu_backward_op() { return kprof::op<bias_gelu_backward>("kprof::bias_gelu_backward"); }
 
-struct GeluFunction : torch::autograd::Function<GeluFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::string_view approximate) {
-    ctx->save_for_backward({x});
-    ctx->saved_data["tanh"] = tanh_form(approximate, kGelu);  // a bool: no string to allocate per call
-    return kprof::call_below_autograd(gelu_op(), x, approximate);
-  }
+variable_list gelu_grads(const at::Tensor& grad, const std::array<at::Tensor, 1>& saved, const bool& tanh) {
+  return {gelu_backward_op().call(grad, saved[0], tanh ? "tanh" : "none")};
+}
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const char* approximate = ctx->saved_data["tanh"].toBool() ? "tanh" : "none";
-    return {gelu_backward_op().call(grads[0], ctx->get_saved_variables()[0], approximate), at::Tensor()};
-  }
-};
+variable_list bias_gelu_grads(const at::Tensor& grad, const std::array<at::Tensor, 2>& saved, const bool& tanh) {
+  auto [dx, dbias] = bias_gelu_backward_op().call(grad, saved[0], saved[1], tanh ? "tanh" : "none");
+  return {dx, dbias};
+}
 
-struct BiasGeluFunction : torch::autograd::Function<BiasGeluFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bias,
-                            c10::string_view approximate) {
-    ctx->save_for_backward({x, bias});
-    ctx->saved_data["tanh"] = tanh_form(approximate, kBiasGelu);
-    return kprof::call_below_autograd(bias_gelu_op(), x, bias, approximate);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const char* approximate = ctx->saved_data["tanh"].toBool() ? "tanh" : "none";
-    auto [dx, dbias] = bias_gelu_backward_op().call(grads[0], saved[0], saved[1], approximate);
-    return {dx, dbias, at::Tensor()};
-  }
-};
-
+// The forward checks `approximate`; the node keeps it as a bool (no string per call).
 at::Tensor gelu_autograd(const at::Tensor& x, c10::string_view approximate) {
-  if (!kprof::records(x)) return kprof::call_below_autograd(gelu_op(), x, approximate);
-  return GeluFunction::apply(x, approximate);
+  at::Tensor y = kprof::call_below_autograd(gelu_op(), x, approximate);
+  if (!kprof::records(x)) return y;
+  return kprof::recorded(std::move(y), "kprof::GeluBackward", gelu_grads, approximate == "tanh", std::array{x}, x);
 }
 
 at::Tensor bias_gelu_autograd(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
-  if (!kprof::records(x, bias)) return kprof::call_below_autograd(bias_gelu_op(), x, bias, approximate);
-  return BiasGeluFunction::apply(x, bias, approximate);
+  at::Tensor y = kprof::call_below_autograd(bias_gelu_op(), x, bias, approximate);
+  if (!kprof::records(x, bias)) return y;
+  return kprof::recorded(std::move(y), "kprof::BiasGeluBackward", bias_gelu_grads, approximate == "tanh",
+                         std::array{x, bias}, x, bias);
 }
 
 // The backwards' Autograd kernels: the fast kernel, or under create_graph its twin from differentiable ATen ops

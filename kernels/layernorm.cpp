@@ -21,7 +21,6 @@ cudaError_t kprof_layernorm_bwd_cuda(const void* dy, const void* x, const void* 
 namespace {
 
 using at::Tensor;
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr const char* kOp = "kprof layer_norm";
@@ -152,32 +151,24 @@ Tensor layer_norm(const Tensor& x, c10::SymIntArrayRef normalized_shape, const T
   return std::get<0>(fwd_op().call(x, normalized_shape, weight, bias, eps));
 }
 
-// Autograd of the public operator: the forward runs below autograd and its statistics stay in the context (one
+// Autograd of the public operator: the forward runs below autograd and its statistics stay in the node (one
 // differentiable output; the backward recomputes their dependence on x when it must be differentiable itself).
-struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& x, c10::SymIntArrayRef normalized_shape,
-                        const Tensor& weight, const std::optional<Tensor>& bias, double eps) {
-    auto [y, mean, rstd] = kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, bias, eps);
-    ctx->save_for_backward({x, weight, mean, rstd});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["bias"] = bias.has_value();
-    return y;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const bool bias = ctx->saved_data["bias"].toBool();
-    auto [dx, dw, db] = backward_op().call(grads[0], s[0], s[1], s[2], s[3], ctx->saved_data["eps"].toDouble(), bias);
-    return {dx, Tensor(), dw, bias ? db : Tensor(), Tensor()};
-  }
+struct LayerNormConsts {
+  double eps;
+  bool bias;
 };
+
+variable_list layer_norm_grads(const Tensor& grad, const std::array<Tensor, 4>& s, const LayerNormConsts& c) {
+  auto [dx, dw, db] = backward_op().call(grad, s[0], s[1], s[2], s[3], c.eps, c.bias);
+  return {dx, dw, c.bias ? db : Tensor()};
+}
 
 Tensor layer_norm_autograd(const Tensor& x, c10::SymIntArrayRef normalized_shape, const Tensor& weight,
                            const std::optional<Tensor>& bias, double eps) {
-  if (!kprof::records(x, weight, bias)) {
-    return std::get<0>(kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, bias, eps));
-  }
-  return LayerNormFunction::apply(x, normalized_shape, weight, bias, eps);
+  auto [y, mean, rstd] = kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, bias, eps);
+  if (!kprof::records(x, weight, bias)) return y;
+  return kprof::recorded(std::move(y), "kprof::LayerNormBackward", layer_norm_grads,
+                         LayerNormConsts{eps, bias.has_value()}, std::array{x, weight, mean, rstd}, x, weight, bias);
 }
 
 // The backward from differentiable ATen ops, statistics recomputed from x, in float32 (float64 for float64 x):

@@ -19,7 +19,6 @@ cudaError_t kprof_rmsnorm_bwd_cuda(const void* dy, const void* x, const void* w,
 namespace {
 
 using at::Tensor;
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr const char* kOp = "kprof rms_norm";
@@ -129,29 +128,18 @@ Tensor rms_norm(const Tensor& x, c10::SymIntArrayRef normalized_shape, const Ten
   return std::get<0>(fwd_op().call(x, normalized_shape, weight, eps));
 }
 
-// Autograd of the public operator: rstd stays in the context (see LayerNormFunction).
-struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& x, c10::SymIntArrayRef normalized_shape,
-                        const Tensor& weight, std::optional<double> eps) {
-    auto [y, rstd] = kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, eps);
-    ctx->save_for_backward({x, weight, rstd});
-    ctx->saved_data["eps"] = resolve_eps(x, eps);
-    return y;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = ctx->get_saved_variables();
-    auto [dx, dw] = backward_op().call(grads[0], s[0], s[1], s[2], ctx->saved_data["eps"].toDouble());
-    return {dx, Tensor(), dw, Tensor()};
-  }
-};
+// Autograd of the public operator: rstd stays in the node (see layer_norm_autograd).
+variable_list rms_norm_grads(const Tensor& grad, const std::array<Tensor, 3>& s, const double& eps) {
+  auto [dx, dw] = backward_op().call(grad, s[0], s[1], s[2], eps);
+  return {dx, dw};
+}
 
 Tensor rms_norm_autograd(const Tensor& x, c10::SymIntArrayRef normalized_shape, const Tensor& weight,
                          std::optional<double> eps) {
-  if (!kprof::records(x, weight)) {
-    return std::get<0>(kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, eps));
-  }
-  return RMSNormFunction::apply(x, normalized_shape, weight, eps);
+  auto [y, rstd] = kprof::call_below_autograd(fwd_op(), x, normalized_shape, weight, eps);
+  if (!kprof::records(x, weight)) return y;
+  return kprof::recorded(std::move(y), "kprof::RMSNormBackward", rms_norm_grads, resolve_eps(x, eps),
+                         std::array{x, weight, rstd}, x, weight);
 }
 
 // The backward from differentiable ATen ops, rstd recomputed from x, in float32 (float64 for float64 x): what runs

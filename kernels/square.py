@@ -90,7 +90,6 @@ cudaError_t kprof_square_backward(int dtype, const void* dy, const void* x, void
 
 namespace {
 
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr const char* kOp = "kprof square";
@@ -151,20 +150,14 @@ at::Tensor square_backward(const at::Tensor& grad, const at::Tensor& input) {
 const auto& square_op() { return kprof::op<square>("kprof::square"); }
 const auto& square_backward_op() { return kprof::op<square_backward>("kprof::square_backward"); }
 
-struct SquareFunction : torch::autograd::Function<SquareFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::string_view variant) {
-    ctx->save_for_backward({x});
-    return kprof::call_below_autograd(square_op(), x, variant);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {square_backward_op().call(grads[0], ctx->get_saved_variables()[0]), at::Tensor()};
-  }
-};
+variable_list square_grads(const at::Tensor& grad, const std::array<at::Tensor, 1>& saved, const kprof::NoConsts&) {
+  return {square_backward_op().call(grad, saved[0])};
+}
 
 at::Tensor square_autograd(const at::Tensor& x, c10::string_view variant) {
-  if (!kprof::records(x)) return kprof::call_below_autograd(square_op(), x, variant);
-  return SquareFunction::apply(x, variant);
+  at::Tensor y = kprof::call_below_autograd(square_op(), x, variant);
+  if (!kprof::records(x)) return y;
+  return kprof::recorded(std::move(y), "kprof::SquareBackward", square_grads, kprof::NoConsts{}, std::array{x}, x);
 }
 
 // The fast kernel, or under create_graph its twin from differentiable ATen ops.

@@ -16,7 +16,6 @@ cudaError_t kprof_swiglu_backward(int dtype, const void* dy, const void* gate, c
 
 namespace {
 
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr const char* kOp = "kprof swiglu";
@@ -76,22 +75,16 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad, const
 const auto& swiglu_op() { return kprof::op<swiglu_forward>("kprof::swiglu"); }
 const auto& swiglu_backward_op() { return kprof::op<swiglu_backward>("kprof::swiglu_backward"); }
 
-struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
-    ctx->save_for_backward({gate, up});
-    return kprof::call_below_autograd(swiglu_op(), gate, up);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    auto [dgate, dup] = swiglu_backward_op().call(grads[0], saved[0], saved[1]);
-    return {dgate, dup};
-  }
-};
+variable_list swiglu_grads(const at::Tensor& grad, const std::array<at::Tensor, 2>& saved, const kprof::NoConsts&) {
+  auto [dgate, dup] = swiglu_backward_op().call(grad, saved[0], saved[1]);
+  return {dgate, dup};
+}
 
 at::Tensor swiglu_autograd(const at::Tensor& gate, const at::Tensor& up) {
-  if (!kprof::records(gate, up)) return kprof::call_below_autograd(swiglu_op(), gate, up);
-  return SwigluFunction::apply(gate, up);
+  at::Tensor y = kprof::call_below_autograd(swiglu_op(), gate, up);
+  if (!kprof::records(gate, up)) return y;
+  return kprof::recorded(std::move(y), "kprof::SwigluBackward", swiglu_grads, kprof::NoConsts{},
+                         std::array{gate, up}, gate, up);
 }
 
 // The fast kernel, or under create_graph its twin from differentiable ATen ops (torch's own silu backward has no

@@ -63,6 +63,47 @@ def test_a_norm_forward_is_not_differentiated_directly() -> None:
             assert call()[0].shape == (3, 5)
 
 
+# each layer's differentiable operator on x and w (inputs that require grad), and the tensor inputs it records
+GRAPH_NODES = {
+    "kprof::SquareBackward": (lambda x, w: kernels.square(x), 1),
+    "kprof::AddBackward": (lambda x, w: kernels.add(x, x * 2), 2),
+    "kprof::GeluBackward": (lambda x, w: kernels.gelu(x, "tanh"), 1),
+    "kprof::BiasGeluBackward": (lambda x, w: kernels.bias_gelu(x, w), 2),
+    "kprof::SwigluBackward": (lambda x, w: kernels.swiglu(x, x * 3), 2),
+    "kprof::LayerNormBackward": (lambda x, w: kernels.layer_norm(x, 5, w, w * 2), 3),
+    "kprof::RMSNormBackward": (lambda x, w: kernels.rms_norm(x, 5, w), 2),
+}
+
+
+@pytest.mark.parametrize("node", GRAPH_NODES)
+def test_each_layer_is_one_named_node_that_behaves_as_torchs_own(node: str) -> None:
+    """Each layer records a backward node of its own (as torch's generated ones, not a torch.autograd.Function's
+    context): it is named in the graph and the profiler, keeps its inputs' versions, frees what it saved after the
+    backward, and refuses forward-mode AD instead of dropping the tangent."""
+    call, inputs = GRAPH_NODES[node]
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    out = call(x, w)
+    assert out.grad_fn.name() == node and len(out.grad_fn.next_functions) == inputs
+    out.sum().backward(retain_graph=True)
+    first = x.grad.clone()
+    out.sum().backward()  # the retained graph runs again
+    torch.testing.assert_close(x.grad, 2 * first)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out.sum().backward()
+    if node != "kprof::AddBackward":  # add saves nothing: an input modified in place does not matter to it
+        y = x.detach().clone().requires_grad_()
+        leaf = y * 1.0
+        again = call(leaf, w)
+        leaf.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            again.sum().backward()
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level(), pytest.raises(NotImplementedError, match="forward-mode AD"):
+        call(fwAD.make_dual(x.detach(), torch.ones_like(x)).requires_grad_(), w)
+
+
 def test_poisoned_outputs_start_as_nan() -> None:
     """The mechanism the kernel tests rely on: inside, a fresh allocation is NaN until written."""
     with poisoned_outputs():
