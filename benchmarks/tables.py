@@ -157,6 +157,14 @@ def _kernels(source: str) -> Table:
     )
 
 
+_HOST_OVERHEAD = (
+    _t("layer", "{layer}"),
+    _t("autograd", "{mode}"),
+    Col("torch µs/call", "{torch_us:.2f}"),
+    Col("kprof µs/call", "{kprof_us:.2f}"),
+    Col("kprof / torch (range)", "{ratio:.2f} ({ratio_min:.2f} .. {ratio_max:.2f})"),
+)
+
 _FSDP2 = (
     _t("config", "{config}"),
     Col("step ms", "{step_ms:.1f}"),
@@ -296,16 +304,8 @@ TABLES: dict[str, Table] = {
             Col("fwd+bwd / GEMMs alone", "{ratio:.3f}"),
         ),
     ),
-    "host_overhead": Table(
-        "host_overhead-h100.json",
-        (
-            _t("layer", "{layer}"),
-            _t("autograd", "{mode}"),
-            Col("torch µs/call", "{torch_us:.2f}"),
-            Col("kprof µs/call", "{kprof_us:.2f}"),
-            Col("kprof / torch (range)", "{ratio:.2f} ({ratio_min:.2f} .. {ratio_max:.2f})"),
-        ),
-    ),
+    "host_overhead": Table("host_overhead-h100.json", _HOST_OVERHEAD),
+    "host_overhead-h200": Table("host_overhead-h200.json", _HOST_OVERHEAD),
     "triton_sm90": Table(
         "triton_sm90-cpu.json",
         (
@@ -326,6 +326,7 @@ TABLES: dict[str, Table] = {
     ),
     "real_model": _real_model("real_model-h100.json"),
     "real_model-h200": _real_model("real_model-h200.json"),
+    "real_model_compile-h200": _real_model("real_model_compile-h200.json"),
     "mfu": Table(
         "mfu-h100.json", (_t("measure", "{measure}"), Col("TFLOP/s", "{tflops:.1f}"), Col("MFU", "{mfu:.1%}"))
     ),
