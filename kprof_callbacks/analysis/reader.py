@@ -27,7 +27,9 @@ import numpy as np
 from ..layout import rank_of, worker_of
 from .flops import MATMULS
 
-CHUNK_BYTES = 8 << 20  # a piece: ~40 MB of decoded objects at the most, ~0.05 s of work
+# A piece: ~10 MB of decoded objects at the most, ~0.01 s of work. Small pieces stay in the CPU's caches: with 2 MB
+# a 50 MB trace was read 20% faster than with 8 MB (0.33 against 0.42 s on a 2-core machine), 1 MB no faster.
+CHUNK_BYTES = 2 << 20
 _HEAD_BYTES = 1 << 20  # "traceEvents" must open within this many bytes for the file to be cut into pieces
 _ARRAY = b'"traceEvents": ['
 _BETWEEN = b"},\n  {"  # two neighbouring events, as torch writes them (a raw newline is never inside a string)
