@@ -47,10 +47,10 @@ from pathlib import Path
 import numpy as np
 
 from kprof_callbacks import stats, triggers
-from kprof_callbacks.analysis import Summary, diagnostics, diff, growth, ranks
-from kprof_callbacks.analysis.comm import Transfers
+from kprof_callbacks.analysis import Summary, diagnostics, diff, fsdp, growth, ranks
+from kprof_callbacks.analysis.comm import CollectiveTotals, Transfers
 from kprof_callbacks.analysis.perstep import PerStep
-from kprof_callbacks.analysis.tables import RankStats, StepStats
+from kprof_callbacks.analysis.tables import FsdpStep, RankStats, StepStats
 from kprof_callbacks.config import ProfileConfig
 from kprof_callbacks.session import EARLY_MEMORY_STEPS
 
@@ -299,6 +299,77 @@ def rank_finding(kind: str, n_ranks: int, effect: str) -> Callable[[np.random.Ge
     return fired
 
 
+FSDP_EFFECTS = {
+    "fsdp_all_gather": "forward all-gathers issued late: 40% of each exposed",
+    "fsdp_reduce_scatter": "reduce-scatters outlast backward: 40% of each exposed",
+    "fsdp_one_communicator": "backward all-gathers queue 8% of the step behind reduce-scatters, 40% of each exposed",
+    "fsdp_unsharded_memory": "every group unsharded at the peak (reshard_after_forward=False)",
+}
+
+
+def _collectives(rng: np.random.Generator, sigma: float, wall: float, whole: int, late: bool) -> np.ndarray:
+    """One FSDP collective per block, 2% of the step each: rows [time, exposed]. The one at ``whole`` is exposed
+    whole; the others 0-10% of themselves, 40% more when ``late``."""
+    each = 0.02 * wall * rng.lognormal(0.0, sigma, 12)
+    part = rng.uniform(0.0, 0.1, 12) + (0.4 if late else 0.0)
+    part[whole] = 1.0
+    return np.stack([each, each * part])
+
+
+def fsdp_finding(kind: str) -> Callable[[np.random.Generator, float, bool], bool]:
+    """FSDP2 on 2 ranks, 4 profiled steps, 12 blocks, NCCL (one communicator), as ``fsdp.findings`` reads them. The
+    good configuration is the one measured on two H200s (each block sharded, prefetching, resharding after
+    forward): per step each block all-gathers for 2% of the step in forward and again in backward, and
+    reduce-scatters for 2%; only the first all-gather and the last reduce-scatter are exposed whole, every other
+    collective 0-10% of itself; all-gathers queue 1% of the step behind reduce-scatters; 1-3 of the 13 groups are
+    unsharded at the memory peak. Injected: the effect ``FSDP_EFFECTS[kind]`` names."""
+
+    def fired(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
+        late = {k: inject and kind == k for k in FSDP_EFFECTS}
+        steps, rows, sums = [], [], {"fwd": [], "bwd": [], "rs": []}  # per rank-step: [time, exposed]
+        for rank in range(2):
+            for step in range(4):
+                wall = STEP_US * rng.lognormal(0.0, sigma)
+                fwd = _collectives(rng, sigma, wall, 0, late["fsdp_all_gather"])
+                bwd = _collectives(rng, sigma, wall, 0, late["fsdp_one_communicator"])
+                rs = _collectives(rng, sigma, wall, -1, late["fsdp_reduce_scatter"])
+                for key, c in (("fwd", fwd), ("bwd", bwd), ("rs", rs)):
+                    sums[key].append(c.sum(axis=1))
+                queued = wall * (0.08 if late["fsdp_one_communicator"] else 0.01) * rng.lognormal(0.0, sigma)
+                alive = 13 if late["fsdp_unsharded_memory"] else int(rng.integers(1, 4))
+                steps.append(_steps(np.array([wall]))[0])
+                group = 2**26
+                rows.append(
+                    FsdpStep(
+                        rank,
+                        f"rank{rank}",
+                        2,
+                        step,
+                        13,
+                        fwd[1, 0],
+                        rs[1, -1],
+                        0.0,
+                        queued,
+                        13 * group,
+                        alive * group,
+                        alive,
+                        group,
+                        2**34,
+                    )
+                )
+        totals = []
+        for key, name, phase in (
+            ("fwd", "all_gather", "forward"),
+            ("bwd", "all_gather", "backward"),
+            ("rs", "reduce_scatter", "backward"),
+        ):
+            time_us, exposed = np.mean(sums[key], axis=0)
+            totals.append(CollectiveTotals(name, phase, 2, 12, time_us, time_us - exposed, exposed, 0, exposed))
+        return kind in _kinds(fsdp.findings(totals, rows, steps, nccl=True))
+
+    return fired
+
+
 DETECTORS = (
     Detector("slow step", "10 profiled steps", "one step 2x the typical", slow_step),
     Detector(
@@ -339,6 +410,10 @@ DETECTORS = (
         for n in (2, 8)
     ),
     Detector("GPU idle", "GPU steps idle 20% (a window's first step 45%)", "the GPU idle 45% of every step", gpu_idle),
+    *(
+        Detector(kind, "FSDP2, 2 ranks x 4 steps, 12 blocks, the H200's good configuration", effect, fsdp_finding(kind))
+        for kind, effect in FSDP_EFFECTS.items()
+    ),
 )
 
 
