@@ -3,6 +3,8 @@ time through every window's start and end, and ``kprof/profiler_ms`` carries wha
 
 from __future__ import annotations
 
+import functools
+import importlib
 import statistics
 import time
 
@@ -27,6 +29,25 @@ SLEEP = 0.010
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def host_clock(monkeypatch):
+    """The fixed-cost loop is CPU work, so its steps are timed on the host clock, as on a machine without a GPU. On
+    a GPU machine a session times steps with CUDA events, and the events of a loop that launches nothing are stamped
+    when the GPU gets to them: in a GPU test suite, a GPU shared by 28 workers, up to ~6 ms late."""
+    session_module = importlib.import_module("kprof_callbacks.session")  # the package's `session` is the function
+    monkeypatch.setattr(session_module, "StepTimer", functools.partial(StepTimer, cuda=False))
+
+
+def _slow_steps(diagnostics) -> set[int]:
+    """The steps the slow-step findings name ("Step 10 took ...")."""
+    return {int(d.message.split()[1]) for d in diagnostics if d.kind == "slow_step"}
+
+
+# where a window's start and stop land: its first and last steps. A slow step there is kprof's cost called slow; a
+# slow step elsewhere is the machine (a loaded test machine has some), which the tests do not hold against kprof.
+WINDOW_EDGES = {end - k for end in WINDOW_ENDS for k in (0, SCHEDULE["active"] - 1)}
 
 
 def _mlp() -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor]:
@@ -60,7 +81,7 @@ def _check(tags: dict, mine: np.ndarray) -> None:
     assert np.median(own_ms[WINDOW_ENDS]) >= 5 * max(np.median(quiet), 0.05), (own_ms[WINDOW_ENDS], np.median(quiet))
 
 
-def test_the_fixed_cost_loop_keeps_its_step_time_through_window_ends(tmp_path):
+def test_the_fixed_cost_loop_keeps_its_step_time_through_window_ends(tmp_path, host_clock):
     model, opt, x = _mlp()
     mine = []  # the loop's own time per step, measured around its own work
     start = time.perf_counter()
@@ -77,7 +98,7 @@ def test_the_fixed_cost_loop_keeps_its_step_time_through_window_ends(tmp_path):
     # wall = step + profiler: nothing is lost between the two (the session's start and stop are outside every step)
     assert step_ms.sum() + own_ms.sum() <= 1e3 * wall < step_ms.sum() + own_ms.sum() + 2000
     summary = s.summary()
-    assert not [d for d in summary.diagnostics if d.kind == "slow_step"]
+    assert not _slow_steps(summary.diagnostics) & WINDOW_EDGES
     (cost,) = [d.message for d in summary.diagnostics if d.kind == "profiler_cost"]
     assert cost.startswith(f"Profiling cost the training thread {duration(own_ms.sum() * 1e3)} over 24 steps")
     assert f"a window cost {duration(np.median(own_ms[WINDOW_ENDS]) * 1e3)} at its end (median of 3" in cost
@@ -107,7 +128,7 @@ class _Clock(L.Callback):
         self.times.append(time.perf_counter())
 
 
-def test_the_fixed_cost_loop_under_lightning(tmp_path):
+def test_the_fixed_cost_loop_under_lightning(tmp_path, host_clock):
     data = DataLoader(TensorDataset(torch.randn(STEPS * 64, 256)), batch_size=64)
     csv = CSVLogger(tmp_path, name="csv")
     ends, starts = _Clock(), _Clock()
@@ -115,6 +136,7 @@ def test_the_fixed_cost_loop_under_lightning(tmp_path):
         default_root_dir=tmp_path,
         logger=[TensorBoardLogger(tmp_path), csv],
         max_steps=STEPS,
+        accelerator="cpu",  # the fixed-cost loop is CPU work, on any machine
         callbacks=[ends, kprof.ProfilerCallback(summary=False, **SCHEDULE), starts],
         log_every_n_steps=4,
         enable_progress_bar=False,
@@ -126,7 +148,7 @@ def test_the_fixed_cost_loop_under_lightning(tmp_path):
     mine = np.r_[np.nan, 1e3 * (np.array(ends.times[1:]) - np.array(starts.times[:-1]))]
     _check(_series(run), mine)
     assert layout.PROFILER_TAG in (tmp_path / "csv" / "version_0" / "metrics.csv").read_text().splitlines()[0]
-    assert not [d for d in kprof.summarize(run).diagnostics if d.kind == "slow_step"]
+    assert not _slow_steps(kprof.summarize(run).diagnostics) & WINDOW_EDGES
 
 
 def test_the_slow_step_trigger_does_not_fire_on_a_window_end(tmp_path, monkeypatch):
