@@ -7,6 +7,7 @@ import gzip
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -636,7 +638,10 @@ def test_pieces_and_workers_read_what_one_whole_decode_reads(tmp_path, monkeypat
             assert len(done) > 30 and done[-1] == (source.stat().st_size, source.stat().st_size)
 
 
-def test_two_files_in_workers_are_analyzed_like_in_one_process(tmp_path, monkeypatch):
+@pytest.mark.parametrize("jobs", [4, 8], ids=["whole files", "pieces"])
+def test_two_files_in_workers_are_analyzed_like_in_one_process(tmp_path, monkeypatch, jobs):
+    """With at least half as many files as processes, each process reads whole files; with fewer, the files' pieces
+    are spread over the processes. Either way the summary is the one this process makes alone."""
     path = _scaled(tmp_path, mb=0.5)
     other = path.with_name("rank1_gpuhost_2.1.pt.trace.json")
     shutil.copy(path, other)
@@ -644,7 +649,10 @@ def test_two_files_in_workers_are_analyzed_like_in_one_process(tmp_path, monkeyp
     monkeypatch.setattr(reader, "CHUNK_BYTES", 100_000)
     monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
     monkeypatch.setattr(summary_module, "_JOB_BYTES", 1)
-    assert summarize(path.parent, jobs=4).to_dict() == here
+    pieces = mock.Mock(wraps=summary_module._read_in)  # the pieces' path, planned in this process
+    monkeypatch.setattr(summary_module, "_read_in", pieces)
+    assert summarize(path.parent, jobs=jobs).to_dict() == here
+    assert pieces.called == (jobs == 8)
 
 
 def test_a_file_that_does_not_cut_cleanly_is_decoded_whole(tmp_path, monkeypatch):
@@ -686,6 +694,9 @@ def test_a_worker_that_dies_fails_its_task_and_is_replaced():
         with pytest.raises(WorkerError, match="worker process ended.*_exit"):
             workers.submit(os._exit, 3).result(timeout=120)
         assert workers.submit(len, "abc").result(timeout=120) == 3
+        with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):  # never sent: fails, never hangs
+            workers.submit(len, lambda: 0).result(timeout=120)
+        assert workers.submit(len, "ab").result(timeout=120) == 2
         with pytest.raises(ZeroDivisionError):
             workers.submit(divmod, 1, 0).result(timeout=120)
         later = [workers.submit(pow, 2, k) for k in range(8)]

@@ -297,6 +297,11 @@ def _read_here(path: Path, progress: Progress) -> _FileResult:
     return _analyze(reader.read_trace(path, progress.add))
 
 
+def _read_whole(path: Path) -> _FileResult:
+    """A worker's task: read and analyze one whole file."""
+    return _read_here(path, Progress(False, 0, ""))
+
+
 def _read_in(workers: Workers, path: Path, progress: Progress) -> Callable[[], TraceFile]:
     """Start decoding ``path``'s pieces in the workers; returns the call that waits for them and merges them."""
     found = reader.plan(path)
@@ -317,10 +322,21 @@ def _read_in(workers: Workers, path: Path, progress: Progress) -> Callable[[], T
 
 
 def _analyze_files(paths: list[Path], workers: Workers | None, progress: Progress) -> list[_FileResult | Problem]:
-    """Each file's analysis, or the Problem that kept it out. With workers, every file's pieces are decoded in
-    parallel; then each file is analyzed (in a worker when there are several files) as soon as its pieces are in."""
+    """Each file's analysis, or the Problem that kept it out. With workers and at least half as many files as
+    processes, each process reads and analyzes whole files; with fewer (a few big files), every file's pieces are
+    decoded in parallel, then each file is analyzed (in a worker when there are several) as soon as its pieces are
+    in."""
     if workers is None:
         return [_guarded(path, lambda path=path: _read_here(path, progress)) for path in paths]
+    if len(paths) > 1 and 2 * len(paths) >= workers.jobs:
+        # files enough to keep the processes busy: each process reads and analyzes whole files, so only a file's
+        # result crosses a pipe, not its columns twice (the decoded pieces back, then the merged trace out again)
+        tasks = {path: workers.submit(_read_whole, path) for path in paths}
+        for path, task in tasks.items():
+            size = _size(path)
+            task.add_done_callback(lambda _, size=size: progress.add(size))
+        workers.wait(tasks.values())
+        return [_guarded(path, task.result) for path, task in tasks.items()]
     reads = {path: _guarded(path, lambda path=path: _read_in(workers, path, progress)) for path in paths}
     if len(paths) == 1:
         ((path, read),) = reads.items()

@@ -36,8 +36,15 @@ def default_jobs() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def _pickled(obj: object) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def _send(pipe: IO[bytes], obj: object) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    _write(pipe, _pickled(obj))
+
+
+def _write(pipe: IO[bytes], data: bytes) -> None:
     pipe.write(_LENGTH.pack(len(data)))
     pipe.write(data)
     pipe.flush()
@@ -69,6 +76,11 @@ class Workers:
         ]
         for thread in self._threads:
             thread.start()
+
+    @property
+    def jobs(self) -> int:
+        """The processes that run tasks: the workers and the caller."""
+        return len(self._threads) + 1
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         future: Future = Future()
@@ -122,7 +134,12 @@ class Workers:
                 if not future.set_running_or_notify_cancel():
                     continue
                 try:
-                    _send(proc.stdin, (fn, args))
+                    task = _pickled((fn, args))
+                except Exception as exc:  # a task that cannot be sent fails alone; nothing reached the worker
+                    future.set_exception(exc)
+                    continue
+                try:
+                    _write(proc.stdin, task)
                     ok, value = _receive(proc.stdout)
                 except (OSError, EOFError) as exc:
                     proc.kill()
