@@ -123,39 +123,30 @@ def _range(key: str, spec: str = "+.1%") -> str:
     return f"{{{key}[0]:{spec}}} ({{{key}[1]:{spec}}} .. {{{key}[2]:{spec}}})"
 
 
-def _real_model(source: str) -> Table:
-    return Table(
-        source,
-        (
-            _t("mode", "{mode}"),
-            _t("variant", "{variant}"),
-            Col("torch ms/step", "{torch_ms:.2f}"),
-            Col("kprof.swap ms/step", "{kprof_ms:.2f}"),
-            Col("speedup [95% CI]", "{speedup:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"),
-            _t("verdict", "{verdict}"),
-            _t("check (no `tol=`)", "{check}"),
-        ),
-    )
+# The columns of results measured on several devices: one tuple, a Table per results file.
+_REAL_MODEL = (
+    _t("mode", "{mode}"),
+    _t("variant", "{variant}"),
+    Col("torch ms/step", "{torch_ms:.2f}"),
+    Col("kprof.swap ms/step", "{kprof_ms:.2f}"),
+    Col("speedup [95% CI]", "{speedup:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"),
+    _t("verdict", "{verdict}"),
+    _t("check (no `tol=`)", "{check}"),
+)
 
-
-def _kernels(source: str) -> Table:
-    return Table(
-        source,
-        (
-            _t("op", "{op}"),
-            _t("dtype", "{dtype}"),
-            _t("shape", "{shape}"),
-            Col("kprof ms", "{kprof_ms:.4f}"),
-            Col("% of copy", "{copy_pct:.1f}"),
-            Col("% of spec", "{spec_pct:.1f}"),
-            Col("triton ms", "{triton_ms:.4f}"),
-            Col("eager ms", "{eager_ms:.4f}"),
-            Col("compile ms", "{compile_ms:.4f}"),
-            Col("Liger ms", "{liger_ms:.4f}"),
-            Col("kprof × best other", "{best_other_x:.2f}"),
-        ),
-    )
-
+_KERNELS = (
+    _t("op", "{op}"),
+    _t("dtype", "{dtype}"),
+    _t("shape", "{shape}"),
+    Col("kprof ms", "{kprof_ms:.4f}"),
+    Col("% of copy", "{copy_pct:.1f}"),
+    Col("% of spec", "{spec_pct:.1f}"),
+    Col("triton ms", "{triton_ms:.4f}"),
+    Col("eager ms", "{eager_ms:.4f}"),
+    Col("compile ms", "{compile_ms:.4f}"),
+    Col("Liger ms", "{liger_ms:.4f}"),
+    Col("kprof × best other", "{best_other_x:.2f}"),
+)
 
 _HOST_OVERHEAD = (
     _t("layer", "{layer}"),
@@ -292,9 +283,9 @@ TABLES: dict[str, Table] = {
             Col("load average", "{load_average:.1f}"),
         ),
     ),
-    "kernels-h100": _kernels("kernels-h100.json"),
-    "kernels-h200": _kernels("kernels-h200.json"),
-    "kernels-gpt-h200": _kernels("kernels-gpt-h200.json"),
+    "kernels-h100": Table("kernels-h100.json", _KERNELS),
+    "kernels-h200": Table("kernels-h200.json", _KERNELS),
+    "kernels-gpt-h200": Table("kernels-gpt-h200.json", _KERNELS),
     "gemm_floor": Table(
         "gemm_floor-h100.json",
         (
@@ -324,9 +315,9 @@ TABLES: dict[str, Table] = {
             _t("dispatches to", "{dispatches}"),
         ),
     ),
-    "real_model": _real_model("real_model-h100.json"),
-    "real_model-h200": _real_model("real_model-h200.json"),
-    "real_model_compile-h200": _real_model("real_model_compile-h200.json"),
+    "real_model": Table("real_model-h100.json", _REAL_MODEL),
+    "real_model-h200": Table("real_model-h200.json", _REAL_MODEL),
+    "real_model_compile-h200": Table("real_model_compile-h200.json", _REAL_MODEL),
     "mfu": Table(
         "mfu-h100.json", (_t("measure", "{measure}"), Col("TFLOP/s", "{tflops:.1f}"), Col("MFU", "{mfu:.1%}"))
     ),
