@@ -216,10 +216,10 @@ def _interned_raw(raws: Iterable[msgspec.Raw], table: _Interner, count: int) -> 
     return _interned(b"\0".join(raws).split(b"\0") if count else [], table, count)
 
 
-def _kind_ids(kinds: _Interner, names: _Interner, cats: _Interner, lanes: _Interner) -> np.ndarray:
-    """The name, category and lane ids of each kind of `X` and `i` event (-1 for the other kinds). Numbered kind by
+def _kind_ids(kinds: _Interner, timed: list[bool], names: _Interner, cats: _Interner, lanes: _Interner) -> np.ndarray:
+    """The name, category and lane ids of each kind (-1 for the kinds not ``timed``: not `X` or `i`). Numbered kind by
     kind, in the kinds' order of first appearance, the tables come out as numbering event by event would make them."""
-    ids = [(names[n], cats[c], lanes[p, t]) if _PH_CODE.get(ph, 3) <= 1 else (-1, -1, -1) for ph, n, c, p, t in kinds]
+    ids = [(names[n], cats[c], lanes[p, t]) if keep else (-1, -1, -1) for (_, n, c, p, t), keep in zip(kinds, timed)]
     return np.array(ids, np.int32).reshape(len(ids), 3).T
 
 
@@ -238,14 +238,15 @@ def columns(events: list[Event]) -> Columns:
     # one lookup (and one hash of its strings) per event for ph, name, cat and lane: they are numbered per kind
     kinds = _Interner()
     kind = _interned(map(_KIND, events), kinds, len(events))
-    ph = np.array([_PH_CODE.get(k[0], 3) for k in kinds], np.int8)[kind]
+    kind_ph = np.array([_PH_CODE.get(k[0], 3) for k in kinds], np.int8)
+    ph = kind_ph[kind]
     meta = [events[i] for i in np.flatnonzero(ph == 2).tolist()]
     timed = ph <= 1
     if not timed.all():
         events, ph, kind = list(compress(events, timed.tolist())), ph[timed], kind[timed]
     instant = ph == 1
     names, cats, lanes, dims = _Interner(), _Interner(), _Interner(), _Interner({b"": 0})
-    name_ids, cat_ids, lane_ids = _kind_ids(kinds, names, cats, lanes)
+    name_ids, cat_ids, lane_ids = _kind_ids(kinds, (kind_ph <= 1).tolist(), names, cats, lanes)
     name, cat, lane = name_ids[kind], cat_ids[kind], lane_ids[kind]
     args = list(map(_FIELDS["args"], events))  # fetched once: most columns come from the args
     start = _ns(_column(events, _FIELDS["ts"], np.float64))
