@@ -704,6 +704,23 @@ def test_a_worker_that_dies_fails_its_task_and_is_replaced():
         assert [f.result() for f in later] == [2**k for k in range(8)]
 
 
+@pytest.mark.timeout(120)  # a deadlock shows as a hang
+def test_workers_take_the_next_task_while_they_run_one():
+    """Two tasks in a worker's hands at once: big arguments and results (past any pipe's capacity) cross both ways
+    without a deadlock, and a worker that dies leaves the task queued behind its own to its replacement."""
+    from kprof_callbacks.analysis.workers import WorkerError, Workers
+
+    big = 8 << 20
+    with Workers(2) as workers:  # one worker; .result() leaves every task to it
+        back = [workers.submit(bytes, big) for _ in range(3)]
+        out = [workers.submit(len, b"x" * big) for _ in range(3)]
+        assert [len(f.result(timeout=120)) for f in back] + [f.result(timeout=120) for f in out] == [big] * 6
+        died, behind = workers.submit(os._exit, 3), workers.submit(os.getpid)
+        with pytest.raises(WorkerError, match="_exit"):
+            died.result(timeout=120)
+        assert behind.result(timeout=120) not in (os.getpid(), None)
+
+
 def test_a_run_over_100_mb_shows_a_progress_bar_on_stderr(tmp_path, monkeypatch, capsys):
     path = _scaled(tmp_path, mb=0.5)
     monkeypatch.setattr(reader, "CHUNK_BYTES", 50_000)

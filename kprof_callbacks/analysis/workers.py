@@ -3,14 +3,18 @@
 A worker is a fresh interpreter running this module, never a fork of the caller: the caller may hold threads
 (TensorBoard's server) or a CUDA context (a training script), and nothing of the caller's own script runs again in
 it, guarded by ``if __name__ == "__main__"`` or not. A task is a module-level function and its arguments, pickled to
-the worker's stdin; its result, or the exception it raised, comes back pickled on the worker's stdout. A worker
-that dies fails the task it held (WorkerError) and is replaced for the next one. The caller is a worker too: while
-it waits for results (``wait``), it runs queued tasks itself, which also covers the workers' start-up.
+the worker's stdin; its result, or the exception it raised, comes back pickled on the worker's stdout. Each worker
+is sent its next task while it runs one (a thread of the worker takes it off the pipe), so it never waits for its
+feeder thread, which needs the caller's GIL. A worker that dies fails the task it was running (WorkerError); its
+replacement gets the task queued behind it. The caller is a worker too: while it waits for results (``wait``), it
+runs queued tasks itself, which also covers the workers' start-up. Workers run numpy single-threaded.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import fcntl
 import os
 import pickle
 import queue
@@ -25,6 +29,12 @@ from concurrent.futures import wait as wait_any
 from typing import IO, Any
 
 _LENGTH = struct.Struct("<Q")
+# Tasks a worker holds: the one it runs and the next, already in its pipe. On a 2-core machine a worker fed one task
+# at a time waited ~5 ms (the interpreter's switch interval) for its feeder after each ~11 ms task.
+_DEPTH = 2
+_PIPE_BYTES = 1 << 20  # the unprivileged maximum on Linux
+# Workers never multiply matrices: no BLAS thread pool (numpy's OpenBLAS starts a thread per core in each process).
+_ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
 class WorkerError(RuntimeError):
@@ -51,6 +61,10 @@ def _write(pipe: IO[bytes], data: bytes) -> None:
 
 
 def _receive(pipe: IO[bytes]) -> Any:
+    return pickle.loads(_read(pipe))
+
+
+def _read(pipe: IO[bytes]) -> bytes:
     head = pipe.read(_LENGTH.size)
     if len(head) < _LENGTH.size:
         raise EOFError("the other end closed the pipe")
@@ -58,7 +72,7 @@ def _receive(pipe: IO[bytes]) -> Any:
     data = pipe.read(size)
     if len(data) < size:
         raise EOFError("the other end closed the pipe")
-    return pickle.loads(data)
+    return data
 
 
 class Workers:
@@ -70,7 +84,7 @@ class Workers:
         if jobs < 2:
             raise ValueError(f"jobs must be >= 2 (the caller and a worker), got {jobs}")
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self._env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self._env = {**os.environ, **_ONE_THREAD, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self._threads = [
             threading.Thread(target=self._serve, name=f"kprof-worker-{k}", daemon=True) for k in range(jobs - 1)
         ]
@@ -121,37 +135,43 @@ class Workers:
         self.close()
 
     def _start(self) -> subprocess.Popen:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env
         )
+        for pipe in (proc.stdin, proc.stdout):
+            _widen(pipe)
+        return proc
 
     def _serve(self) -> None:
-        """One worker's feeder: hand it tasks one at a time until told to stop; replace it when it dies."""
-        proc = self._start()
+        """One worker's feeder: keep up to _DEPTH tasks sent to it until told to stop; replace it when it dies."""
+        proc, held, stopping = self._start(), collections.deque(), False
         try:
-            while (item := self._tasks.get()) is not None:
-                future, fn, args = item
-                if not future.set_running_or_notify_cancel():
+            while held or not stopping:
+                while not stopping and len(held) < _DEPTH:
+                    try:
+                        item = self._tasks.get(block=not held)
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        stopping = True
+                    elif (task := _claimed(item)) is not None:
+                        held.append((item[0], getattr(item[1], "__name__", item[1]), task))
+                        _offer(proc, task)
+                if not held:
                     continue
                 try:
-                    task = _pickled((fn, args))
-                except Exception as exc:  # a task that cannot be sent fails alone; nothing reached the worker
-                    future.set_exception(exc)
-                    continue
-                try:
-                    _write(proc.stdin, task)
                     ok, value = _receive(proc.stdout)
                 except (OSError, EOFError) as exc:
+                    future, name, _ = held.popleft()
                     proc.kill()
                     proc.wait()
-                    future.set_exception(
-                        WorkerError(
-                            f"a worker process ended (exit status {proc.returncode}) while "
-                            f"running {getattr(fn, '__name__', fn)}: {exc}"
-                        )
-                    )
+                    ended = f"a worker process ended (exit status {proc.returncode}) while running {name}: {exc}"
+                    future.set_exception(WorkerError(ended))
                     proc = self._start()
+                    for _, _, task in held:
+                        _offer(proc, task)
                     continue
+                future = held.popleft()[0]
                 if ok:
                     future.set_result(value)
                 else:
@@ -166,6 +186,32 @@ class Workers:
                 proc.wait()
 
 
+def _widen(pipe: IO[bytes]) -> None:
+    """Let the pipe hold a whole result (a piece's columns: ~0.5 MB), where the system allows: the worker hands it over
+    in one write and its feeder takes it in one read. Through 64 KB at a time, each read waits for the GIL anew."""
+    with contextlib.suppress(AttributeError, OSError):  # F_SETPIPE_SZ: Linux only, capped by fs/pipe-max-size
+        fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+
+
+def _claimed(item: tuple[Future, Callable[..., Any], tuple]) -> bytes | None:
+    """The queued task pickled for a worker, with its future marked running; None when it is not to be sent (its
+    future was cancelled, or it cannot be pickled: then it fails alone)."""
+    future, fn, args = item
+    if not future.set_running_or_notify_cancel():
+        return None
+    try:
+        return _pickled((fn, args))
+    except Exception as exc:
+        future.set_exception(exc)
+        return None
+
+
+def _offer(proc: subprocess.Popen, task: bytes) -> None:
+    """Send ``task`` to the worker; a worker that is gone is found when its result is read."""
+    with contextlib.suppress(OSError):
+        _write(proc.stdin, task)
+
+
 def _portable(exc: BaseException) -> BaseException:
     """``exc`` if it survives pickling, else a RuntimeError that says what it was."""
     try:
@@ -178,20 +224,30 @@ def _portable(exc: BaseException) -> BaseException:
 def main() -> None:
     """The worker's loop: tasks from stdin, results to stdout, until stdin closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the caller, which then closes our stdin
-    tasks, results = sys.stdin.buffer, sys.stdout.buffer
+    results, inbox = sys.stdout.buffer, queue.SimpleQueue()
     sys.stdout = sys.stderr  # a stray print must not corrupt the results
+    threading.Thread(target=_take_tasks, args=(sys.stdin.buffer, inbox), daemon=True).start()
     from . import reader  # noqa: F401  (imported while the caller is still planning)
 
-    while True:
+    while (task := inbox.get()) is not None:
         try:
-            fn, args = _receive(tasks)
-        except EOFError:
-            return
-        try:
+            fn, args = pickle.loads(task)
             result = (True, fn(*args))
         except BaseException as exc:  # the caller re-raises it
             result = (False, _portable(exc))
         _send(results, result)
+    sys.stderr.flush()
+    os._exit(0)  # no teardown (freeing numpy and every object left), which the caller's close() would wait for
+
+
+def _take_tasks(tasks: IO[bytes], inbox: queue.SimpleQueue) -> None:
+    """Move tasks from the pipe to ``inbox`` as they come (the feeder never blocks on a full pipe while this worker
+    writes a result); None when the pipe closes."""
+    try:
+        while True:
+            inbox.put(_read(tasks))
+    except EOFError:
+        inbox.put(None)
 
 
 if __name__ == "__main__":
