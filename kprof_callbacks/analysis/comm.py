@@ -21,7 +21,7 @@ import numpy as np
 
 from . import fsdp
 from . import intervals as iv
-from .events import Events, launch_times
+from .events import Events, launch_times, unique_ids
 from .steps import StepTimes, Windows, comm_events
 from .tables import CommStats, Diagnostic, FsdpStep, StepStats
 
@@ -97,7 +97,7 @@ class FileComm:
 
 def _kinds_of(tl: Events, ids: np.ndarray) -> np.ndarray:
     """KINDS index of each name id (evaluated once per distinct name)."""
-    uniq, inverse = np.unique(ids, return_inverse=True)
+    uniq, inverse = unique_ids(ids)
     return np.array([KINDS.index(collective_kind(tl.names[k])) for k in uniq.tolist()], np.int8)[inverse].reshape(-1)
 
 

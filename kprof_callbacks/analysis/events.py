@@ -80,6 +80,16 @@ def _category_code(cat: str) -> int:
     return _HOST.get(low, _DEVICE_CODE + _DEVICE[low] if low in _DEVICE else _OTHER)
 
 
+def unique_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` for integer ids: counted rather than sorted when they are non-negative
+    and no more than a few times as many values are possible as there are ids (names, kinds, steps)."""
+    if ids.size == 0 or ids.min() < 0 or ids.max() >= 4 * ids.size + 1024:
+        return np.unique(ids, return_inverse=True)
+    present = np.zeros(int(ids.max()) + 1, bool)
+    present[ids] = True
+    return np.flatnonzero(present).astype(ids.dtype), (np.cumsum(present) - 1)[ids]
+
+
 def _dense(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``ids`` renumbered 0, 1, ... in order of first appearance, and the original id of each new one."""
     unique, first, inverse = np.unique(ids, return_index=True, return_inverse=True)

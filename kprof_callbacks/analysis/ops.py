@@ -23,6 +23,7 @@ from .events import (
     Events,
     is_collective_name,
     match,
+    unique_ids,
 )
 from .tables import KernelStats, LabelStats, OpStats
 from .tree import Tree
@@ -89,7 +90,7 @@ def host_costs(tl: Events, tree: Tree) -> HostCosts:
 
 def _group(keys: np.ndarray, columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Unique keys and, per key, the sum of each column (rows: keys, cols: columns)."""
-    uniq, inverse = np.unique(keys, return_inverse=True)
+    uniq, inverse = unique_ids(keys)
     sums = np.stack([np.bincount(inverse, weights=c, minlength=uniq.size) for c in columns], axis=1)
     return uniq, sums
 
@@ -116,14 +117,12 @@ def op_totals(tl: Events, tree: Tree, costs: HostCosts, *, by_shape: bool) -> To
     rows = op_events(tl, tree)
     if rows.size == 0:
         return {}
-    shape = host.shape[rows].astype(np.int64) + 1 if by_shape else np.zeros(rows.size, np.int64)
-    keys = host.name[rows].astype(np.int64) * (len(tl.shapes) + 1) + shape
+    width = len(tl.shapes) + 1 if by_shape else 1  # key: name * width + (shape + 1), or the name alone
+    keys = host.name[rows].astype(np.int64) * width + (host.shape[rows] + 1 if by_shape else 0)
     values = [np.ones(rows.size)] + [getattr(costs, f.name)[rows] for f in dataclasses.fields(costs)]
     uniq, sums = _group(keys, values)
     shapes = [""] + tl.shapes
-    return {
-        (tl.names[k // (len(tl.shapes) + 1)], shapes[k % (len(tl.shapes) + 1)]): s for k, s in zip(uniq.tolist(), sums)
-    }
+    return {(tl.names[k // width], shapes[k % width]): s for k, s in zip(uniq.tolist(), sums)}
 
 
 def label_totals(tl: Events, tree: Tree, costs: HostCosts) -> Totals:
@@ -164,7 +163,7 @@ def kernel_totals(tl: Events) -> Totals:
     if dev.name.size == 0:
         return {}
     keys = dev.name.astype(np.int64) * len(DEVICE_KINDS) + dev.kind
-    uniq, inverse = np.unique(keys, return_inverse=True)
+    uniq, inverse = unique_ids(keys)
     dur = (dev.end - dev.start) / 1000.0
     longest = np.zeros(uniq.size)
     np.maximum.at(longest, inverse, dur)

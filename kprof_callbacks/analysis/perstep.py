@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .events import DEVICE_KINDS, Events, launch_times
+from .events import DEVICE_KINDS, Events, launch_times, unique_ids
 from .ops import HostCosts, label_events, op_events
 from .steps import StepTimes, Windows
 from .tables import StepStats
@@ -74,7 +74,7 @@ def _by_step(code: np.ndarray, step: np.ndarray, values: np.ndarray, n_steps: in
     """Unique codes and, per code and step, the sum of `values` and the count (events with step -1 dropped)."""
     inside = step >= 0
     code, step, values = code[inside], step[inside], values[inside]
-    uniq, inverse = np.unique(code, return_inverse=True)
+    uniq, inverse = unique_ids(code)
     cell = inverse * n_steps + step
     size = uniq.size * n_steps
     time = np.bincount(cell, weights=values, minlength=size).reshape(uniq.size, n_steps)
