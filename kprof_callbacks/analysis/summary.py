@@ -275,11 +275,11 @@ def _analyze(trace: TraceFile) -> _FileResult:
 
 PROGRESS_BYTES = 100 << 20  # runs bigger than this show a progress bar (summarize(progress=True), kprof summary)
 # Runs smaller than _POOL_BYTES are read in this process, and a pool gets a process per _JOB_BYTES at most: a worker
-# is a fresh interpreter, and the columns it decodes come back pickled. On a 16-core H200 host an 80 MB GPT trace
-# took 0.91 s in 16 processes against 0.57 s in one (peak memory 554 MB against 125 MB), while 1 GB, or 8 such files,
-# read faster in 16 (190 MB/s; 8 files in 1.8x one file's time).
-_POOL_BYTES = 128 << 20
-_JOB_BYTES = 64 << 20
+# is a fresh interpreter (~0.15 s to start, 16 at once on a 16-core GPU host), which the columns it decodes cross back
+# to. There a 102 MB GPT trace was summarized in 0.54 s with 16 processes against 0.80 s in one, while a 53 MB CPU
+# trace took 0.49 s against 0.43 s: the start-up eats what 16 processes save on half as much decoding.
+_POOL_BYTES = 64 << 20
+_JOB_BYTES = 4 << 20
 
 
 def _guarded(path: Path, work: Callable[[], _FileResult]) -> _FileResult | Problem:
