@@ -6,8 +6,10 @@ Rows, each `kprof summary` in a fresh process as a user runs it (imports and wor
   - the trace itself (~100 MB): --jobs 1 and --jobs <cores>;
   - 1 GB: the trace's events repeated to 1 GB (`traces.py scale`), --jobs <cores>;
   - 8 ranks: the trace copied as 8 rank files of one run, --jobs <cores>, against the one file's time.
-Peak memory is sampled every 10 ms: the process's own RSS, and the sum over the process and its workers. (The
-kernel's high-water mark of a child would count the benchmark's own pages, shared with it until exec.)
+Peak memory is sampled every 10 ms: the process's own RSS; the sum over the process and its workers of their RSS,
+which counts the pages they share (Python, numpy) once per process; and of their PSS (proportional set size: each
+shared page split among the processes that map it), the memory the run holds. (The kernel's high-water mark of a
+child would count the benchmark's own pages, shared with it until exec.)
 In-process `summarize()` of the trace (median of 3) is given too: the analysis without start-up.
 
     python benchmarks/gpu_traces.py --trace gpt.pt.trace.json.gz --out gpu_traces.json
@@ -42,18 +44,19 @@ TARGETS = {"trace_mbps": 200.0, "cold_s": 1.0, "big_mbps": 150.0, "rss_ratio": 2
 
 
 def timed(*args: str) -> dict:
-    """`kprof ARGS` in a fresh process: wall seconds, peak RSS of the process and of its tree (with its workers)."""
+    """`kprof ARGS` in a fresh process: wall seconds, peak RSS of the process, peak RSS and PSS of its tree (with its
+    workers)."""
     with tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "kprof_callbacks", *args], stdout=subprocess.DEVNULL, stderr=err)
-        peaks, done, watch = [0, 0], threading.Event(), psutil.Process(proc.pid)
+        peaks, done, watch = [0, 0, 0], threading.Event(), psutil.Process(proc.pid)
 
         def sample() -> None:
             while not done.is_set():
                 try:
-                    own = watch.memory_info().rss
-                    tree = own + sum(p.memory_info().rss for p in watch.children(recursive=True))
-                    peaks[:] = max(peaks[0], own), max(peaks[1], tree)
+                    tree = [watch.memory_full_info(), *(p.memory_full_info() for p in watch.children(recursive=True))]
+                    now = tree[0].rss, sum(m.rss for m in tree), sum(m.pss for m in tree)
+                    peaks[:] = map(max, peaks, now)
                 except psutil.Error:
                     pass
                 done.wait(0.01)
@@ -68,7 +71,8 @@ def timed(*args: str) -> dict:
         if proc.returncode != 0:
             err.seek(0)
             raise RuntimeError(f"kprof {' '.join(args)} failed: {err.read().decode()[-2000:]}")
-    return {"wall_s": wall, "rss_mb": peaks[0] / 2**20, "tree_rss_mb": peaks[1] / 2**20}
+    rss, tree_rss, tree_pss = (p / 2**20 for p in peaks)
+    return {"wall_s": wall, "rss_mb": rss, "tree_rss_mb": tree_rss, "tree_pss_mb": tree_pss}
 
 
 def cold(path: Path, jobs: int) -> dict:
@@ -127,8 +131,9 @@ def measure(source: Path, scaled_mb: float | None, big_mb: float, n_ranks: int, 
 def table(r: dict, label: str) -> str:
     mb, big_mb = r["trace_mb"], r["big_mb"]
     lines = [
-        "| what | MB | jobs | wall s | MB/s | peak RSS MB (the process) | peak RSS MB (with its workers) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| what | MB | jobs | wall s | MB/s | peak RSS MB (the process) | peak RSS MB (with its workers) | peak PSS MB "
+        "(with its workers) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines.append(
         f"| summarize() in-process, {label} | {mb:.0f} | 1 | {r['in_process_1_s']:.3f} | "
@@ -148,7 +153,7 @@ def table(r: dict, label: str) -> str:
         jobs = 1 if key == "trace_1" else r["jobs"]
         lines.append(
             f"| {what} | {size:.0f} | {jobs} | {row['wall_s']:.2f} | {size / row['wall_s']:.0f} | "
-            f"{row['rss_mb']:.0f} | {row['tree_rss_mb']:.0f} |"
+            f"{row['rss_mb']:.0f} | {row['tree_rss_mb']:.0f} | {row['tree_pss_mb']:.0f} |"
         )
     return "\n".join(lines)
 
