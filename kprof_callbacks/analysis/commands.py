@@ -85,6 +85,9 @@ def run_summary(
     """Run `kprof summary`; returns the exit status."""
     from .html import write_html
     from .summary import summarize
+    from .workers import keep_freed_memory
+
+    keep_freed_memory()
 
     bad = _bad_output(html, "--html") or _bad_output(stacks, "--stacks")
     if bad:
@@ -128,6 +131,9 @@ def run_diff(
     from .diff_inputs import load, split
     from .diff_report import gate
     from .tracediff import diff
+    from .workers import keep_freed_memory
+
+    keep_freed_memory()
 
     bad = _bad_output(html, "--html")
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import os
 import pickle
 import queue
@@ -33,6 +32,7 @@ _LENGTH = struct.Struct("<Q")
 # at a time waited ~5 ms (the interpreter's switch interval) for its feeder after each ~11 ms task.
 _DEPTH = 2
 _PIPE_BYTES = 1 << 20  # the unprivileged maximum on Linux
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt() parameters
 # Workers never multiply matrices: no BLAS thread pool (numpy's OpenBLAS starts a thread per core in each process).
 _ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
@@ -189,8 +189,26 @@ class Workers:
 def _widen(pipe: IO[bytes]) -> None:
     """Let the pipe hold a whole result (a piece's columns: ~0.5 MB), where the system allows: the worker hands it over
     in one write and its feeder takes it in one read. Through 64 KB at a time, each read waits for the GIL anew."""
-    with contextlib.suppress(AttributeError, OSError):  # F_SETPIPE_SZ: Linux only, capped by fs/pipe-max-size
+    with contextlib.suppress(ImportError, AttributeError, OSError):  # Linux only, capped by fs/pipe-max-size
+        import fcntl
+
         fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+
+
+def keep_freed_memory() -> None:
+    """Have glibc keep the memory this process frees for its next allocations rather than hand it back to the system:
+    the analysis allocates and frees hundreds of MB of arrays, and every page handed back faults in anew when taken
+    again. A 50 MB summary went from 0.39 to 0.28 s (45,000 page faults to 500) on a 2-core machine. For processes
+    that end when their analysis does (the CLI's, the workers): they keep their peak memory. Not glibc: nothing."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (ImportError, OSError, AttributeError, TypeError):
+        return
+    # Both or neither: setting one turns off glibc's own adjustment of the other (and faulted more than before).
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # the most glibc accepts: bigger blocks are still mapped on their own
+    mallopt(_M_TRIM_THRESHOLD, 1 << 30)
 
 
 def _claimed(item: tuple[Future, Callable[..., Any], tuple]) -> bytes | None:
@@ -224,6 +242,7 @@ def _portable(exc: BaseException) -> BaseException:
 def main() -> None:
     """The worker's loop: tasks from stdin, results to stdout, until stdin closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the caller, which then closes our stdin
+    keep_freed_memory()
     results, inbox = sys.stdout.buffer, queue.SimpleQueue()
     sys.stdout = sys.stderr  # a stray print must not corrupt the results
     threading.Thread(target=_take_tasks, args=(sys.stdin.buffer, inbox), daemon=True).start()
