@@ -28,8 +28,9 @@ from concurrent.futures import wait as wait_any
 from typing import IO, Any
 
 _LENGTH = struct.Struct("<Q")
-# Tasks a worker holds: the one it runs and the next, already in its pipe. On a 2-core machine a worker fed one task
-# at a time waited ~5 ms (the interpreter's switch interval) for its feeder after each ~11 ms task.
+# Tasks a worker holds: the one it runs and the next, already in its pipe, while the queue has a task for every process
+# (else a worker could sit on a whole file another would start at once). On a 2-core machine a worker fed one task at a
+# time waited ~5 ms (the interpreter's switch interval) for its feeder after each ~11 ms task.
 _DEPTH = 2
 _PIPE_BYTES = 1 << 20  # the unprivileged maximum on Linux
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt() parameters
@@ -148,6 +149,8 @@ class Workers:
         try:
             while held or not stopping:
                 while not stopping and len(held) < _DEPTH:
+                    if held and self._tasks.qsize() < self.jobs:  # a second task only while each process can have one
+                        break
                     try:
                         item = self._tasks.get(block=not held)
                     except queue.Empty:
