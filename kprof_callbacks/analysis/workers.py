@@ -3,11 +3,12 @@
 A worker is a fresh interpreter running this module, never a fork of the caller: the caller may hold threads
 (TensorBoard's server) or a CUDA context (a training script), and nothing of the caller's own script runs again in
 it, guarded by ``if __name__ == "__main__"`` or not. A task is a module-level function and its arguments, pickled to
-the worker's stdin; its result, or the exception it raised, comes back pickled on the worker's stdout. Each worker
-is sent its next task while it runs one (a thread of the worker takes it off the pipe), so it never waits for its
-feeder thread, which needs the caller's GIL. A worker that dies fails the task it was running (WorkerError); its
-replacement gets the task queued behind it. The caller is a worker too: while it waits for results (``wait``), it
-runs queued tasks itself, which also covers the workers' start-up. Workers run numpy single-threaded.
+the worker's stdin; its result, or the exception it raised, comes back pickled on the worker's stdout. While the
+queue holds a task for every process, each worker is sent its next task while it runs one (a thread of the worker
+takes it off the pipe), so it does not wait for its feeder thread, which needs the caller's GIL. A worker that dies
+fails the task it was running (WorkerError); its replacement gets the task sent behind it. The caller is a worker
+too: while it waits for results (``wait``), it runs queued tasks itself, which also covers the workers' start-up.
+Workers run numpy single-threaded and keep the memory they free (``keep_freed_memory``).
 """
 
 from __future__ import annotations
