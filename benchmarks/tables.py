@@ -246,6 +246,19 @@ TABLES: dict[str, Table] = {
     "reading-h200": Table(
         "reading-h200.json", (_t("target", "{target}"), _t("measured", "{measured}"), _t("", "{met}"))
     ),
+    "gpu_traces-h200": Table(
+        "gpu_traces-h200.json",
+        (
+            _t("what", "{what}"),
+            Col("MB", "{mb:.0f}"),
+            Col("jobs", "{jobs}"),
+            Col("wall s", "{wall_s:.2f}"),
+            Col("MB/s", "{mb_s:.0f}"),
+            Col("peak RSS MB (the process)", "{rss}"),
+            Col("peak RSS MB (summed over it and its workers)", "{tree_rss}"),
+            Col("peak PSS MB (it and its workers)", "{tree_pss}"),
+        ),
+    ),
     "gpt_trace": Table(
         "gpt_trace-cpu.json",
         (_t("input", "{input}"), Col("`--jobs`", "{jobs}"), Col("wall s", "{wall_s}"), Col("peak RSS MB", "{rss_mb}")),
