@@ -265,11 +265,11 @@ def main() -> None:
 
 def _take_tasks(tasks: IO[bytes], inbox: queue.SimpleQueue) -> None:
     """Move tasks from the pipe to ``inbox`` as they come (the feeder never blocks on a full pipe while this worker
-    writes a result); None when the pipe closes."""
+    writes a result); None when the pipe closes or fails (the worker then ends, which fails the task it was sent)."""
     try:
         while True:
             inbox.put(_read(tasks))
-    except EOFError:
+    except (EOFError, OSError):
         inbox.put(None)
 
 
