@@ -275,9 +275,9 @@ def _analyze(trace: TraceFile) -> _FileResult:
 
 PROGRESS_BYTES = 100 << 20  # runs bigger than this show a progress bar (summarize(progress=True), kprof summary)
 # Runs smaller than _POOL_BYTES are read in this process, and a pool gets a process per _JOB_BYTES at most: a worker
-# is a fresh interpreter (~0.15 s to start, 16 at once on a 16-core GPU host), which the columns it decodes cross back
-# to. There a 102 MB GPT trace was summarized in 0.54 s with 16 processes against 0.80 s in one, while a 53 MB CPU
-# trace took 0.49 s against 0.43 s: the start-up eats what 16 processes save on half as much decoding.
+# is a fresh interpreter (0.1-0.2 s to start, 16 at once, on a 16-core GPU host), and the columns it decodes come
+# back pickled. There a 102 MB GPT trace was summarized in 0.54 s with 16 processes against 0.80 s in one, while a
+# 53 MB CPU trace took 0.49 s against 0.43 s: the start-up eats what 16 processes save on half as much decoding.
 _POOL_BYTES = 64 << 20
 _JOB_BYTES = 4 << 20
 
