@@ -113,6 +113,28 @@ def _calibration(source: str, noise: bool) -> Table:
     )
 
 
+def _reading(host: str) -> Table:
+    """Every reading target of run_all.py on a GPU host."""
+    return Table(f"reading-{host}.json", (_t("target", "{target}"), _t("measured", "{measured}"), _t("", "{met}")))
+
+
+def _gpu_traces(host: str) -> Table:
+    """gpu_traces.py's rows on a GPU host: the GPT trace, 8 rank files of it, 1 GB of its events."""
+    return Table(
+        f"gpu_traces-{host}.json",
+        (
+            _t("what", "{what}"),
+            Col("MB", "{mb:.0f}"),
+            Col("jobs", "{jobs}"),
+            Col("wall s", "{wall_s:.2f}"),
+            Col("MB/s", "{mb_s:.0f}"),
+            Col("peak RSS MB (the process)", "{rss}"),
+            Col("peak RSS MB (summed over it and its workers)", "{tree_rss}"),
+            Col("peak PSS MB (it and its workers)", "{tree_pss}"),
+        ),
+    )
+
+
 def _rate(name: str, spec: str) -> str:
     """``rate [low, high]`` of ``<name>_rate`` and ``<name>_ci``."""
     return f"{{{name}_rate:{spec}}} [{{{name}_ci[0]:{spec}}}, {{{name}_ci[1]:{spec}}}]"
@@ -243,22 +265,8 @@ TABLES: dict[str, Table] = {
             Col("load average", "{load_average:.1f}"),
         ),
     ),
-    "reading-h200": Table(
-        "reading-h200.json", (_t("target", "{target}"), _t("measured", "{measured}"), _t("", "{met}"))
-    ),
-    "gpu_traces-h200": Table(
-        "gpu_traces-h200.json",
-        (
-            _t("what", "{what}"),
-            Col("MB", "{mb:.0f}"),
-            Col("jobs", "{jobs}"),
-            Col("wall s", "{wall_s:.2f}"),
-            Col("MB/s", "{mb_s:.0f}"),
-            Col("peak RSS MB (the process)", "{rss}"),
-            Col("peak RSS MB (summed over it and its workers)", "{tree_rss}"),
-            Col("peak PSS MB (it and its workers)", "{tree_pss}"),
-        ),
-    ),
+    **{f"reading-{host}": _reading(host) for host in ("h200", "h100")},
+    **{f"gpu_traces-{host}": _gpu_traces(host) for host in ("h200", "h100")},
     "gpt_trace": Table(
         "gpt_trace-cpu.json",
         (_t("input", "{input}"), Col("`--jobs`", "{jobs}"), Col("wall s", "{wall_s}"), Col("peak RSS MB", "{rss_mb}")),
