@@ -649,10 +649,30 @@ def test_two_files_in_workers_are_analyzed_like_in_one_process(tmp_path, monkeyp
     monkeypatch.setattr(reader, "CHUNK_BYTES", 100_000)
     monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
     monkeypatch.setattr(summary_module, "_JOB_BYTES", 1)
-    pieces = mock.Mock(wraps=summary_module._read_in)  # the pieces' path, planned in this process
-    monkeypatch.setattr(summary_module, "_read_in", pieces)
+    submitted = []
+    submit = summary_module.Workers.submit
+
+    def recorded(self, fn, *args):
+        submitted.append(fn)
+        return submit(self, fn, *args)
+
+    monkeypatch.setattr(summary_module.Workers, "submit", recorded)
     assert summarize(path.parent, jobs=jobs).to_dict() == here
-    assert pieces.called == (jobs == 8)
+    assert (summary_module._read_whole in submitted) == (jobs == 4)
+
+
+def test_a_whole_file_task_with_helpers_reads_what_it_reads_alone(tmp_path, monkeypatch):
+    """A process that reads a whole file (a rank's, say) with a helper process of its own decodes its pieces in both
+    and analyzes the file as it does alone."""
+    path = _scaled(tmp_path, mb=0.5)
+    alone = summary_module._read_whole(path, 1)
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 50_000)
+    monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
+    monkeypatch.setattr(summary_module, "_JOB_BYTES", 1)
+    pieces = mock.Mock(wraps=summary_module._read_in)
+    monkeypatch.setattr(summary_module, "_read_in", pieces)
+    helped = summary_module._read_whole(path, 2)
+    assert pieces.called and pickle.dumps(helped) == pickle.dumps(alone)
 
 
 def test_a_file_that_does_not_cut_cleanly_is_decoded_whole(tmp_path, monkeypatch):

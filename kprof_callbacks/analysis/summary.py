@@ -297,9 +297,12 @@ def _read_here(path: Path, progress: Progress) -> _FileResult:
     return _analyze(reader.read_trace(path, progress.add))
 
 
-def _read_whole(path: Path) -> _FileResult:
-    """A worker's task: read and analyze one whole file."""
-    return _read_here(path, Progress(False, 0, ""))
+def _read_whole(path: Path, jobs: int) -> _FileResult:
+    """A worker's task: read and analyze one whole file, its pieces decoded by up to ``jobs`` processes (this one and
+    helpers of its own) where the file is big enough to pay for them."""
+    quiet = Progress(False, 0, "")
+    with _workers(jobs, [path]) as helpers:
+        return _read_here(path, quiet) if helpers is None else _analyze(_read_in(helpers, path, quiet)())
 
 
 def _read_in(workers: Workers, path: Path, progress: Progress) -> Callable[[], TraceFile]:
@@ -323,15 +326,18 @@ def _read_in(workers: Workers, path: Path, progress: Progress) -> Callable[[], T
 
 def _analyze_files(paths: list[Path], workers: Workers | None, progress: Progress) -> list[_FileResult | Problem]:
     """Each file's analysis, or the Problem that kept it out. With workers and at least half as many files as
-    processes, each process reads and analyzes whole files; with fewer (a few big files), every file's pieces are
+    processes, each process reads and analyzes whole files (with one helper when there are twice as many processes as
+    files, for files big enough); with fewer (a few big files), every file's pieces are
     decoded in parallel, then each file is analyzed (in a worker when there are several) as soon as its pieces are
     in."""
     if workers is None:
         return [_guarded(path, lambda path=path: _read_here(path, progress)) for path in paths]
     if len(paths) > 1 and 2 * len(paths) >= workers.jobs:
         # files enough to keep the processes busy: each process reads and analyzes whole files, so only a file's
-        # result crosses a pipe, not its columns twice (the decoded pieces back, then the merged trace out again)
-        tasks = {path: workers.submit(_read_whole, path) for path in paths}
+        # result crosses a pipe, not its columns twice (the decoded pieces back, then the merged trace out again);
+        # where there are cores to spare (8 files, 16 jobs), each file's process gets helpers of its own
+        share = workers.jobs // len(paths)
+        tasks = {path: workers.submit(_read_whole, path, share) for path in paths}
         for path, task in tasks.items():
             size = _size(path)
             task.add_done_callback(lambda _, size=size: progress.add(size))
