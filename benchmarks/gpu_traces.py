@@ -6,9 +6,10 @@ Rows, each `kprof summary` in a fresh process as a user runs it (imports and wor
   - the trace itself (~100 MB): --jobs 1 and --jobs <cores>;
   - 1 GB: the trace's events repeated to 1 GB (`traces.py scale`), --jobs <cores>;
   - 8 ranks: the trace copied as 8 rank files of one run, --jobs <cores>, against the one file's time.
-Peak memory is sampled every 10 ms: the process's own RSS; the sum over the process and its workers of their RSS,
-which counts the pages they share (Python, numpy) once per process; and of their PSS (proportional set size: each
-shared page split among the processes that map it), the memory the run holds. (The kernel's high-water mark of a
+Peak memory is sampled every 10 ms: the process's own RSS, and the sum over the process and its workers of their RSS,
+which counts the pages they share (Python, numpy) once per process; every 50 ms, the sum of their PSS (proportional
+set size: each shared page split among the processes that map it), the memory the run holds (reading it walks each
+process's page tables, a cost the runs measured would share). (The kernel's high-water mark of a
 child would count the benchmark's own pages, shared with it until exec.)
 In-process `summarize()` of the trace (median of 3) is given too: the analysis without start-up.
 
@@ -52,13 +53,16 @@ def timed(*args: str) -> dict:
         peaks, done, watch = [0, 0, 0], threading.Event(), psutil.Process(proc.pid)
 
         def sample() -> None:
+            tick = 0
             while not done.is_set():
                 try:
-                    tree = [watch.memory_full_info(), *(p.memory_full_info() for p in watch.children(recursive=True))]
-                    now = tree[0].rss, sum(m.rss for m in tree), sum(m.pss for m in tree)
-                    peaks[:] = map(max, peaks, now)
+                    tree = [watch, *watch.children(recursive=True)]
+                    rss = [p.memory_info().rss for p in tree]
+                    pss = sum(p.memory_full_info().pss for p in tree) if tick % 5 == 0 else 0
+                    peaks[:] = map(max, peaks, (rss[0], sum(rss), pss))
                 except psutil.Error:
                     pass
+                tick += 1
                 done.wait(0.01)
 
         sampler = threading.Thread(target=sample, daemon=True)
