@@ -326,10 +326,9 @@ def _read_in(workers: Workers, path: Path, progress: Progress) -> Callable[[], T
 
 def _analyze_files(paths: list[Path], workers: Workers | None, progress: Progress) -> list[_FileResult | Problem]:
     """Each file's analysis, or the Problem that kept it out. With workers and at least half as many files as
-    processes, each process reads and analyzes whole files (with one helper when there are twice as many processes as
-    files, for files big enough); with fewer (a few big files), every file's pieces are
-    decoded in parallel, then each file is analyzed (in a worker when there are several) as soon as its pieces are
-    in."""
+    processes, each process reads and analyzes whole files (with a helper of its own for files big enough, when there
+    are twice as many processes as files); with fewer (a few big files), every file's pieces are decoded in parallel,
+    then each file is analyzed (in a worker when there are several) as soon as its pieces are in."""
     if workers is None:
         return [_guarded(path, lambda path=path: _read_here(path, progress)) for path in paths]
     if len(paths) > 1 and 2 * len(paths) >= workers.jobs:
