@@ -9,8 +9,8 @@ Rows, each `kprof summary` in a fresh process as a user runs it (imports and wor
 Peak memory is sampled every 10 ms: the process's own RSS, and the sum over the process and its workers of their RSS,
 which counts the pages they share (Python, numpy) once per process; every 50 ms, the sum of their PSS (proportional
 set size: each shared page split among the processes that map it), the memory the run holds (reading it walks each
-process's page tables, a cost the runs measured would share). (The kernel's high-water mark of a
-child would count the benchmark's own pages, shared with it until exec.)
+process's page tables, a cost the runs measured would share). The kernel's high-water mark of a child would count
+the benchmark's own pages, shared with it until exec.
 In-process `summarize()` of the trace (median of 3) is given too: the analysis without start-up.
 
     python benchmarks/gpu_traces.py --trace gpt.pt.trace.json.gz --out gpu_traces.json

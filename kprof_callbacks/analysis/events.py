@@ -83,9 +83,10 @@ def _category_code(cat: str) -> int:
 def unique_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(ids, return_inverse=True)`` for integer ids: counted rather than sorted when they are non-negative
     and no more than a few times as many values are possible as there are ids (names, kinds, steps)."""
-    if ids.size == 0 or ids.min() < 0 or ids.max() >= 4 * ids.size + 1024:
+    top = int(ids.max()) if ids.size else 0
+    if ids.size == 0 or ids.min() < 0 or top >= 4 * ids.size + 1024:
         return np.unique(ids, return_inverse=True)
-    present = np.zeros(int(ids.max()) + 1, bool)
+    present = np.zeros(top + 1, bool)
     present[ids] = True
     return np.flatnonzero(present).astype(ids.dtype), (np.cumsum(present) - 1)[ids]
 

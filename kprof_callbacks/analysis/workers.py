@@ -159,16 +159,17 @@ class Workers:
                     if item is None:
                         stopping = True
                     elif (task := _claimed(item)) is not None:
-                        held.append((item[0], getattr(item[1], "__name__", item[1]), task))
+                        held.append((item[0], item[1], task))
                         _offer(proc, task)
                 if not held:
                     continue
                 try:
                     ok, value = _receive(proc.stdout)
                 except (OSError, EOFError) as exc:
-                    future, name, _ = held.popleft()
+                    future, fn, _ = held.popleft()
                     proc.kill()
                     proc.wait()
+                    name = getattr(fn, "__name__", fn)
                     ended = f"a worker process ended (exit status {proc.returncode}) while running {name}: {exc}"
                     future.set_exception(WorkerError(ended))
                     proc = self._start()
