@@ -23,10 +23,12 @@ from . import ranks
 from .comm import KINDS as COLLECTIVES
 from .comm import Transfers, group_parts
 from .slices import DEVICE_KIND, KINDS, Lane, Slice, TraceSlices, median_step
+from .svgtimeline import duration
 from .tables import StepSkew
 
 COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f", "#e15759")
 """The collectives' colours, by their place in the step: neighbours differ, one collective has one on every rank."""
+COLLAPSE_RANKS = 8  # more ranks than this: one busy row per rank in the HTML report
 THREAD_ROWS = 3  # rows of a step thread kept: ProfilerStep#N, your labels, the operators right under them
 _COMM, _KERNEL, _OPERATOR = KINDS.index("communication"), KINDS.index("kernel"), KINDS.index("operator")
 
@@ -83,6 +85,21 @@ class RankStep:
             straggler={"rank": straggler[0], "lag_us": straggler[1]} if straggler else None,
             late={"rank": late[0], "wait_ns": late[1]} if late else None,
         )
+
+    def note(self, i: int) -> str:
+        """What event `i` was as a collective: which, and how long its rank waited there for the last one ("" for
+        an event that is none)."""
+        if self.coll[i] < 0:
+            return ""
+        c = self.collectives[self.coll[i]]
+        first = np.array([r.first_lane for r in self.ranks])
+        rank = self.ranks[int(np.searchsorted(first, self.piece.lane[i], side="right")) - 1].rank
+        group = f" in {c.group}" if c.group else ""
+        if rank == c.last_rank:
+            wait = f"arrived last, the others waited {duration(c.lead_ns)} for it"
+        else:
+            wait = f"waited {duration(self.wait[i])} for rank {c.last_rank}" if self.wait[i] else "no wait"
+        return f"{c.kind} #{c.order + 1}{group} of step {self.step}: {wait}"
 
     def collapsed(self) -> RankStep:
         """One row per rank: when its GPU (on a CPU-only run, its step thread) was busy computing, and its
