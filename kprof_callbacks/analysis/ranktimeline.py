@@ -26,8 +26,9 @@ from .slices import DEVICE_KIND, KINDS, Lane, Slice, TraceSlices, median_step
 from .svgtimeline import duration
 from .tables import StepSkew
 
-COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f", "#e15759")
-"""The collectives' colours, by their place in the step: neighbours differ, one collective has one on every rank."""
+COLORS = ("#edc948", "#9467bd", "#17becf", "#e377c2", "#8c564b", "#bcbd22", "#d62728", "#2ca02c")
+"""The collectives' colours, by their place in the step (none the kernels' blue or the operators' orange): neighbours
+differ, and one collective has one colour on every rank."""
 COLLAPSE_RANKS = 8  # more ranks than this: one busy row per rank in the HTML report
 THREAD_ROWS = 3  # rows of a step thread kept: ProfilerStep#N, your labels, the operators right under them
 _COMM, _KERNEL, _OPERATOR = KINDS.index("communication"), KINDS.index("kernel"), KINDS.index("operator")
@@ -80,6 +81,7 @@ class RankStep:
         straggler, late = self.straggler, self.late
         return dict(
             out,
+            notes={str(i): self.note(i) for i in np.flatnonzero(self.coll >= 0).tolist()},
             ranks=[dataclasses.asdict(r) for r in self.ranks],
             collectives=[dataclasses.asdict(c) for c in self.collectives],
             straggler={"rank": straggler[0], "lag_us": straggler[1]} if straggler else None,

@@ -4,6 +4,7 @@
 import {PROFILER_COLOR, lineChart, median, num, rangeBars, stackedBars} from './charts.js';
 import {diffPage, diffView} from './diff.js';
 import {getJSON, h, mb, ms, note, pct, query, section, shorten, table, windowsOf} from './dom.js';
+import {ranksTimelineSection} from './ranks.js';
 import {timelineView} from './timeline.js';
 
 const SLOW = 3; // a step slower than this times the median is marked slow (the slow-step trigger's default)
@@ -152,7 +153,9 @@ async function runPage(name) {
     parts.push(stepsSection(s.steps, gpu), timelineSection(name, files, s.files), opsSection(s.ops, gpu));
     if (gpu) parts.push(kernelsSection(s.kernels));
     parts.push(labelsSection(s.labels, gpu));
-    if (s.ranks.length > 1) parts.push(ranksSection(s.ranks, s.step_skew, s.comm || []));
+    if (s.ranks.length > 1) {
+      parts.push(ranksSection(s.ranks, s.step_skew, s.comm || []), ranksTimelineSection(name, state.legend.kinds));
+    }
   }
   parts.push(tracesSection(name, files, s ? s.memory_snapshots : []));
   return parts;
@@ -345,9 +348,10 @@ function commByRank(ranks, comm) {
   const rows = new Map();
   for (const c of comm) {
     const who = c.rank ?? c.worker;
-    const key = `${who}\u0000${c.collective}\u0000${c.phase}`;
+    const group = c.group ? `${c.group}${c.group_size ? ` (${c.group_size} ranks)` : ''}` : '';
+    const key = `${who}\u0000${c.collective}\u0000${group}\u0000${c.phase}`;
     if (!rows.has(key)) {
-      rows.set(key, {who, collective: c.collective, phase: c.phase, calls: 0, total_us: 0, overlap_us: 0,
+      rows.set(key, {who, collective: c.collective, group, phase: c.phase, calls: 0, total_us: 0, overlap_us: 0,
         exposed_us: 0});
     }
     const row = rows.get(key);
@@ -389,6 +393,7 @@ function ranksSection(ranks, skew, comm) {
   const commColumns = [
     {label: 'rank / worker', get: (r) => r.who, cls: 'name', keep: true},
     {label: 'collective', get: (r) => r.collective, cls: 'name', keep: true},
+    {label: 'group', get: (r) => r.group, cls: 'name'},
     {label: 'phase', get: (r) => r.phase, cls: 'name'},
     {label: 'calls', get: (r) => r.calls, fmt: num, keep: true},
     {label: 'time', get: (r) => r.total_us, fmt: ms, keep: true},
