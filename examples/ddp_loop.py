@@ -28,10 +28,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--logdir", default="log")
     parser.add_argument("--name", default="ddp-loop", help="run folder under the logdir")
     parser.add_argument("--width", type=int, default=None, help="MLP width (default: 2048 on GPU, 128 on CPU)")
+    parser.add_argument("--batch", type=int, default=64, help="samples per rank and step")
     parser.add_argument("--steps", type=int, default=20)
     for flag, what in (("--straggler", "computes MS milliseconds more"), ("--slow-data", "sleeps MS milliseconds")):
         parser.add_argument(flag, type=models.rank_ms, default=(None, 0.0), metavar="R:MS", help=f"rank R {what}")
     args = parser.parse_args()
+    if args.batch < 1:
+        parser.error(f"--batch must be >= 1, got {args.batch}")
     if args.steps < 12:
         parser.error(f"--steps must be >= 12 (the profiler waits 5 steps, warms up 2 and records 5), got {args.steps}")
     return args
@@ -59,7 +62,7 @@ def main() -> None:
             if rank == args.slow_data[0]:
                 with s.region("data_loading"):
                     time.sleep(args.slow_data[1] / 1000.0)
-            x = torch.randn(64, width, generator=gen).to(device)
+            x = torch.randn(args.batch, width, generator=gen).to(device)
             with s.region("forward"):
                 loss = ddp(x).square().mean()
                 if rank == args.straggler[0]:
@@ -68,7 +71,7 @@ def main() -> None:
                 loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            s.step(samples=64)
+            s.step(samples=args.batch)
     dist.barrier()  # every rank's trace is on disk before rank 0 reads them
     if rank == 0:
         print(s.summary())
