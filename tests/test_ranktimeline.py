@@ -153,4 +153,7 @@ def test_html_report_draws_the_ranks_on_one_clock(run, tmp_path):
     section = page[page.index("<h2>All ranks") :]
     for r in range(4):
         assert f">rank {r} · GPU {r} stream 20<" in section
-    assert "straggler" in section and "waited" in section
+    assert "straggler: rank 2" in section and "waited for: rank 2" in section
+    two = "hostb" in s.files[-1].name
+    assert ("2 hosts, their clocks aligned" in section) == two
+    assert [r.host for r in RunSlices(s.files).step(6).ranks] == ["hosta", "hosta"] + ["hostb" if two else "hosta"] * 2

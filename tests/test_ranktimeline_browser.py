@@ -194,4 +194,5 @@ def test_tab_shows_every_rank_on_one_clock(tb, chromium):
     view = dom[dom.index("All ranks on one clock") :]
     assert 'id="rank-timeline"' in view and "<canvas" in view
     marks = re.search(r'id="rank-marks">([^<]*)<', view)
-    assert marks and "straggler: rank 2" in marks[1] and "2 host clocks aligned" in marks[1]
+    assert marks and "straggler: rank 2" in marks[1]
+    assert "2 hosts, their clocks aligned: hosta (ranks 0, 1), hostb (ranks 2, 3)" in marks[1]

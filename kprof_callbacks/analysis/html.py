@@ -157,10 +157,10 @@ def _ranks_timeline(s: Summary) -> str:
         return f'<p class="warning">No timeline of the ranks: {escape(str(exc))}</p>'
     collapsed = len(step.ranks) > COLLAPSE_RANKS
     shown = step.collapsed() if collapsed else step
-    offsets = {r.clock_offset_ns for r in step.ranks}
+    hosts = {r.host for r in step.ranks}
     caption = (
         f"step {step.step} of {len(step.ranks)} ranks, on rank 0's clock"
-        + (f" ({len(offsets)} host clocks aligned)" if len(offsets) > 1 else "")
+        + (f" ({len(hosts)} hosts, their clocks aligned)" if len(hosts) > 1 else "")
         + ("; one row per rank: busy, and its collectives" if collapsed else "")
     )
     marks = []

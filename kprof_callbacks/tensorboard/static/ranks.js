@@ -15,9 +15,14 @@ function marksNote(data) {
   if (data.late) {
     said.push(`waited for: rank ${data.late.rank}, the others waited ${duration(data.late.wait_ns)} for it`);
   }
-  const offsets = new Set(data.ranks.map((r) => r.clock_offset_ns));
-  said.push(`${data.collectives.length} collectives matched across ranks`
-    + (offsets.size > 1 ? `, ${offsets.size} host clocks aligned` : ''));
+  const hosts = new Map();
+  for (const r of data.ranks) hosts.set(r.host, [...(hosts.get(r.host) || []), r.rank]);
+  said.push(`${data.collectives.length} collectives matched across ranks`);
+  if (hosts.size > 1) {
+    said.push(`${hosts.size} hosts, their clocks aligned: `
+      + [...hosts].map(([host, ranks]) => `${host} (rank${ranks.length > 1 ? 's' : ''} ${ranks.join(', ')})`)
+        .join(', '));
+  }
   return h('p', {class: 'legend', id: 'rank-marks'}, `${said.join('; ')}.`);
 }
 
