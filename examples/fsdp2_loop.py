@@ -59,13 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="groups each block prefetches explicitly in forward and backward (0: FSDP's implicit)",
     )
-    parser.add_argument(
-        "--replicate",
-        type=int,
-        default=1,
-        metavar="N",
-        help="HSDP: N replicas on a (N, world size / N) mesh of replicate x shard (1: plain FSDP over every rank)",
-    )
+    parser.add_argument("--replicate", type=int, default=1, metavar="N", help="HSDP: N replicas, each sharded")
     parser.add_argument(
         "--separate-reduce-scatter", action="store_true", help="run gradient reduce-scatter on its own process group"
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import kprof_callbacks as kprof
@@ -157,3 +158,26 @@ def test_html_report_draws_the_ranks_on_one_clock(run, tmp_path):
     two = "hostb" in s.files[-1].name
     assert ("2 hosts, their clocks aligned" in section) == two
     assert [r.host for r in RunSlices(s.files).step(6).ranks] == ["hosta", "hosta"] + ["hostb" if two else "hosta"] * 2
+
+
+def test_html_report_collapses_many_ranks_to_a_row_each(run, monkeypatch):
+    monkeypatch.setattr(html, "COLLAPSE_RANKS", 3)  # 4 ranks count as many
+    s = kprof.summarize(run)
+    page = html.summary_body(s, 10, "cuda")
+    section = page[page.index("<h2>All ranks") :]
+    assert "one row per rank" in section and " · GPU" not in section
+    assert all(f">rank {r}<" in section for r in range(4))
+
+
+def test_process_group_as_kineto_writes_it_in_its_spellings():
+    from kprof_callbacks.analysis.comm import group_parts
+    from kprof_callbacks.analysis.reader import Event, group_text
+
+    def text(args: dict) -> str:
+        return group_text(msgspec.json.decode(json.dumps({"args": args}), type=Event).args)
+
+    shard = {"Process Group Name": "3", "Process Group Description": "mesh_shard", "Group size": 2}
+    assert group_parts(text({**shard, "Process Group Ranks": "[0, 1]"})) == ("mesh_shard", 2)
+    assert text({**shard, "Process Group Ranks": [2, 3]}) == "mesh_shard\t2\t[2,3]"  # a list, not a string
+    assert group_parts(text({"Process Group Name": 7, "Process Group Description": "undefined"})) == ("group 7", 0)
+    assert text({"Collective name": "allreduce"}) == "" and group_parts("") == ("", 0)

@@ -229,6 +229,21 @@ def _kind_ids(kinds: _Interner, timed: list[bool], names: _Interner, cats: _Inte
     return np.array(ids, np.int32).reshape(len(ids), 3).T
 
 
+def _collectives(args: list[Args], kernels: np.ndarray, names: _Interner) -> tuple[np.ndarray, np.ndarray]:
+    """Per event, the ids in `names` of the c10d collective and the process group its args name (-1 where none):
+    only kernels (NCCL's) name them, so the other events are not looked at; nor are the groups of kernels that name no
+    collective."""
+    collective = np.full(len(args), -1, np.int32)
+    group = collective.copy()
+    if kernels.any():
+        picked = list(compress(args, kernels.tolist()))
+        said = [names[c] if c else -1 for c in map(_ARGS["collective"], picked)]
+        collective[kernels] = np.array(said, np.int32)
+        groups = [group_text(a) if c >= 0 else "" for a, c in zip(picked, said)]  # the collectives' kernels only
+        group[kernels] = np.array([names[g] if g else -1 for g in groups], np.int32)
+    return collective, group
+
+
 def _raw_text(raw: msgspec.Raw) -> str:
     """A raw JSON value as plain text: a string's content, anything else as written (a number, a list)."""
     if not raw:
@@ -298,14 +313,9 @@ def columns(events: list[Event]) -> Columns:
     if events and isinstance(events[0], _TypedEvent):  # the matrix products' dtype sets the peak their FLOPs run at
         products = np.flatnonzero(ops & np.isin(name, [k for k, n in enumerate(names) if n in MATMULS]))
         type_ids[products] = _interned_raw((args[i].input_type for i in products.tolist()), types, products.size)
-    collective = np.full(len(events), -1, np.int32)
-    group = collective.copy()
-    kernels = np.isin(cat, [k for k, c in enumerate(cats) if c.lower() == "kernel"])
-    if kernels.any():  # only kernels name a collective: the other events are not looked at
-        said = list(map(_ARGS["collective"], compress(args, kernels.tolist())))
-        collective[kernels] = np.fromiter((names[c] if c else -1 for c in said), np.int32, len(said))
-        groups = list(map(group_text, compress(args, kernels.tolist())))
-        group[kernels] = np.fromiter((names[g] if g else -1 for g in groups), np.int32, len(groups))
+    collective, group = _collectives(
+        args, np.isin(cat, [k for k, c in enumerate(cats) if c.lower() == "kernel"]), names
+    )
     return Columns(
         instant=instant,
         name=name,
