@@ -3,8 +3,8 @@ straggler injected on rank 2, and Lightning's FSDP2 (ModelParallelStrategy) on 2
 with kprof and its claims checked: every rank present, HSDP's two levels of collectives told apart, the straggler
 named (with the wait it causes) only where it was injected, and every rank's median step on one clock.
 
-    python benchmarks/multi_gpu.py            # a 4-GPU host, ~6 min: benchmarks/results/{fsdp2,hsdp,ddp}-<gpu>x4.json
-    python benchmarks/multi_gpu.py --quick    # the same runs on the CPU with gloo and tiny models (any machine)
+    python benchmarks/multi_gpu.py            # a 4-GPU host: benchmarks/results/{fsdp2,hsdp,ddp}-<gpu>x4.json
+    python benchmarks/multi_gpu.py --quick    # the same runs on the CPU with gloo and tiny models (~2 min, 2 cores)
 
 Results go to --out (default benchmarks/results/; with --quick nowhere unless asked) and to $OUT when it is set; the
 traces stay in --logdir for the kprof tab (`kprof tensorboard LOGDIR`). Every child runs with NVLink multicast off
@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -220,7 +221,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write(rows: dict[str, list[dict]], args: argparse.Namespace, seconds: float) -> None:
-    """One results file per family, with commit, date, device and command."""
+    """One results file per family, with commit, date, device, versions and command (the results of record's
+    provenance, as benchmarks/tables.py reads it), a row per run."""
+    import torch
+
     name, tag = device(args.quick)
     folders = [args.out or (None if args.quick else RESULTS)] + (
         [Path(os.environ["OUT"])] if os.environ.get("OUT") else []
@@ -231,9 +235,10 @@ def write(rows: dict[str, list[dict]], args: argparse.Namespace, seconds: float)
             "commit": commit(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "device": name,
+            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()},
             "command": command,
             "seconds": round(seconds, 1),
-            "runs": items,
+            "rows": items,
         }
         for folder in filter(None, folders):
             folder.mkdir(parents=True, exist_ok=True)

@@ -256,10 +256,11 @@ def test_multi_gpu_quick_runs_every_example_on_four_gloo_ranks_and_checks_its_cl
     assert multi_gpu.main(["--quick", "--logdir", str(tmp_path / "log"), "--out", str(tmp_path / "out")]) == 0
     docs = {p.name: json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")}
     assert sorted(docs) == ["ddp-cpu.json", "fsdp2-cpu.json", "hsdp-cpu.json"]
-    runs = {r["run"]: r for doc in docs.values() for r in doc["runs"]}
+    runs = {r["run"]: r for doc in docs.values() for r in doc["rows"]}
     assert sorted(runs) == sorted(r.name for r in multi_gpu.runs(True, tmp_path / "log"))
     for doc in docs.values():
         assert len(doc["commit"]) == 40 and doc["date"] and "gloo" in doc["device"] and "--quick" in doc["command"]
+        assert doc["versions"]["torch"] == torch.__version__
     for name, r in runs.items():
         assert r["claims"]["every rank"] == "ok" and r["ranks"] == (2 if name == "lightning-2" else 4)
         assert r["timeline"]["ranks"] == r["ranks"] and r["timeline"]["collectives"] > 0
