@@ -253,7 +253,6 @@ class CollectiveTotals:
     longest for it."""
 
     collective: str
-    group: str  # "" where the traces do not say (gloo), or where the totals are not split by group
     phase: str
     ranks: int
     calls: float
@@ -262,6 +261,7 @@ class CollectiveTotals:
     exposed_us: float
     worst_rank: int | None
     worst_exposed_us: float
+    group: str = ""  # its process group; "" where the traces do not say (gloo), or the totals are not split by group
 
 
 def totals(rows: list[CommStats], steps: list[StepStats], by_group: bool = True) -> list[CollectiveTotals]:
@@ -282,7 +282,6 @@ def totals(rows: list[CommStats], steps: list[StepStats], by_group: bool = True)
         out.append(
             CollectiveTotals(
                 collective,
-                group,
                 phase,
                 len(means),
                 float(mean[0]),
@@ -291,6 +290,7 @@ def totals(rows: list[CommStats], steps: list[StepStats], by_group: bool = True)
                 float(mean[3]),
                 worst[0],
                 float(means[worst][3]),
+                group,
             )
         )
     return sorted(out, key=lambda t: (-t.exposed_us, t.collective, t.group, t.phase))
