@@ -279,9 +279,10 @@ class KprofPlugin(base_plugin.TBPlugin):
         cpu = request.args.get("cpu", "0")
         if cpu not in ("0", "1"):
             raise errors.InvalidArgumentError(f"cpu must be 0 or 1, got {cpu[:40]!r}")
-        summary = self._summary(run).summary
+        summarized = self._summary(run)
+        summary = summarized.summary
         if summary is None:
-            return _unprocessable(request, f"run {run.name!r}: {self._summary(run).body['error']}")
+            return _unprocessable(request, f"run {run.name!r}: {summarized.body['error']}")
         try:
             slices = self._rank_runs.get(run.name, run.fingerprint, lambda: RunSlices(summary.files))
             wanted = request.args.get("step")

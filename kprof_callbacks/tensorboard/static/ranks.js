@@ -92,7 +92,8 @@ function marksNote(data) {
   }
   const hosts = new Map();
   for (const r of data.ranks) hosts.set(r.host, [...(hosts.get(r.host) || []), r.rank]);
-  said.push(`${data.collectives.length} collectives matched across ranks`);
+  const n = data.collectives.length;
+  said.push(`${n} collective${n === 1 ? '' : 's'} matched across ranks`);
   if (hosts.size > 1) {
     said.push(`${hosts.size} hosts, their clocks aligned: `
       + [...hosts].map(([host, ranks]) => `${host} (rank${ranks.length > 1 ? 's' : ''} ${ranks.join(', ')})`)
