@@ -274,7 +274,17 @@ def _ranks_findings(rng: np.random.Generator, sigma: float, n_ranks: int, extra:
             r,
             f"rank{r}_host_1",
             [],
-            [Transfers(code[0], np.zeros(code[0].size, np.int8), code[1], start[r].ravel(), end[r].ravel())],
+            [
+                Transfers(
+                    code[0],
+                    np.zeros(code[0].size, np.int8),
+                    code[1],
+                    start[r].ravel(),
+                    end[r].ravel(),
+                    np.zeros(code[0].size, np.int32),
+                    [""],
+                )
+            ],
         )
         for r in range(n_ranks)
     ]

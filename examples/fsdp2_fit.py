@@ -2,6 +2,7 @@
 ``configure_model``, ProfilerCallback profiles every rank (all visible GPUs with NCCL, or 2 CPU processes with gloo).
 
     python examples/fsdp2_fit.py                                 # each block and the root sharded
+    python examples/fsdp2_fit.py --devices 4                     # on 4 of the GPUs (or 4 CPU processes)
     python examples/fsdp2_fit.py --no-reshard-after-forward     # blocks kept unsharded until their backward
     kprof summary lightning_logs/version_0/kprof/train           # communication by collective, FSDP findings
 
@@ -52,6 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=".", help="Trainer default_root_dir")
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--devices", type=int, default=None, help="ranks (default: every GPU, or 2 on the CPU)")
     parser.add_argument(
         "--no-reshard-after-forward",
         dest="reshard",
@@ -60,7 +62,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     gpu = torch.cuda.is_available()
-    ranks = torch.cuda.device_count() if gpu else 2
+    ranks = args.devices if args.devices is not None else (torch.cuda.device_count() if gpu else 2)
+    if ranks < 1 or (gpu and ranks > torch.cuda.device_count()):
+        parser.error(f"--devices must be between 1 and the number of GPUs ({torch.cuda.device_count()}), got {ranks}")
     cfg = models.GPTConfig(
         n_layer=12 if gpu else 4,
         n_head=8 if gpu else 4,

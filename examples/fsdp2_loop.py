@@ -3,6 +3,7 @@
     torchrun --nproc_per_node=2 examples/fsdp2_loop.py                 # a good configuration
     torchrun --nproc_per_node=2 examples/fsdp2_loop.py --wrap root     # fully_shard on the root alone
     torchrun --nproc_per_node=2 examples/fsdp2_loop.py --no-reshard-after-forward
+    torchrun --nproc_per_node=4 examples/fsdp2_loop.py --replicate 2   # HSDP: a 2 x 2 mesh, replicate x shard
     kprof summary log/fsdp2-loop                                       # communication by collective, findings
 
 One GPU per rank with NCCL and a bf16 MixedPrecisionPolicy (fp32 gradient reduction) when there are enough GPUs;
@@ -12,6 +13,9 @@ its backward. Each rank writes ``rank<R>_<host>_<pid>.<ns>.pt.trace.json`` into 
 the unsharded-parameter finding, unless ``--no-profile-memory``: the memory profiler costs host time per operator);
 rank 0 prints the summary.
 
+``--replicate N`` shards over a 2-D device mesh (HSDP): N replicas, each sharded over world size / N ranks, so the
+parameters are all-gathered and the gradients reduce-scattered within a replica (``mesh_shard``) and then all-reduced
+across replicas (``mesh_replicate``); the communication table tells the two levels apart by process group.
 The flags make each finding fire or stay quiet (docs/multi-gpu.md says which fires where): ``--wrap root``,
 ``--no-reshard-after-forward``, ``--prefetch N`` (explicit prefetching, N groups ahead; 0: FSDP's implicit one),
 ``--separate-reduce-scatter`` (reduce-scatter on its own process group), ``--straggler R:MS`` (rank R computes MS
@@ -26,19 +30,11 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import kprof_callbacks as kprof
 from kprof_callbacks import models
-
-
-def _rank_ms(text: str) -> tuple[int, float]:
-    rank, _, ms = text.partition(":")
-    try:
-        return int(rank), float(ms or 20)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected RANK:MILLISECONDS, got {text!r}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,19 +59,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="groups each block prefetches explicitly in forward and backward (0: FSDP's implicit)",
     )
+    parser.add_argument("--replicate", type=int, default=1, metavar="N", help="HSDP: N replicas, each sharded")
     parser.add_argument(
         "--separate-reduce-scatter", action="store_true", help="run gradient reduce-scatter on its own process group"
     )
     parser.add_argument(
         "--straggler",
-        type=_rank_ms,
+        type=models.rank_ms,
         default=(None, 0.0),
         metavar="R:MS",
         help="rank R does MS milliseconds of extra matrix products each step",
     )
     parser.add_argument(
         "--slow-data",
-        type=_rank_ms,
+        type=models.rank_ms,
         default=(None, 0.0),
         metavar="R:MS",
         help="rank R sleeps MS milliseconds loading each batch",
@@ -93,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.prefetch < 0:
         parser.error(f"--prefetch must be >= 0, got {args.prefetch}")
+    if args.replicate < 1:
+        parser.error(f"--replicate must be >= 1, got {args.replicate}")
     if args.steps < 8:
         parser.error(f"--steps must be >= 8 (the profiler waits 3 steps, warms up 1 and records 4), got {args.steps}")
     return args
@@ -102,9 +101,7 @@ def shard(model: models.GPT, args: argparse.Namespace, gpu: bool) -> None:
     """fully_shard the blocks (unless --wrap root) and the root, and set prefetching and the reduce-scatter group."""
     bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     policy = bf16 if gpu else MixedPrecisionPolicy()
-    # fully_shard's default mesh is on the machine's accelerator: gloo ranks on a machine with fewer GPUs than ranks
-    # need a CPU mesh of their own.
-    mesh = None if gpu else init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = device_mesh(args.replicate, gpu)
     blocks = list(model.blocks) if args.wrap == "blocks" else []
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=args.reshard)
@@ -124,16 +121,17 @@ def shard(model: models.GPT, args: argparse.Namespace, gpu: bool) -> None:
         model.set_separate_reduce_scatter_group()
 
 
-def extra_work(device: torch.device, ms: float) -> None:
-    """The straggler's extra computation: matrix products for about `ms` milliseconds."""
-    x = torch.ones(4096 if device.type == "cuda" else 128, device=device).diag()
-    if device.type == "cuda":  # an fp32 4096^3 product takes ~3 ms on an H100; the host must not time it
-        for _ in range(max(round(ms / 3), 1)):
-            x = x @ x
-        return
-    deadline = time.perf_counter() + ms / 1000.0
-    while time.perf_counter() < deadline:
-        x = x @ x
+def device_mesh(replicate: int, gpu: bool) -> DeviceMesh:
+    """The mesh fully_shard shards over: every rank (1-D), or ``replicate`` replicas x the rest (HSDP). Built on the
+    CPU for gloo ranks, whose machine may have fewer GPUs than ranks (fully_shard's default mesh is on the machine's
+    accelerator)."""
+    world = dist.get_world_size()
+    if world % replicate:
+        raise SystemExit(f"--replicate {replicate} does not divide the {world} ranks")
+    device = "cuda" if gpu else "cpu"
+    if replicate == 1:
+        return init_device_mesh(device, (world,))
+    return init_device_mesh(device, (replicate, world // replicate), mesh_dim_names=("replicate", "shard"))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
             with s.region("forward"):
                 loss = model(idx, targets)
                 if rank == args.straggler[0]:
-                    extra_work(device, args.straggler[1])
+                    models.extra_work(device, args.straggler[1])
             with s.region("backward"):
                 loss.backward()
             opt.step()

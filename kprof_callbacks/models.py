@@ -8,13 +8,16 @@ an lm_head tied to the token embedding, initialised as nanoGPT does.
     loss = model(idx, targets)               # logits = model(idx)
     batches = models.random_batches(cfg, n=8, batch=4, device="cpu")   # [(idx, targets), ...]
 
-Its LayerNorm and GELU layers are the ones ``kprof.swap`` replaces.
+Its LayerNorm and GELU layers are the ones ``kprof.swap`` replaces. ``extra_work`` and ``rank_ms`` are what the
+multi-rank examples use to make one rank a straggler (``--straggler 2:20``).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -158,3 +161,26 @@ def random_batches(
         tokens = torch.randint(cfg.vocab_size, (batch, cfg.block_size + 1), generator=gen).to(device)
         out.append((tokens[:, :-1], tokens[:, 1:]))
     return out
+
+
+def rank_ms(text: str) -> tuple[int, float]:
+    """``R:MS`` (a rank and milliseconds, 20 when left out) from a command line, as the examples' ``--straggler`` and
+    ``--slow-data`` take them."""
+    rank, _, ms = text.partition(":")
+    try:
+        return int(rank), float(ms or 20)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected RANK:MILLISECONDS, got {text!r}") from None
+
+
+def extra_work(device: torch.device, ms: float) -> None:
+    """A straggler's extra computation: matrix products for about ``ms`` milliseconds (on a GPU, queued without the
+    host waiting: an fp32 4096^3 product takes ~3 ms on an H100)."""
+    x = torch.ones(4096 if device.type == "cuda" else 512, device=device).diag()
+    if device.type == "cuda":
+        for _ in range(max(round(ms / 3), 1)):
+            x = x @ x
+        return
+    deadline = time.perf_counter() + ms / 1000.0
+    while time.perf_counter() < deadline:
+        x = x @ x

@@ -246,3 +246,46 @@ def test_calibration_quick_rates_every_detector_on_noise_and_on_its_effect(tmp_p
     assert drop(json.loads(part.read_text())["rows"]) == drop(picked)
     with pytest.raises(SystemExit, match="no detector named"):
         calibration.main(["--quick", "--only", "slow stpe"])
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_multi_gpu_quick_runs_every_example_on_four_gloo_ranks_and_checks_its_claims(tmp_path, capsys):
+    import multi_gpu
+
+    assert multi_gpu.main(["--quick", "--logdir", str(tmp_path / "log"), "--out", str(tmp_path / "out")]) == 0
+    docs = {p.name: json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")}
+    assert sorted(docs) == ["ddp-cpu.json", "fsdp2-cpu.json", "hsdp-cpu.json"]
+    runs = {r["run"]: r for doc in docs.values() for r in doc["rows"]}
+    assert sorted(runs) == sorted(r.name for r in multi_gpu.runs(True, tmp_path / "log"))
+    for doc in docs.values():
+        assert len(doc["commit"]) == 40 and doc["date"] and "gloo" in doc["device"] and "--quick" in doc["command"]
+        assert doc["versions"]["torch"] == torch.__version__
+    for name, r in runs.items():
+        assert r["claims"]["every rank"] == "ok" and r["ranks"] == (2 if name == "lightning-2" else 4)
+        assert r["timeline"]["ranks"] == r["ranks"] and r["timeline"]["collectives"] > 0
+        if name.endswith("-straggler"):
+            assert r["claims"]["straggler named"] == "ok" and r["named"][0].startswith("Rank 2 ")
+            assert r["others_wait_for_rank2_ms"] > 100  # the 300 ms it computes longer, waited for at the collectives
+    assert {c["collective"] for c in runs["hsdp"]["collectives"]} == {"all_gather", "reduce_scatter", "all_reduce"}
+    assert "all_reduce" not in {c["collective"] for c in runs["fsdp2"]["collectives"]}
+    out = capsys.readouterr().out
+    assert all(f"\n{name} " in out for name in runs)  # the table at the end
+
+
+def test_multi_gpu_keeps_nvlink_multicast_off_in_every_child(tmp_path, monkeypatch, capsys):
+    import multi_gpu
+
+    seen, real = [], subprocess.run
+
+    def fake_run(argv, env=None, **kwargs):
+        if env is None:  # git, for the commit
+            return real(argv, **kwargs)
+        seen.append(env)
+        return subprocess.CompletedProcess(argv, 1, "", "no such GPU")
+
+    monkeypatch.setattr(multi_gpu.subprocess, "run", fake_run)
+    assert multi_gpu.main(["--quick", "--logdir", str(tmp_path)]) == 1  # every launch failed, and says so
+    assert len(seen) == len(multi_gpu.runs(True, tmp_path))
+    assert all(e["NCCL_NVLS_ENABLE"] == "0" and e["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" for e in seen)
+    assert "failed: exit 1: no such GPU" in capsys.readouterr().out

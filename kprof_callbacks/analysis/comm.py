@@ -73,17 +73,21 @@ class Calls:
     end: np.ndarray
     launch: np.ndarray  # when the host issued it: its step and FSDP phase follow from this
     carrier: np.ndarray  # bool: the transfer itself (NCCL kernel, gloo range), not the host op that issues it
+    group: np.ndarray  # int32 id into the trace's names of its process group (`reader.group_text`), -1 if not said
 
 
 @dataclasses.dataclass
 class Transfers:
-    """One file's transfers, to match the same collective across ranks: the n-th `kind` of step `step`."""
+    """One file's transfers, to match the same collective across ranks: the n-th `kind` in process group `group` of
+    step `step`."""
 
     step: np.ndarray  # step number
     kind: np.ndarray
-    order: np.ndarray  # its place among the step's transfers of that collective, by start
+    order: np.ndarray  # its place among the step's transfers of that collective in that group, by start
     start: np.ndarray
     end: np.ndarray
+    group: np.ndarray  # index into `groups`
+    groups: list[str]  # `reader.group_text` of each process group; "" where the trace does not say
 
 
 @dataclasses.dataclass
@@ -136,7 +140,15 @@ def calls(tl: Events) -> Calls:
         end=np.concatenate([dev.end[dev_comm], host.end[rows]]),
         launch=np.concatenate([launch_times(tl)[dev_comm], host.start[rows]]),
         carrier=np.concatenate([np.ones(int(dev_comm.sum()), bool), carrier]),
+        group=np.concatenate([dev.group[dev_comm], np.full(rows.size, -1, np.int32)]),
     )
+
+
+def group_parts(text: str) -> tuple[str, int]:
+    """A process group's label and size from its `reader.group_text` ("", 0 where the trace does not say)."""
+    label, _, rest = text.partition("\t")
+    size = rest.partition("\t")[0]
+    return label, int(size) if size.isdigit() else 0
 
 
 def _rows(
@@ -145,8 +157,9 @@ def _rows(
     """One row per step, collective and phase that ran."""
     rows = []
     inside = owner >= 0
-    for k, p in sorted(set(zip(c.kind[inside].tolist(), phase[inside].tolist()))):
-        pick = inside & (c.kind == k) & (phase == p)
+    for k, g, p in sorted(set(zip(c.kind[inside].tolist(), c.group[inside].tolist(), phase[inside].tolist()))):
+        pick = inside & (c.kind == k) & (c.group == g) & (phase == p)
+        group, size = group_parts(tl.names[g]) if g >= 0 else ("", 0)
         spans = iv.union(c.start[pick], c.end[pick])
         total = iv.length_in(spans, win.lo, win.hi)
         overlap = iv.length_in(iv.intersect(spans, compute), win.lo, win.hi)
@@ -163,20 +176,28 @@ def _rows(
                     float(total[i]) / 1000.0,
                     float(overlap[i]) / 1000.0,
                     float(total[i] - overlap[i]) / 1000.0,
+                    group=group,
+                    group_size=size,
                 )
             )
     return rows
 
 
-def _transfers(win: Windows, c: Calls, owner: np.ndarray) -> Transfers:
+def transfers(tl: Events, win: Windows, c: Calls | None = None) -> Transfers:
+    """The transfers of one trace in its step windows `win`, numbered within step, collective and process group."""
+    c = calls(tl) if c is None else c
+    owner = win.index_of(c.launch)
     pick = (owner >= 0) & c.carrier
+    ids, group = np.unique(c.group[pick], return_inverse=True)
+    groups = [tl.names[g] if g >= 0 else "" for g in ids.tolist()]
     step, kind, start, end = win.number[owner[pick]], c.kind[pick], c.start[pick], c.end[pick]
-    order = np.lexsort((start, kind, step))
-    step, kind, start, end = step[order], kind[order], start[order], end[order]
+    by = np.lexsort((start, group, kind, step))
+    step, kind, group, start, end = step[by], kind[by], group[by].astype(np.int32), start[by], end[by]
     first = np.ones(step.size, bool)
-    first[1:] = (step[1:] != step[:-1]) | (kind[1:] != kind[:-1])
+    first[1:] = (step[1:] != step[:-1]) | (kind[1:] != kind[:-1]) | (group[1:] != group[:-1])
     index = np.arange(step.size)
-    return Transfers(step, kind, index - np.maximum.accumulate(np.where(first, index, 0)), start, end)
+    order = index - np.maximum.accumulate(np.where(first, index, 0))
+    return Transfers(step, kind, order, start, end, group, groups)
 
 
 def _edge(c: Calls, owner: np.ndarray, n: int, kind: str, last: bool) -> iv.Intervals:
@@ -223,12 +244,13 @@ def analyze(tl: Events, times: StepTimes) -> FileComm:
     stats = fsdp.step_stats(
         tl, win, times.compute, spans("all_gather"), spans("reduce_scatter"), edges, _queued(c, owner, n), phases
     )
-    return FileComm(_rows(tl, win, times.compute, c, owner, phase), stats, _transfers(win, c, owner))
+    return FileComm(_rows(tl, win, times.compute, c, owner, phase), stats, transfers(tl, win, c))
 
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveTotals:
-    """One collective in one phase over a run: means per step and rank, and the rank that waited longest for it."""
+    """One collective in one process group and phase over a run: means per step and rank, and the rank that waited
+    longest for it."""
 
     collective: str
     phase: str
@@ -239,19 +261,21 @@ class CollectiveTotals:
     exposed_us: float
     worst_rank: int | None
     worst_exposed_us: float
+    group: str = ""  # its process group; "" where the traces do not say (gloo), or the totals are not split by group
 
 
-def totals(rows: list[CommStats], steps: list[StepStats]) -> list[CollectiveTotals]:
-    """Means per step and rank of each collective and phase, largest exposed time first. A rank's mean counts the
-    steps in which the collective did not run as zeros."""
+def totals(rows: list[CommStats], steps: list[StepStats], by_group: bool = True) -> list[CollectiveTotals]:
+    """Means per step and rank of each collective (in each process group, `by_group`) and phase, largest exposed time
+    first. A rank's mean counts the steps in which the collective did not run as zeros."""
     n_steps: dict[tuple, int] = defaultdict(int)
     for s in steps:
         n_steps[(s.rank, s.worker)] += 1
     sums: dict[tuple, dict[tuple, np.ndarray]] = defaultdict(lambda: defaultdict(lambda: np.zeros(4)))
     for r in rows:
-        sums[(r.collective, r.phase)][(r.rank, r.worker)] += (r.calls, r.total_us, r.overlap_us, r.exposed_us)
+        key = (r.collective, _group_label(r) if by_group else "", r.phase)
+        sums[key][(r.rank, r.worker)] += (r.calls, r.total_us, r.overlap_us, r.exposed_us)
     out = []
-    for (collective, phase), by_rank in sums.items():
+    for (collective, group, phase), by_rank in sums.items():
         means = {who: v / max(n_steps.get(who, 1), 1) for who, v in by_rank.items()}
         mean = np.mean(list(means.values()), axis=0)
         worst = max(means, key=lambda who: means[who][3])
@@ -266,11 +290,17 @@ def totals(rows: list[CommStats], steps: list[StepStats]) -> list[CollectiveTota
                 float(mean[3]),
                 worst[0],
                 float(means[worst][3]),
+                group,
             )
         )
-    return sorted(out, key=lambda t: (-t.exposed_us, t.collective, t.phase))
+    return sorted(out, key=lambda t: (-t.exposed_us, t.collective, t.group, t.phase))
+
+
+def _group_label(row: CommStats) -> str:
+    """`mesh_shard (2 ranks)`: a process group as the tables name it."""
+    return f"{row.group} ({row.group_size} ranks)" if row.group and row.group_size else row.group
 
 
 def findings(rows: list[CommStats], fsdp_rows: list[FsdpStep], steps: list[StepStats], nccl: bool) -> list[Diagnostic]:
     """Findings about communication by collective (FSDP's, where the traces have FSDP labels)."""
-    return fsdp.findings(totals(rows, steps), fsdp_rows, steps, nccl)
+    return fsdp.findings(totals(rows, steps, by_group=False), fsdp_rows, steps, nccl)

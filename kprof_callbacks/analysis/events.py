@@ -128,6 +128,7 @@ class Device:
     corr: np.ndarray
     nbytes: np.ndarray  # copy/set size, 0 if unknown
     collective: np.ndarray  # int32 id into Events.names of the c10d collective an NCCL kernel runs, -1 if not said
+    group: np.ndarray  # int32 id into Events.names of its process group (`reader.group_text`), -1 if not said
 
 
 @dataclasses.dataclass
@@ -239,6 +240,7 @@ def build(trace: TraceFile) -> Events:
         c.corr[device_rows],
         c.copy_bytes[device_rows],
         c.collective[device_rows],
+        c.group[device_rows],
     )
     memory = Memory(
         c.start[memory_rows],

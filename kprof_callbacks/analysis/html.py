@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import breakdown, fmt, svgtimeline
+from .ranktimeline import COLLAPSE_RANKS, RunSlices
 from .reader import TraceError
 from .report import MEMORY_VIEWER, first_worker_steps, op_sort, rank_label, tables
 from .slices import find_steps, median_step
@@ -146,6 +147,40 @@ def _timelines(s: Summary) -> str:
     )
 
 
+def _ranks_timeline(s: Summary) -> str:
+    """The median step of every rank on rank 0's clock: the timeline of all ranks (one busy row per rank beyond
+    COLLAPSE_RANKS ranks)."""
+    try:
+        run = RunSlices(s.files)
+        step = run.step(run.default_step(), skew=s.step_skew)
+    except (TraceError, OSError, KeyError, ValueError) as exc:
+        return f'<p class="warning">No timeline of the ranks: {escape(str(exc))}</p>'
+    collapsed = len(step.ranks) > COLLAPSE_RANKS
+    shown = step.collapsed() if collapsed else step
+    hosts = {r.host for r in step.ranks}
+    caption = (
+        f"step {step.step} of {len(step.ranks)} ranks, on rank 0's clock"
+        + (f" ({len(hosts)} hosts, their clocks aligned)" if len(hosts) > 1 else "")
+        + ("; one row per rank: busy, and its collectives" if collapsed else "")
+    )
+    marks = []
+    if step.straggler:
+        marks.append(
+            f"straggler: rank {step.straggler[0]}, the slowest to compute in this step "
+            f"(+{fmt.duration(step.straggler[1])} on the others' median)"
+        )
+    if step.late:
+        marks.append(f"waited for: rank {step.late[0]}, the others waited {fmt.duration(step.late[1] / 1000)} for it")
+    return (
+        svgtimeline.render(shown.piece, caption, svgtimeline.ranks_overlay(shown))
+        + '<p class="info">Each collective has one colour on every rank that ran it (the n-th of its kind in its '
+        "process group and step); its darker start is the time the rank waited there for the last one to arrive. "
+        + escape("; ".join(marks))
+        + ("." if marks else "")
+        + "</p>"
+    )
+
+
 def _chart(s: Summary, key: str, top: int, sort: str) -> str:
     """The plot drawn above a table, if it has one."""
     if key == "steps":
@@ -177,6 +212,8 @@ def summary_body(s: Summary, top: int, sort: str) -> str:
         )
     if s.steps:
         parts.append(f"<h2>Timeline</h2>{_timelines(s)}")
+    if len(s.ranks) > 1:
+        parts.append(f"<h2>All ranks on one clock</h2>{_ranks_timeline(s)}")
     for t in tables(s, top, sort, width=_NAME_WIDTH):
         parts.append(f"<h2>{escape(t.title)}</h2>{_chart(s, t.key, top, sort)}{table(t.headers, t.rows)}")
     if s.memory_snapshots:

@@ -99,36 +99,51 @@ def host_of(worker: str) -> str:
 
 
 @dataclasses.dataclass
-class _Matched:
+class Matched:
     """The transfers matched across ranks: one column per collective seen on two or more ranks (ns)."""
 
     ranks: list[int]
     hosts: list[str]
     start: np.ndarray  # (ranks, collectives), NaN where a rank lacks it
     end: np.ndarray
-    step: np.ndarray  # step number of each column
+    keys: np.ndarray  # (collectives, 4): step number, process group (index into `groups`), KINDS index, order
+    groups: list[str]  # `reader.group_text` of each process group ("" where the traces do not say)
+
+    @property
+    def step(self) -> np.ndarray:
+        return self.keys[:, 0]
 
 
-def _match(workers: list[Worker]) -> _Matched | None:
+def match(workers: list[Worker]) -> Matched | None:
+    """The collectives that two or more ranks of `workers` ran, matched as the n-th of a collective in a process
+    group and step (None with fewer than two ranks that communicate)."""
     ranked = [w for w in workers if w.rank is not None and w.transfers]
     if len(ranked) < 2:
         return None
-    codes = [
-        np.concatenate([(t.step << 32) | (t.kind.astype(np.int64) << 24) | t.order for t in w.transfers])
-        for w in ranked
-    ]
-    columns, counts = np.unique(np.concatenate(codes), return_counts=True)
-    columns = columns[counts >= 2]
-    start, end = np.full((2, len(ranked), columns.size), np.nan)
-    for i, (w, code) in enumerate(zip(ranked, codes)):
-        at = np.searchsorted(columns, code)
-        ok = (at < columns.size) & (columns[np.minimum(at, columns.size - 1)] == code)
-        start[i, at[ok]] = np.concatenate([t.start for t in w.transfers])[ok]
-        end[i, at[ok]] = np.concatenate([t.end for t in w.transfers])[ok]
-    return _Matched([w.rank for w in ranked], [host_of(w.worker) for w in ranked], start, end, columns >> 32)
+    groups: dict[str, int] = {}  # process groups by `reader.group_text`: alike on every rank of one group
+    keys = [np.concatenate([_keys(t, groups) for t in w.transfers]) for w in ranked]
+    columns, column, counts = np.unique(np.concatenate(keys), axis=0, return_inverse=True, return_counts=True)
+    shared = counts >= 2
+    index = np.cumsum(shared) - 1  # column number among the shared ones
+    start, end = np.full((2, len(ranked), int(shared.sum())), np.nan)
+    at = 0
+    for i, (w, key) in enumerate(zip(ranked, keys)):
+        mine = column.reshape(-1)[at : at + len(key)]
+        at += len(key)
+        ok = shared[mine]
+        start[i, index[mine[ok]]] = np.concatenate([t.start for t in w.transfers])[ok]
+        end[i, index[mine[ok]]] = np.concatenate([t.end for t in w.transfers])[ok]
+    hosts = [host_of(w.worker) for w in ranked]
+    return Matched([w.rank for w in ranked], hosts, start, end, columns[shared], list(groups))
 
 
-def clock_offsets(m: _Matched) -> np.ndarray:
+def _keys(t: Transfers, groups: dict[str, int]) -> np.ndarray:
+    """One row per transfer that is alike on every rank that runs it: step, process group, collective, order."""
+    group = np.array([groups.setdefault(g, len(groups)) for g in t.groups], np.int64)
+    return np.stack([t.step, group[t.group] if group.size else t.group, t.kind, t.order], axis=1).reshape(-1, 4)
+
+
+def clock_offsets(m: Matched) -> np.ndarray:
     """Per rank of `m`: its host clock minus the reference host's (ns; 0 on the reference host, and where the host
     shares no collective with it)."""
     ref = int(np.argmin(m.ranks))
@@ -142,14 +157,22 @@ def clock_offsets(m: _Matched) -> np.ndarray:
     return offsets
 
 
-def arrivals(workers: list[Worker]) -> dict[int, dict[str, float]]:
-    """Per rank, its RankStats arrival fields: at each collective shared by two or more ranks, on aligned clocks,
-    how long it waited for the last rank, and how long the others waited for it where it was the last."""
-    m = _match(workers)
-    if m is None or not m.step.size:
-        return {}
-    offsets = clock_offsets(m)
-    start = m.start - offsets[:, None]
+@dataclasses.dataclass
+class Arrivals:
+    """The matched collectives on aligned clocks (ns; rows: ranks of `Matched`, columns: collectives, NaN where a rank
+    lacks one): when each rank arrived, how long it waited there for the last rank, who came last and how long the
+    others waited for that one (its lead on their median arrival)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    waited: np.ndarray
+    last: np.ndarray  # per column: row of the rank that arrived last
+    lead: np.ndarray  # per column: the others' wait for it
+
+
+def arrival_times(m: Matched, offsets: np.ndarray) -> Arrivals:
+    """`m` on the clock of the reference host, given each rank's `clock_offsets`."""
+    start, end = m.start - offsets[:, None], m.end - offsets[:, None]
     present = ~np.isnan(start)
     took = m.end - m.start
     waited = np.fmin(np.nanmax(start, axis=0) - start, took)  # no longer than its transfer lasted
@@ -158,13 +181,25 @@ def arrivals(workers: list[Worker]) -> dict[int, dict[str, float]]:
     rest, rest_took = start.copy(), took.copy()
     rest[last, columns] = rest_took[last, columns] = np.nan
     lead = np.fmin(start[last, columns] - np.nanmedian(rest, axis=0), np.nanmedian(rest_took, axis=0))
+    return Arrivals(start, end, waited, last, lead)
+
+
+def arrivals(workers: list[Worker]) -> dict[int, dict[str, float]]:
+    """Per rank, its RankStats arrival fields: at each collective shared by two or more ranks, on aligned clocks,
+    how long it waited for the last rank, and how long the others waited for it where it was the last."""
+    m = match(workers)
+    if m is None or not m.step.size:
+        return {}
+    offsets = clock_offsets(m)
+    a = arrival_times(m, offsets)
+    present = ~np.isnan(a.start)
     out = {}
     for i, rank in enumerate(m.ranks):
         steps = max(np.unique(m.step[present[i]]).size, 1)
         out[rank] = {
             "collectives": int(present[i].sum()),
-            "waited_us": float(np.nansum(waited[i]) / steps / 1000.0),
-            "late_us": float(np.nansum(lead[last == i]) / steps / 1000.0),
+            "waited_us": float(np.nansum(a.waited[i]) / steps / 1000.0),
+            "late_us": float(np.nansum(a.lead[a.last == i]) / steps / 1000.0),
             "clock_offset_us": float(offsets[i] / 1000.0),
         }
     return out

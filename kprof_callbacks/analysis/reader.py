@@ -60,6 +60,11 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     label: msgspec.Raw = msgspec.field(default=_NO_RAW, name="name")  # `M` events: thread and process names
     collective: str = msgspec.field(default="", name="Collective name")  # NCCL kernels: the c10d collective they run
     addr: Int64 = msgspec.field(default=0, name="Addr")  # `[memory]` events: the block allocated or freed
+    # NCCL kernels: the process group the collective runs in (kineto copies them from c10d's record_param_comms)
+    group_name: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Process Group Name")
+    group_desc: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Process Group Description")
+    group_ranks: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Process Group Ranks")
+    group_size: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Group size")
 
 
 class _TypedArgs(Args, frozen=True, gc=False):
@@ -161,6 +166,7 @@ class Columns:
     mem_total: np.ndarray  # int64 total allocated after the event
     mem_addr: np.ndarray  # int64 address of the block, which pairs an allocation with its free
     collective: np.ndarray  # int32 -> names: the c10d collective a GPU kernel runs (NCCL's), -1 where none is said
+    group: np.ndarray  # int32 -> names: its process group (`group_text`), -1 where none is said
     names: list[str]
     cats: list[str]
     lanes: list[tuple[int | str, int | str]]  # (pid, tid): a host thread or a (device, stream)
@@ -223,6 +229,40 @@ def _kind_ids(kinds: _Interner, timed: list[bool], names: _Interner, cats: _Inte
     return np.array(ids, np.int32).reshape(len(ids), 3).T
 
 
+def _collectives(args: list[Args], kernels: np.ndarray, names: _Interner) -> tuple[np.ndarray, np.ndarray]:
+    """Per event, the ids in `names` of the c10d collective and the process group its args name (-1 where none):
+    only kernels (NCCL's) name them, so the other events are not looked at; nor are the groups of kernels that name no
+    collective."""
+    collective = np.full(len(args), -1, np.int32)
+    group = collective.copy()
+    if kernels.any():
+        picked = list(compress(args, kernels.tolist()))
+        said = [names[c] if c else -1 for c in map(_ARGS["collective"], picked)]
+        collective[kernels] = np.array(said, np.int32)
+        groups = [group_text(a) if c >= 0 else "" for a, c in zip(picked, said)]  # the collectives' kernels only
+        group[kernels] = np.array([names[g] if g else -1 for g in groups], np.int32)
+    return collective, group
+
+
+def _raw_text(raw: msgspec.Raw) -> str:
+    """A raw JSON value as plain text: a string's content, anything else as written (a number, a list)."""
+    if not raw:
+        return ""
+    value = msgspec.json.decode(raw)
+    return value if isinstance(value, str) else msgspec.json.encode(value).decode()
+
+
+def group_text(args: Args) -> str:
+    """The process group an NCCL kernel's args name, as ``description<TAB>size<TAB>ranks`` ("" where none is said):
+    the description (``mesh_shard``, ``default_pg``; the group's name where it has none) tells the levels of a device
+    mesh apart, the ranks (``[0, 2]``) which group of that level it is."""
+    name, desc = _raw_text(args.group_name), _raw_text(args.group_desc)
+    if not (name or desc):
+        return ""
+    label = desc if desc and desc != "undefined" else f"group {name}"
+    return "\t".join((label, _raw_text(args.group_size), _raw_text(args.group_ranks).replace(" ", "")))
+
+
 def _thread_labels(meta: list[Event]) -> list[tuple[int | str, str]]:
     labels = []
     for e in meta:
@@ -273,11 +313,9 @@ def columns(events: list[Event]) -> Columns:
     if events and isinstance(events[0], _TypedEvent):  # the matrix products' dtype sets the peak their FLOPs run at
         products = np.flatnonzero(ops & np.isin(name, [k for k, n in enumerate(names) if n in MATMULS]))
         type_ids[products] = _interned_raw((args[i].input_type for i in products.tolist()), types, products.size)
-    collective = np.full(len(events), -1, np.int32)
-    kernels = np.isin(cat, [k for k, c in enumerate(cats) if c.lower() == "kernel"])
-    if kernels.any():  # only kernels name a collective: the other events are not looked at
-        said = list(map(_ARGS["collective"], compress(args, kernels.tolist())))
-        collective[kernels] = np.fromiter((names[c] if c else -1 for c in said), np.int32, len(said))
+    collective, group = _collectives(
+        args, np.isin(cat, [k for k, c in enumerate(cats) if c.lower() == "kernel"]), names
+    )
     return Columns(
         instant=instant,
         name=name,
@@ -295,6 +333,7 @@ def columns(events: list[Event]) -> Columns:
         mem_total=mem["total_allocated"],
         mem_addr=mem["addr"],
         collective=collective,
+        group=group,
         names=list(names),
         cats=list(cats),
         lanes=list(lanes),
@@ -325,8 +364,9 @@ def merge(parts: list[Columns]) -> Columns:
         return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
 
     ext = np.concatenate([p.ext if p.new_ext == new_ext else np.full(len(p), -1, np.int64) for p in parts])
-    collective = np.concatenate(
-        [np.where(p.collective >= 0, _remap(np.maximum(p.collective, 0), p.names, names), -1) for p in parts]
+    collective, group = (
+        np.concatenate([np.where(ids >= 0, _remap(np.maximum(ids, 0), p.names, names), -1) for ids, p in pairs])
+        for pairs in ([(p.collective, p) for p in parts], [(p.group, p) for p in parts])
     )
     dim_ids = np.concatenate(
         [_remap(p.dims, p.dims_table, dims) if p.new_dims == new_dims else np.zeros(len(p), np.int32) for p in parts]
@@ -348,6 +388,7 @@ def merge(parts: list[Columns]) -> Columns:
         mem_total=joined("mem_total"),
         mem_addr=joined("mem_addr"),
         collective=collective,
+        group=group,
         names=list(names),
         cats=list(cats),
         lanes=list(lanes),

@@ -151,17 +151,21 @@ def skew_table(s: Summary, top: int) -> Table:
 
 
 def comm_table(s: Summary) -> Table:
-    """Each collective (and FSDP phase): means per step and rank, and the rank that waited for it longest."""
+    """Each collective (by process group, where the traces name them, and FSDP phase): means per step and rank, and
+    the rank that waited for it longest."""
     step = mean(r.wall_us for r in s.steps)
     phases = any(r.phase for r in s.comm)
+    groups = len({r.group for r in s.comm}) > 1 or any(r.group_size for r in s.comm)
     return Table(
         "comm",
         "Communication by collective (means per step and rank; exposed: no computation ran)",
         ["collective"]
+        + (["group"] if groups else [])
         + (["phase"] if phases else [])
         + ["calls", "time", "overlapped", "exposed", "of step", "most exposed"],
         [
             [t.collective]
+            + ([t.group or "-"] if groups else [])
             + ([t.phase or "-"] if phases else [])
             + [
                 f"{t.calls:.1f}",

@@ -4,7 +4,8 @@ A trace is decoded once (reader, timeline) into a `TraceSlices`: every host even
 every GPU activity with its stream and row, and the link from each runtime call (cudaLaunchKernel, cudaMemcpyAsync)
 to the GPU activity it started, matched by correlation id as the trace's "ac2g" flow events are. `step(n)` then cuts
 out the events of one step window (`steps.windows`: the ProfilerStep#N range, extended to the end of the GPU work it
-launched) without touching the rest, so a 50 MB trace is served a step at a time.
+launched) without touching the rest, so a 50 MB trace is served a step at a time. Its collectives (`comm.transfers`)
+are kept too, for the timeline of all ranks (`ranktimeline`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..layout import worker_of
-from . import steps
+from . import comm, steps
 from .events import RUNTIME, build, is_step_name, match
 from .reader import TraceFile, read_trace
 from .tree import nest
@@ -103,6 +104,8 @@ class TraceSlices:
         tree = nest(thread, host.start, host.end, host.name, fold=False)
         self.file, self.worker = trace.path.name, trace.worker
         self.windows = steps.windows(tl)
+        self.rank = trace.rank
+        self.transfers = comm.transfers(tl, self.windows)  # the collectives, to match them across ranks
         self.names, self.shapes = tl.names, tl.shapes
         is_step = np.isin(host.name, [k for k, n in enumerate(tl.names) if is_step_name(n)])
 

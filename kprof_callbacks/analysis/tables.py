@@ -98,7 +98,8 @@ class RankStats:
 
 @dataclasses.dataclass(frozen=True)
 class CommStats:
-    """One collective (all-gather, reduce-scatter, all-reduce, ...) on one rank in one step, split by FSDP phase."""
+    """One collective (all-gather, reduce-scatter, all-reduce, ...) on one rank in one step, split by process group
+    (the levels of a device mesh: HSDP's `mesh_shard` and `mesh_replicate`) and FSDP phase."""
 
     rank: int | None
     worker: str
@@ -109,6 +110,8 @@ class CommStats:
     total_us: float  # time it ran (a union: two at once count once)
     overlap_us: float  # of which computation ran at the same time, on any stream or thread
     exposed_us: float  # of which nothing computed: the step waited for it
+    group: str = ""  # its process group (`mesh_shard`, `default_pg`), as the trace names it; "" where it does not
+    group_size: int = 0  # ranks in that group; 0 where the trace does not say
 
 
 @dataclasses.dataclass(frozen=True)

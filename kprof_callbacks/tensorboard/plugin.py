@@ -1,12 +1,13 @@
-"""The "kprof" TensorBoard tab: run summaries, step time over the run, a timeline, comparisons, diffs of two runs,
-raw trace downloads.
+"""The "kprof" TensorBoard tab: run summaries, step time over the run, a timeline (of one trace, and of all ranks),
+comparisons, diffs of two runs, raw trace downloads.
 
 TensorBoard finds `KprofPlugin` through this package's `tensorboard_plugins` entry point and serves its
 routes under `data/plugin/kprof/`. Summaries come from `kprof.summarize` on the trace files on disk, cached per run
 until its files change; a run over 100 MB is summarized on a thread of its own by worker processes, so other
 requests go on meanwhile, and `/summary` answers with its progress until it is done. A diff is `kprof.diff` of two
 such summaries, cached until either run's files change; the timeline serves one step of one trace file at a time
-from a decoded copy of the file, cached until it changes; step time comes from the `kprof/step_time_ms` scalars
+from a decoded copy of the file, cached until it changes, and the timeline of all ranks one step of every rank's
+trace from decoded copies kept until the run changes; step time comes from the `kprof/step_time_ms` scalars
 through TensorBoard's own data provider. The frontend is plain ES modules (static/*.js) in the tab's iframe.
 """
 
@@ -35,6 +36,7 @@ from werkzeug import wrappers
 from .. import layout
 from ..analysis import breakdown, diff_report, fmt
 from ..analysis.diff_inputs import Input, parse_steps
+from ..analysis.ranktimeline import COLLAPSE_RANKS, RunSlices
 from ..analysis.reader import TraceError
 from ..analysis.slices import TraceSlices, median_step
 from ..analysis.summary import PROGRESS_BYTES, Summary, summarize_contents
@@ -48,7 +50,7 @@ log = logging.getLogger(__name__)
 PLUGIN_NAME = "kprof"
 STATIC = Path(__file__).parent / "static"
 _STATIC_TYPES = {
-    **{f"{name}.js": "text/javascript" for name in ("index", "dom", "charts", "timeline", "diff")},
+    **{f"{name}.js": "text/javascript" for name in ("index", "dom", "charts", "timeline", "diff", "ranks")},
     "style.css": "text/css",
 }
 _MAX_POINTS = 10_000  # step-time points per run: TensorBoard keeps fewer by default, so this means "all it has"
@@ -56,6 +58,7 @@ _JSON = "application/json"
 _OUTSIDE = "a link to a file outside the logdir: not read"
 _DECODED_TRACES = 4  # decoded trace files kept for the timeline: 49 bytes per event, ~7 MB for a 50 MB trace
 _STEP = re.compile(r"-?[0-9]{1,18}")  # beyond 18 digits a step number would not fit the trace's int64
+_RANK_RUNS = 2  # runs whose every rank's traces are kept decoded for the timeline of all ranks
 _DIFFS = 16  # diffs kept, ~0.4 KB of JSON per row: under 1 MB each for 2,000 operators and kernels
 
 
@@ -124,6 +127,7 @@ class KprofPlugin(base_plugin.TBPlugin):
         self._summaries: FileCache[RunSummary] = FileCache(64)
         self._diffs: FileCache[dict[str, Any]] = FileCache(_DIFFS)
         self._traces: FileCache[TraceSlices] = FileCache(_DECODED_TRACES)
+        self._rank_runs: FileCache[RunSlices] = FileCache(_RANK_RUNS)
         self._busy: dict[tuple, list[int]] = {}  # (run, fingerprint) being summarized in the background: [done, total]
         self._busy_guard = threading.Lock()
 
@@ -144,6 +148,7 @@ class KprofPlugin(base_plugin.TBPlugin):
                 "/compare": self._compare_route,
                 "/trace": self._trace_route,
                 "/timeline": self._timeline_route,
+                "/ranktimeline": self._rank_timeline_route,
                 "/diff": self._diff_route,
             }
         )
@@ -264,6 +269,35 @@ class KprofPlugin(base_plugin.TBPlugin):
             raise errors.NotFoundError(exc.args[0]) from exc
         body = dict(piece.to_dict(), run=run.name, steps=[dataclasses.asdict(w) for w in windows])
         return http_util.Respond(request, msgspec.json.encode(body), _JSON)
+
+    @wrappers.Request.application
+    def _rank_timeline_route(self, request: werkzeug.Request) -> werkzeug.Response:
+        """One step of every rank of a run on one clock (`?step=`, default: the median step that every rank
+        profiled; `?cpu=1` adds each rank's main thread), one busy row per rank beyond COLLAPSE_RANKS ranks, and the
+        steps the ranks share."""
+        run = self._run(request)
+        cpu = request.args.get("cpu", "0")
+        if cpu not in ("0", "1"):
+            raise errors.InvalidArgumentError(f"cpu must be 0 or 1, got {cpu[:40]!r}")
+        summarized = self._summary(run)
+        summary = summarized.summary
+        if summary is None:
+            return _unprocessable(request, f"run {run.name!r}: {summarized.body['error']}")
+        try:
+            slices = self._rank_runs.get(run.name, run.fingerprint, lambda: RunSlices(summary.files))
+            wanted = request.args.get("step")
+            number = slices.default_step() if wanted is None else _step_number(wanted)
+            step = slices.step(number, cpu=cpu == "1", skew=summary.step_skew)
+        except (TraceError, ValueError) as exc:
+            return _unprocessable(request, f"run {run.name!r}: {exc}")
+        except KeyError as exc:
+            raise errors.NotFoundError(exc.args[0]) from exc
+        collapsed = len(step.ranks) > COLLAPSE_RANKS
+        body = (step.collapsed() if collapsed else step).to_dict()
+        steps = [{"step": n, "wall_us": wall} for n, wall in slices.steps()]
+        return http_util.Respond(
+            request, msgspec.json.encode(dict(body, run=run.name, steps=steps, collapsed=collapsed)), _JSON
+        )
 
     @wrappers.Request.application
     def _diff_route(self, request: werkzeug.Request) -> werkzeug.Response:

@@ -4,6 +4,7 @@
 import {PROFILER_COLOR, lineChart, median, num, rangeBars, stackedBars} from './charts.js';
 import {diffPage, diffView} from './diff.js';
 import {getJSON, h, mb, ms, note, pct, query, section, shorten, table, windowsOf} from './dom.js';
+import {ranksSection, ranksTimelineSection} from './ranks.js';
 import {timelineView} from './timeline.js';
 
 const SLOW = 3; // a step slower than this times the median is marked slow (the slow-step trigger's default)
@@ -152,7 +153,10 @@ async function runPage(name) {
     parts.push(stepsSection(s.steps, gpu), timelineSection(name, files, s.files), opsSection(s.ops, gpu));
     if (gpu) parts.push(kernelsSection(s.kernels));
     parts.push(labelsSection(s.labels, gpu));
-    if (s.ranks.length > 1) parts.push(ranksSection(s.ranks, s.step_skew, s.comm || []));
+    if (s.ranks.length > 1) {
+      parts.push(ranksSection(s.ranks, s.step_skew, s.comm || [], state.legend.rank_parts),
+        ranksTimelineSection(name, state.legend.kinds));
+    }
   }
   parts.push(tracesSection(name, files, s ? s.memory_snapshots : []));
   return parts;
@@ -329,78 +333,6 @@ function labelsSection(labels, gpu) {
   return section('Labels (regions)', table(columns, labels),
     nested ? note('A label that contains others (under Lightning, Optimizer.step#... holds the forward and backward '
       + 'of its closure) counts their time too, so the shares add up to more than the steps.') : null);
-}
-
-/** A rank's mean step in breakdown.RANK_PARTS: computing, both, communicating, neither. */
-function rankParts(r) {
-  return {
-    compute_only_us: r.compute_us - r.overlap_us, overlap_us: r.overlap_us, exposed_comm_us: r.exposed_comm_us,
-    rest_us: Math.max(r.step_us - r.compute_us - r.exposed_comm_us, 0),
-  };
-}
-
-/** Each rank's collectives (and FSDP phases): means per step, from the summary's per-step `comm` rows. */
-function commByRank(ranks, comm) {
-  const steps = new Map(ranks.map((r) => [r.rank ?? r.worker, r.steps]));
-  const rows = new Map();
-  for (const c of comm) {
-    const who = c.rank ?? c.worker;
-    const key = `${who}\u0000${c.collective}\u0000${c.phase}`;
-    if (!rows.has(key)) {
-      rows.set(key, {who, collective: c.collective, phase: c.phase, calls: 0, total_us: 0, overlap_us: 0,
-        exposed_us: 0});
-    }
-    const row = rows.get(key);
-    for (const f of ['calls', 'total_us', 'overlap_us', 'exposed_us']) row[f] += c[f] / (steps.get(who) || 1);
-  }
-  return [...rows.values()].sort((a, b) => String(a.who).localeCompare(String(b.who), undefined, {numeric: true})
-    || b.exposed_us - a.exposed_us);
-}
-
-function ranksSection(ranks, skew, comm) {
-  const parts = state.legend.rank_parts;
-  const bars = ranks.map((r) => {
-    const value = rankParts(r);
-    const shown = parts.map((p) => ({value: value[p.key] / 1000, color: p.color, name: p.name}));
-    return {label: `rank ${r.rank ?? r.worker}`, parts: shown};
-  });
-  const legend = h('p', {class: 'legend'}, parts.map((p) => [
-    h('span', {class: 'swatch', style: `background:${p.color}`}), h('span', {title: p.meaning}, `${p.name} `)]));
-  const columns = [
-    {label: 'rank / worker', get: (r) => r.rank ?? r.worker, cls: 'name', keep: true},
-    {label: 'steps', get: (r) => r.steps, fmt: String, keep: true},
-    {label: 'step', get: (r) => r.step_us, fmt: ms, keep: true},
-    {label: 'compute', get: (r) => r.compute_us, fmt: ms, keep: true},
-    {label: 'comm', get: (r) => r.comm_us, fmt: ms, keep: true},
-    {label: 'comm share', get: (r) => r.comm_share, fmt: pct, keep: true},
-    {label: 'overlapped', get: (r) => r.overlap_share, fmt: pct, keep: true},
-    {label: 'exposed comm', get: (r) => r.exposed_comm_us, fmt: ms, keep: true},
-    {label: 'waits for others', get: (r) => r.waited_us, fmt: ms},
-    {label: 'others wait for it', get: (r) => r.late_us, fmt: ms},
-    {label: 'clock offset', get: (r) => r.clock_offset_us, fmt: ms},
-  ];
-  const skewColumns = [
-    {label: 'step', get: (r) => r.step, cls: 'num', keep: true},
-    {label: 'slowest rank', get: (r) => r.slowest_rank, cls: 'num', keep: true},
-    {label: 'its compute', get: (r) => r.slowest_compute_us, fmt: ms, keep: true},
-    {label: 'median compute', get: (r) => r.median_compute_us, fmt: ms, keep: true},
-    {label: 'lag', get: (r) => r.lag_us, fmt: ms, keep: true},
-  ];
-  const commColumns = [
-    {label: 'rank / worker', get: (r) => r.who, cls: 'name', keep: true},
-    {label: 'collective', get: (r) => r.collective, cls: 'name', keep: true},
-    {label: 'phase', get: (r) => r.phase, cls: 'name'},
-    {label: 'calls', get: (r) => r.calls, fmt: num, keep: true},
-    {label: 'time', get: (r) => r.total_us, fmt: ms, keep: true},
-    {label: 'overlapped', get: (r) => r.overlap_us, fmt: ms, keep: true},
-    {label: 'exposed', get: (r) => r.exposed_us, fmt: ms, keep: true},
-  ];
-  return section('Ranks (means per step)', h('figure', {id: 'ranks-bars'}, stackedBars(bars)), legend,
-    table(columns, ranks, 64, 'compact'),
-    comm.length
-      ? [h('h3', {}, 'Communication by collective'), table(commColumns, commByRank(ranks, comm), 128, 'compact')]
-      : null,
-    skew.length ? [h('h3', {}, 'Slowest rank per step'), table(skewColumns, skew, 64, 'compact')] : null);
 }
 
 function tracesSection(name, files, snapshots) {

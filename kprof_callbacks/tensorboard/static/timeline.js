@@ -3,10 +3,14 @@
 // pans, hovering shows an event's details, a click keeps them, a double click zooms to the event. Plain JS.
 //
 // `data` is the plugin's /timeline answer (analysis/slices.py): columns of events with times in ns from the
-// step's start, rows already laid out (nesting depth on a thread, overlap on a stream).
+// step's start, rows already laid out (nesting depth on a thread, overlap on a stream). The /ranktimeline answer
+// (analysis/ranktimeline.py) is one too, with every rank's lanes and per event its collective (`coll`, drawn in the
+// collective's colour) and the time its rank waited there for the last one (`wait`, drawn darker); the lanes of the
+// straggler and of the rank the others waited for are marked in the margin.
 
 import {tickStep} from './charts.js';
 
+const WAIT = 'rgba(0,0,0,0.38)', STRAGGLER = '#c0392b', LATE = '#7d3c98'; // as svgtimeline.py draws them
 const ROW = 17, LANE_GAP = 10, GUTTER = 200, AXIS = 24, MAX_HEIGHT = 560, MIN_SPAN = 1000; // px, px, px, px, px, ns
 
 /** `1.23 ms` for a duration in ns: three significant digits (svgtimeline.py's `duration` writes the same). */
@@ -52,6 +56,20 @@ function layout(data) {
   return {laneTop, rows, height: y, launches};
 }
 
+/** Per lane of a timeline of all ranks, its mark: {text, color} for the straggler's and the waited-for rank's. */
+function rankMarks(data) {
+  const marks = new Map();
+  for (const r of data.ranks || []) {
+    const said = [];
+    if (data.straggler && data.straggler.rank === r.rank) said.push(['straggler', STRAGGLER]);
+    if (data.late && data.late.rank === r.rank) said.push(['waited for', LATE]);
+    if (!said.length) continue;
+    const mark = {text: said.map(([t]) => t).join(', '), color: said[0][1]};
+    for (let k = r.first_lane; k < r.first_lane + r.lanes; k++) marks.set(k, mark);
+  }
+  return marks;
+}
+
 /** Index into `row` of the last event starting at or before `t` (-1 if none). */
 function lastStartingBy(row, starts, t) {
   let lo = 0, hi = row.length;
@@ -84,7 +102,9 @@ export function timelineView(data, colors) {
   root.className = 'timeline-wrap';
   root.append(canvas, tip, details);
   const fills = new Map(); // one shade per (kind, name): computed once, not per event and frame
+  const marks = rankMarks(data);
   const color = (i) => {
+    if (ev.coll && ev.coll[i] >= 0) return data.collectives[ev.coll[i]].color;
     const key = ev.kind[i] * data.names.length + ev.name[i];
     if (!fills.has(key)) fills.set(key, shade(colors[data.kinds[ev.kind[i]]] || '#999999', data.names[ev.name[i]]));
     return fills.get(key);
@@ -132,6 +152,10 @@ export function timelineView(data, colors) {
         lastPixel = Math.floor(x0);
         ctx.fillStyle = color(i);
         ctx.fillRect(x0, y + 1, Math.max(x1 - x0, 1), ROW - 2);
+        if (ev.wait && ev.wait[i] > 0) { // the part of a collective spent waiting for the last rank
+          ctx.fillStyle = WAIT;
+          ctx.fillRect(x0, y + 1, Math.max(Math.min(x(ev.start[i] + ev.wait[i]), x1) - x0, 1), ROW - 2);
+        }
         drawn++;
         if (x1 - x0 > 40) {
           const name = data.names[ev.name[i]];
@@ -191,7 +215,13 @@ export function timelineView(data, colors) {
     data.lanes.forEach((lane, l) => {
       const y = laneTop[l] - view.scroll;
       if (y + lane.rows * ROW < AXIS || y > h) return;
+      const mark = marks.get(l);
+      if (mark) {
+        ctx.fillStyle = mark.color;
+        ctx.fillRect(0, Math.max(y, AXIS), 3, lane.rows * ROW);
+      }
       ctx.fillText(lane.name.length > 30 ? `${lane.name.slice(0, 29)}…` : lane.name, 6, Math.max(y, AXIS) + ROW / 2);
+      ctx.fillStyle = '#3c3c3c';
       ctx.fillRect(0, y + lane.rows * ROW + LANE_GAP / 2, width, 0.5);
     });
     if (height > h) { // where the visible part lies in the lanes
@@ -287,6 +317,9 @@ export function timelineView(data, colors) {
     const kind = data.kinds[ev.kind[i]];
     const lines = [[name, 'name'], [`${kind} on ${data.lanes[ev.lane[i]].name}: ${duration(ev.dur[i])}, `
       + `starts at ${duration(ev.start[i])} into step ${data.step}`, '']];
+    if (data.notes && data.notes[i]) lines.push([data.notes[i], '']);
+    const mark = marks.get(ev.lane[i]);
+    if (mark) lines.push([`this rank: ${mark.text}`, '']);
     if (ev.shape[i] >= 0) lines.push([`input shapes ${data.shapes[ev.shape[i]]}`, '']);
     const stack = [];
     let op = null;
