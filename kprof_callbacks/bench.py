@@ -8,7 +8,8 @@ device's datasheet bandwidth (``peaks.py``; what published kernel benchmarks quo
 (``impl="triton"``, where the op has one and triton is installed); the times of PyTorch eager, ``torch.compile`` of
 the same reference and, where it has the op and is installed (``pip install 'kprof-callbacks[bench]'``),
 Liger-Kernel; and each kprof kernel's speedup over the best of those three. Prints a markdown table; ``--out``
-writes JSON with the device, versions and date.
+writes JSON with the device, versions and date. ``--ops linear_cross_entropy`` times the fused loss against eager
+(float32 and bf16 logits), ``torch.compile``, Liger-Kernel and Cut Cross-Entropy, with peak memory (``bench_loss.py``).
 
     kprof bench [--quick] [--check] [--no-compile] [--no-triton] [--largest] [--shapes full|gpt]
                 [--ops gelu,bias_gelu] [--out r.json]
@@ -38,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 import kprof_callbacks as kprof
-from kprof_callbacks import kernels, peaks
+from kprof_callbacks import bench_loss, kernels, peaks
 from kprof_callbacks.kernels import _triton
 from kprof_callbacks.progress import Progress, ProgressArg
 
@@ -407,10 +408,12 @@ def run(
     shapes of every family; "gpt": the layers' shapes in GPT-2 small and medium), with their Triton twins when
     ``triton`` and they can run here; the exit status of ``kprof bench``."""
     names = [n for n in ops.split(",") if n]
-    unknown = sorted(set(names) - {op.name for op in OPS})
+    known = [op.name for op in OPS] + [bench_loss.NAME]
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        raise ValueError(f"--ops: unknown op(s) {unknown}; known: {','.join(op.name for op in OPS)}")
+        raise ValueError(f"--ops: unknown op(s) {unknown}; known: {','.join(known)}")
     chosen = [op for op in OPS if not names or op.name in names]
+    loss = not names or bench_loss.NAME in names
     device = "cuda" if torch.cuda.is_available() and not quick else "cpu"
     if triton:
         why_not = (
@@ -422,7 +425,7 @@ def run(
             print(f"[kprof bench] no Triton {'checks' if check_only else 'columns'}: {why_not}", file=sys.stderr)
         triton = why_not is None
     if check_only:
-        return 0 if check(chosen, device, triton) else 1
+        return 0 if check(chosen, device, triton) & (not loss or bench_loss.check(device)) else 1
     if device == "cuda" and liger_version() is None:
         print("[kprof bench] no Liger-Kernel columns: pip install 'kprof-callbacks[bench]'", file=sys.stderr)
     if device == "cpu" and not quick:
@@ -437,18 +440,27 @@ def run(
     if shapes not in SHAPES:
         raise ValueError(f"--shapes must be one of {tuple(SHAPES)}, got {shapes!r}")
     sizes = QUICK_SIZES if quick else largest(SHAPES[shapes]) if largest_only else SHAPES[shapes]
+    warmup, iters = (2, 5) if quick else (10, 50)
     rows = run_benchmarks(
-        chosen,
-        sizes,
-        device,
-        compile_ref=compile_ref and not quick,
-        triton=triton,
-        warmup=2 if quick else 10,
-        iters=5 if quick else 50,
-        on_row=save,
-        progress=sys.stderr.isatty(),
+        chosen, sizes, device, compile_ref and not quick, triton, warmup, iters, save, sys.stderr.isatty()
+    )
+    loss_sizes = bench_loss.QUICK_SIZES if quick else bench_loss.SIZES[shapes][-1:] if largest_only else None
+    loss_rows = (
+        bench_loss.run_rows(
+            loss_sizes or bench_loss.SIZES[shapes],
+            device,
+            compile_ref and not quick,
+            warmup,
+            iters,
+            lambda done: save(rows + done),
+        )
+        if loss
+        else []
     )
     liger_note = f", Liger-Kernel {env['liger_kernel']}" if env["liger_kernel"] else ""
     print(f"# kprof kernels on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}{liger_note}, {env['date']})\n")
-    print("\n".join([TABLE_HEADER, *map(format_row, rows)]), flush=True)
+    if rows:
+        print("\n".join([TABLE_HEADER, *map(format_row, rows)]), flush=True)
+    if loss_rows:
+        print("\n".join(["", bench_loss.TABLE_HEADER, *map(bench_loss.format_row, loss_rows)]), flush=True)
     return 0
