@@ -9,6 +9,7 @@ vocabulary, bf16. Peak memory is what the call allocates beyond its inputs (grad
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 
 import torch
@@ -55,14 +56,14 @@ def contenders(device: str, compile_ref: bool) -> dict[str, Loss | None]:
 
             liger = LigerFusedLinearCrossEntropyLoss()
             out["liger"] = lambda h, w, t: liger(w, h, t)
-        except ImportError:
-            pass
+        except Exception as exc:  # noqa: BLE001 (not installed, or not importable beside this torch)
+            print(f"[kprof bench] no Liger-Kernel column: {exc}", file=sys.stderr)
         try:
             from cut_cross_entropy import linear_cross_entropy as cce
 
             out["cce"] = lambda h, w, t: cce(h, w, t)
-        except ImportError:
-            pass
+        except Exception as exc:  # noqa: BLE001
+            print(f"[kprof bench] no Cut Cross-Entropy column: {exc}", file=sys.stderr)
     return out
 
 
