@@ -96,10 +96,15 @@ Args args_of(const Tensor& hidden_in, const Tensor& weight_in, const Tensor& tar
 
 at::ScalarType acc_dtype(const Tensor& t) { return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
+// Rows per chunk: `asked` if positive, else as few chunks as kChunkBytes allows, of equal size (rounded up to 128
+// rows), so the last chunk's products are not a sliver that leaves most of the GPU idle.
 int64_t chunk_rows(const Args& a, int64_t asked) {
   if (asked > 0) return asked;
-  const int64_t fit = kChunkBytes / (a.vocab * static_cast<int64_t>(a.hidden.element_size())) / 128 * 128;
-  return std::max<int64_t>(fit, 128);
+  const int64_t cap = std::max<int64_t>(
+      kChunkBytes / (a.vocab * static_cast<int64_t>(a.hidden.element_size())) / 128 * 128, 128);
+  const int64_t chunks = std::max<int64_t>((a.rows + cap - 1) / cap, 1);
+  const int64_t even = ((a.rows + chunks - 1) / chunks + 127) / 128 * 128;
+  return std::min(even, cap);
 }
 
 // One row on the CPU: the row's loss and, when `scale` is finite, its gradient written over it (as the CUDA kernel).
