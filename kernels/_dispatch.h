@@ -136,9 +136,11 @@ at::Tensor recorded(at::Tensor out, const char* name, Backward<kSaved, Consts> b
 inline void no_autograd_of_its_own(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
   for (auto it = stack->end() - n; it != stack->end(); ++it) {
-    TORCH_CHECK(!(at::GradMode::is_enabled() && it->isTensor() && it->toTensor().requires_grad()),
-                kprof::msg(op.schema().name(), " has no autograd of its own: it is the forward that the layer's ",
-                           "operator differentiates (kprof::layer_norm, kprof::rms_norm); call that to get gradients"));
+    if (!(at::GradMode::is_enabled() && it->isTensor() && it->toTensor().requires_grad())) continue;
+    const std::string& name = op.schema().name();  // kprof::<layer>_fwd or kprof::<layer>_backward
+    TORCH_CHECK(false, kprof::msg(name, " has no autograd of its own: it runs below the autograd of ",
+                                  name.substr(0, name.rfind('_')), ", the layer's operator; call that to get "
+                                  "gradients"));
   }
   op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
 }

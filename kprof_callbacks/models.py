@@ -7,6 +7,7 @@ an lm_head tied to the token embedding (``LMHead``, which also computes the loss
     model = models.GPT(cfg)
     loss = model(idx, targets)               # logits = model(idx)
     batches = models.random_batches(cfg, n=8, batch=4, device="cpu")   # [(idx, targets), ...]
+    kprof compare --model kprof_callbacks.models:compare_setup   # torch against kprof.swap, bf16 on a GPU
 
 Its LayerNorm and GELU layers, and its loss head, are the ones ``kprof.swap`` replaces.
 """
@@ -168,3 +169,18 @@ def random_batches(
         tokens = torch.randint(cfg.vocab_size, (batch, cfg.block_size + 1), generator=gen).to(device)
         out.append((tokens[:, :-1], tokens[:, 1:]))
     return out
+
+
+def compare_setup(device: str) -> tuple[GPT, object, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``(model, step_fn, batches)`` for ``kprof compare --model kprof_callbacks.models:compare_setup``: GPT-2 small,
+    batch 8 x 512, bf16 autocast on a GPU; the tiny GPT in float32 on a CPU."""
+    cuda = str(device).startswith("cuda")
+    cfg, batch = (gpt2_small(), 8) if cuda else (tiny(), 4)
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device)
+
+    def step_fn(m: nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            return m(*data)
+
+    return model, step_fn, random_batches(cfg, 4, batch, device)

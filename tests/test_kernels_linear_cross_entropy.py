@@ -267,3 +267,25 @@ def test_compiles_fullgraph_keeping_the_kernel_with_an_automatic_impl(backend: s
         torch.testing.assert_close(got, want)
         for g, w in zip(torch.autograd.grad(got, [hidden, weight]), torch.autograd.grad(want, [hidden, weight])):
             torch.testing.assert_close(g, w)
+
+
+def test_the_operators_below_autograd_refuse_gradients_and_name_the_public_one() -> None:
+    hidden, weight, _, target = inputs(4, 8, 10, torch.float32, "cpu", bias=False)
+    hidden.requires_grad_()
+    with pytest.raises(RuntimeError, match="runs below the autograd of kprof::linear_cross_entropy, the layer's"):
+        ops.linear_cross_entropy_fwd(hidden, weight, target, None, -100, "mean", 0.0, None, [True] * 3, 0)
+    with pytest.raises(RuntimeError, match="kprof::linear_cross_entropy_backward has no autograd of its own"):
+        ops.linear_cross_entropy_backward(torch.ones(()), hidden, weight, target, None, -100, "mean", 0.0, None,
+                                          [True] * 3, 0)  # fmt: skip
+
+
+def test_kprof_compare_runs_the_gpt_with_its_loss_head_swapped(capsys: pytest.CaptureFixture) -> None:
+    """``kprof compare --model kprof_callbacks.models:compare_setup``: the GPT against kprof.swap (loss head included),
+    checked against float64."""
+    from kprof_callbacks.cli import main
+
+    model, _, _ = models.compare_setup("cpu")
+    assert isinstance(kprof.swap(model).lm_head, kernels.LinearCrossEntropy)
+    assert main(["compare", "--model", "kprof_callbacks.models:compare_setup", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "kprof.swap" in out and "FAILED" not in out
