@@ -32,6 +32,11 @@ TORCH_COLUMNS = ("eager_fp32", "eager_bf16", "compile")
 Loss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def sizes(quick: bool, largest_only: bool, shapes: str) -> list[tuple[int, int, int]]:
+    """The sizes ``kprof bench`` times: tiny with ``--quick``, the largest of ``shapes`` with ``--largest``."""
+    return QUICK_SIZES if quick else SIZES[shapes][-1:] if largest_only else SIZES[shapes]
+
+
 def _eager_fp32(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(F.linear(h, w).float(), t)
 
