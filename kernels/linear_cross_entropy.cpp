@@ -13,6 +13,8 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
 
+#include <c10/util/accumulate.h>
+
 #include <array>
 #include <cmath>
 #include <limits>
@@ -51,10 +53,10 @@ struct Args {
   Tensor hidden, weight, target;
   std::optional<Tensor> bias;
   int64_t rows, vocab;
-  int64_t ignore_index;
-  Reduction reduction;
-  double smoothing;
-  double cap;  // 0: no softcap
+  int64_t ignore_index = -100;
+  Reduction reduction = Reduction::kMean;
+  double smoothing = 0.0;
+  double cap = 0.0;  // 0: no softcap
 };
 
 void check_targets_cpu(const Args& a) {
@@ -85,11 +87,12 @@ Args args_of(const Tensor& hidden_in, const Tensor& weight_in, const Tensor& tar
   TORCH_CHECK_VALUE(smoothing >= 0.0 && smoothing <= 1.0,
                     kprof::msg(kOp, ": label_smoothing must be in [0, 1], got ", smoothing));
   TORCH_CHECK_VALUE(!softcap || *softcap > 0.0, kprof::msg(kOp, ": softcap must be > 0 or None, got ", *softcap));
-  const int64_t rows = hidden.numel() / width;
-  Args a{hidden.reshape({rows, width}), weight,       target_in.reshape({rows}).contiguous(),
-         bias,                          rows,         vocab,
-         ignore_index,                  reduction_of(reduction), smoothing,
-         softcap.value_or(0.0)};
+  const int64_t rows = c10::multiply_integers(batch);
+  Args a{hidden.reshape({rows, width}), weight, target_in.reshape({rows}).contiguous(), bias, rows, vocab};
+  a.ignore_index = ignore_index;
+  a.reduction = reduction_of(reduction);
+  a.smoothing = smoothing;
+  a.cap = softcap.value_or(0.0);
   if (!hidden.is_cuda()) check_targets_cpu(a);
   return a;
 }

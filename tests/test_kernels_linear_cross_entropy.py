@@ -289,3 +289,13 @@ def test_kprof_compare_runs_the_gpt_with_its_loss_head_swapped(capsys: pytest.Ca
     assert main(["compare", "--model", "kprof_callbacks.models:compare_setup", "--steps", "3"]) == 0
     out = capsys.readouterr().out
     assert "kprof.swap" in out and "FAILED" not in out
+
+
+def test_a_hidden_size_of_zero_gives_the_bias_logits_loss() -> None:
+    """hidden [rows, 0]: the logits are the bias alone, as F.linear gives them, and nothing divides by zero."""
+    hidden, weight = torch.randn(3, 0, requires_grad=True), torch.randn(7, 0, requires_grad=True)
+    bias, target = torch.randn(7, requires_grad=True), torch.tensor([1, 4, 6])
+    got = kernels.linear_cross_entropy(hidden, weight, target, bias)
+    want = F.cross_entropy(F.linear(hidden, weight, bias), target)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, bias)[0], torch.autograd.grad(want, bias)[0])
