@@ -66,18 +66,14 @@ def _backward_fake(
     weight: torch.Tensor,
     target: torch.Tensor,
     bias: torch.Tensor | None,
-    ignore_index: int,
-    reduction: str,
-    label_smoothing: float,
-    softcap: float | None,
-    output_mask: list[bool],
-    chunk: int,
+    *options: object,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _grads_fake(hidden, weight, bias, output_mask)
+    """``options``: the forward's ignore_index, reduction, label_smoothing, softcap, output_mask and chunk."""
+    return _grads_fake(hidden, weight, bias, options[4])
 
 
 def _grads_fake(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mask: list[bool]
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mask: object
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return (
         _empty_unless(mask[0], hidden, hidden.shape),
