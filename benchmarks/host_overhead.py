@@ -51,7 +51,11 @@ class Pair:
     kprof_call: Callable[[], torch.Tensor]
 
 
-NO_TRITON = ("torch.square -> kernels.square", "torch.add -> kernels.add")
+NO_TRITON = (
+    "torch.square -> kernels.square",
+    "torch.add -> kernels.add",
+    "F.cross_entropy(F.linear) -> kernels.linear_cross_entropy",
+)
 
 
 def pairs(device: str, grad: bool, impl: str | None = None) -> list[Pair]:
@@ -59,6 +63,7 @@ def pairs(device: str, grad: bool, impl: str | None = None) -> list[Pair]:
     [ROWS, WIDTH] inputs."""
     x, up = (torch.randn(ROWS, WIDTH, device=device, requires_grad=grad) for _ in range(2))
     b = torch.randn(WIDTH, device=device, requires_grad=grad)
+    target = torch.randint(WIDTH, (ROWS,), device=device)
     ln, rms, linear, act = (nn.LayerNorm(WIDTH), nn.RMSNorm(WIDTH), nn.Linear(WIDTH, WIDTH), nn.GELU())
     for module in (ln, rms, linear):
         module.to(device).requires_grad_(grad)
@@ -88,6 +93,11 @@ def pairs(device: str, grad: bool, impl: str | None = None) -> list[Pair]:
         Pair("F.silu(g) * u -> kernels.swiglu", lambda: F.silu(x) * up, lambda: kernels.swiglu(x, up, impl=impl)),
         Pair("torch.square -> kernels.square", lambda: torch.square(x), lambda: kernels.square(x, impl=impl)),
         Pair("torch.add -> kernels.add", lambda: torch.add(x, up), lambda: kernels.add(x, up, impl=impl)),
+        Pair(
+            "F.cross_entropy(F.linear) -> kernels.linear_cross_entropy",
+            lambda: F.cross_entropy(F.linear(x, linear.weight).float(), target),
+            lambda: kernels.linear_cross_entropy(x, linear.weight, target, impl=impl),
+        ),
     ]
     return [pair for pair in every if impl != "triton" or pair.name not in NO_TRITON]
 

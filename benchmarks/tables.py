@@ -33,6 +33,7 @@ VERSION_NAMES = {
     "python": "Python",
     "lightning": "Lightning",
     "liger_kernel": "Liger-Kernel",
+    "cut_cross_entropy": "Cut Cross-Entropy",
     "numpy": "numpy",
     "msgspec": "msgspec",
     "kprof_callbacks": "kprof",
@@ -154,6 +155,37 @@ _REAL_MODEL = (
     Col("speedup [95% CI]", "{speedup:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"),
     _t("verdict", "{verdict}"),
     _t("check (no `tol=`)", "{check}"),
+)
+
+# real_model.py's rows since its bare loops: each variant's own time and peak, and compare's interval.
+_REAL_MODEL_BARE = (
+    _t("mode", "{mode}"),
+    _t("variant", "{variant}"),
+    Col("bare loop ms/step", "{bare_ms:.2f}"),
+    Col("× torch (bare loop)", "{bare_x:.3f}"),
+    Col("peak GiB", "{peak_gib:.2f}"),
+    Col("compare ms/step", "{kprof_ms:.2f}"),
+    Col("compare × torch [95% CI]", "{speedup:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"),
+    _t("verdict", "{verdict}"),
+    Col("compare / bare loop (torch)", "{harness_x:.3f}"),
+    _t("check (no `tol=`)", "{check}"),
+)
+
+_LOSS = (
+    _t("tokens × hidden × vocab", "{shape}"),
+    Col("kprof ms", "{ms:.3f}"),
+    Col("eager fp32 logits ms", "{eager_fp32_ms:.3f}"),
+    Col("eager bf16 logits ms", "{eager_bf16_ms:.3f}"),
+    Col("compile ms", "{compile_ms:.3f}"),
+    Col("Liger ms", "{liger_ms:.3f}"),
+    Col("CCE ms", "{cce_ms:.3f}"),
+    Col("kprof × best torch", "{best_torch_x:.2f}"),
+    Col("kprof × Liger", "{liger_x:.2f}"),
+    Col(
+        "peak GiB: kprof / eager fp32 / eager bf16 / compile / Liger / CCE",
+        "{peak_gib:.2f} / {eager_fp32_peak_gib:.2f} / {eager_bf16_peak_gib:.2f} / {compile_peak_gib:.2f} / "
+        "{liger_peak_gib:.2f} / {cce_peak_gib:.2f}",
+    ),
 )
 
 _KERNELS = (
@@ -305,6 +337,7 @@ TABLES: dict[str, Table] = {
         ),
     ),
     "kernels-h100": Table("kernels-h100.json", _KERNELS),
+    "kernels-loss-h100": Table("kernels_loss-h100.json", _LOSS),
     "kernels-h200": Table("kernels-h200.json", _KERNELS),
     "kernels-gpt-h200": Table("kernels-gpt-h200.json", _KERNELS),
     "gemm_floor": Table(
@@ -336,7 +369,7 @@ TABLES: dict[str, Table] = {
             _t("dispatches to", "{dispatches}"),
         ),
     ),
-    "real_model": Table("real_model-h100.json", _REAL_MODEL),
+    "real_model": Table("real_model-h100.json", _REAL_MODEL_BARE),
     "real_model-h200": Table("real_model-h200.json", _REAL_MODEL),
     "real_model_compile-h200": Table("real_model_compile-h200.json", _REAL_MODEL),
     "mfu": Table(

@@ -136,42 +136,47 @@ at::Tensor recorded(at::Tensor out, const char* name, Backward<kSaved, Consts> b
 inline void no_autograd_of_its_own(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
   for (auto it = stack->end() - n; it != stack->end(); ++it) {
-    TORCH_CHECK(!(at::GradMode::is_enabled() && it->isTensor() && it->toTensor().requires_grad()),
-                kprof::msg(op.schema().name(), " has no autograd of its own: it is the forward that the layer's ",
-                           "operator differentiates (kprof::layer_norm, kprof::rms_norm); call that to get gradients"));
+    if (!(at::GradMode::is_enabled() && it->isTensor() && it->toTensor().requires_grad())) continue;
+    const std::string& name = op.schema().name();  // kprof::<layer>_fwd or kprof::<layer>_backward
+    TORCH_CHECK(false, kprof::msg(name, " has no autograd of its own: it runs below the autograd of ",
+                                  name.substr(0, name.rfind('_')), ", the layer's operator; call that to get "
+                                  "gradients"));
   }
   op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
 }
 
-// The fp32 autocast policy (torch's for layer_norm, pow, ... on CUDA), for an operator of C++ signature R(Args...):
-// every floating tensor argument on the autocast device goes to float32, then the operator runs with this autocast
-// key off. Unboxed, as torch's own autocast wrappers are (at::autocast::WrapFunction_): the arguments go straight
-// to the typed call, with no IValue stack and no list allocation per call (a boxed kernel cost the host about as
-// much as the rest of a LayerNorm forward's dispatch). One instance per operator (`kernel` is its autograd kernel);
-// `handle` is set when the kernel is registered.
-template <c10::DispatchKey Key, c10::DeviceType Device, auto& kernel,
+// An autocast policy for an operator of C++ signature R(Args...): every floating tensor argument on the autocast
+// device is cast (to float32 for the fp32 policy, torch's for layer_norm, pow, ... on CUDA; with kLowerPrecision to
+// the autocast dtype, torch's for linear and matmul), then the operator runs with this autocast key off. Unboxed, as
+// torch's own autocast wrappers are (at::autocast::WrapFunction_): the arguments go straight to the typed call, with
+// no IValue stack and no list allocation per call (a boxed kernel cost the host about as much as the rest of a
+// LayerNorm forward's dispatch). One instance per operator (`kernel` is its autograd kernel); `handle` is set when
+// the kernel is registered.
+template <c10::DispatchKey Key, c10::DeviceType Device, auto& kernel, bool kLowerPrecision,
           typename Sig = std::remove_reference_t<decltype(kernel)>>
-struct AutocastFp32;
+struct AutocastCast;
 
-template <c10::DispatchKey Key, c10::DeviceType Device, auto& kernel, typename R, typename... Args>
-struct AutocastFp32<Key, Device, kernel, R(Args...)> {
+template <c10::DispatchKey Key, c10::DeviceType Device, auto& kernel, bool kLowerPrecision, typename R,
+          typename... Args>
+struct AutocastCast<Key, Device, kernel, kLowerPrecision, R(Args...)> {
   static inline std::optional<c10::TypedOperatorHandle<R(Args...)>> handle;
 
   static R call(Args... args) {
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(Key);
-    return handle->call(at::autocast::cached_cast(at::kFloat, args, Device)...);
+    const at::ScalarType dtype = kLowerPrecision ? at::autocast::get_autocast_dtype(Device) : at::kFloat;
+    return handle->call(at::autocast::cached_cast(dtype, args, Device)...);
   }
 };
 
 // Under autocast, `op` ("kprof::<name>", whose kernels have the signature of `kernel`) behaves as the torch op it
 // replaces (`twin`, e.g. {"aten::layer_norm", ""}) does on this device: torch gives norms and pow the fp32 policy
-// where it autocasts them at all (layer_norm on CUDA; rms_norm on CUDA from torch 2.12), and nothing otherwise (gelu,
-// silu, add, and everything on the CPU follow their input). Asking torch's dispatcher which twins it autocasts keeps
-// this right across torch versions.
-template <c10::DispatchKey Key, c10::DeviceType Device, auto& kernel>
+// where it autocasts them at all (layer_norm on CUDA; rms_norm on CUDA from torch 2.12), linear the lower-precision
+// one, and nothing otherwise (gelu, silu, add follow their input). Asking torch's dispatcher which twins it autocasts
+// keeps this right across torch versions.
+template <c10::DispatchKey Key, c10::DeviceType Device, auto& kernel, bool kLowerPrecision = false>
 void autocast_like(torch::Library& m, const char* op, c10::OperatorName twin) {
   using Sig = std::remove_reference_t<decltype(kernel)>;
-  using Wrapper = AutocastFp32<Key, Device, kernel>;
+  using Wrapper = AutocastCast<Key, Device, kernel, kLowerPrecision>;
   const auto handle = c10::Dispatcher::singleton().findOp(twin);
   if (handle && handle->hasKernelForDispatchKey(Key)) {
     const std::string name = std::string("kprof::") + op;
@@ -191,12 +196,21 @@ void autocast_like(torch::Library& m, const char* op, c10::OperatorName twin) {
 // Autocast for kprof operator `op` (whose kernels have the signature of `kernel`) on both devices as torch autocasts
 // its twin, e.g. ("layer_norm", layer_norm_autograd, "aten::layer_norm", "") or ("square", square_autograd, "aten::pow",
 // "Tensor_Scalar") (torch.square is pow(x, 2)).
-#define KPROF_AUTOCAST_LIKE(op, kernel, twin, overload)                                                         \
-  TORCH_LIBRARY_IMPL(kprof, AutocastCUDA, m) {                                                                 \
-    kprof::autocast_like<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA, kernel>(m, op, {twin, overload}); \
-  }                                                                                                             \
-  TORCH_LIBRARY_IMPL(kprof, AutocastCPU, m) {                                                                  \
-    kprof::autocast_like<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU, kernel>(m, op, {twin, overload});   \
+#define KPROF_AUTOCAST_LIKE(op, kernel, twin, overload) KPROF_AUTOCAST_POLICY(op, kernel, twin, overload, false)
+
+// The same for an operator that replaces one of torch's lower-precision ops (linear): ("linear_cross_entropy",
+// linear_cross_entropy_autograd, "aten::linear", "") runs its matrix products in the autocast dtype, as F.linear would.
+#define KPROF_AUTOCAST_LOWER_PRECISION_LIKE(op, kernel, twin, overload) \
+  KPROF_AUTOCAST_POLICY(op, kernel, twin, overload, true)
+
+#define KPROF_AUTOCAST_POLICY(op, kernel, twin, overload, lower)                                              \
+  TORCH_LIBRARY_IMPL(kprof, AutocastCUDA, m) {                                                               \
+    kprof::autocast_like<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA, kernel, lower>(m, op,        \
+                                                                                             {twin, overload}); \
+  }                                                                                                           \
+  TORCH_LIBRARY_IMPL(kprof, AutocastCPU, m) {                                                                \
+    kprof::autocast_like<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU, kernel, lower>(m, op,          \
+                                                                                           {twin, overload});   \
   }
 
 #define KPROF_CAT2(a, b) a##b

@@ -67,6 +67,22 @@ struct Arg<double> {
 };
 
 template <>
+struct Arg<int64_t> {
+  int64_t value = 0;
+  bool read(PyObject* obj) {
+    if (!PyLong_CheckExact(obj)) return false;  // bool is a subclass of int: the OpOverload decides about it
+    int overflow = 0;
+    value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow != 0 || (value == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    return true;
+  }
+  int64_t get() const { return value; }
+};
+
+template <>
 struct Arg<std::optional<double>> {
   std::optional<double> value;
   bool read(PyObject* obj) {

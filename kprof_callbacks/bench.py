@@ -1,24 +1,22 @@
-"""Time kprof's kernels (square, add, GELU, bias + GELU, Linear + GELU, LayerNorm, RMSNorm, SwiGLU) and their
-Triton twins against PyTorch eager and ``torch.compile`` of the same reference, forward and forward + backward.
+"""Time kprof's kernels (square, add, GELU, bias + GELU, Linear + GELU, LayerNorm, RMSNorm, SwiGLU, and the fused
+linear + cross-entropy in ``bench_loss.py``) and their Triton twins against PyTorch eager and ``torch.compile`` of the
+same reference, forward and forward + backward.
 
-For each op and size: the median time (CUDA events, after warm-up), the bytes the op must move at least
-(each input read once, each output written once) over that time, that rate as a share of a device-to-
-device ``copy_`` moving the same bytes (measured here, the practical ceiling of a memory-bound kernel) and of the
-device's datasheet bandwidth (``peaks.py``; what published kernel benchmarks quote); the same for the Triton twin
-(``impl="triton"``, where the op has one and triton is installed); the times of PyTorch eager, ``torch.compile`` of
-the same reference and, where it has the op and is installed (``pip install 'kprof-callbacks[bench]'``),
-Liger-Kernel; and each kprof kernel's speedup over the best of those three. Prints a markdown table; ``--out``
-writes JSON with the device, versions and date.
+For each op and size: the median time (CUDA events, after warm-up), the bytes the op must move at least (each input
+read once, each output written once) over that time, that rate as a share of a device-to-device ``copy_`` moving the
+same bytes (measured here, the practical ceiling of a memory-bound kernel) and of the device's datasheet bandwidth
+(``peaks.py``); the same for the Triton twin (``impl="triton"``, where the op has one and triton is installed); the
+times of PyTorch eager, ``torch.compile`` of the same reference and, where it has the op and is installed (``pip
+install 'kprof-callbacks[bench]'``), Liger-Kernel; and each kprof kernel's speedup over the best of those three.
+Prints markdown tables; ``--out`` writes JSON with the device, versions and date.
 
     kprof bench [--quick] [--check] [--no-compile] [--no-triton] [--largest] [--shapes full|gpt]
-                [--ops gelu,bias_gelu] [--out r.json]
-    python benchmarks/kernels.py ...      (the same)
+                [--ops gelu,bias_gelu,linear_cross_entropy] [--out r.json]      (or python benchmarks/kernels.py)
 
-``--quick`` runs small sizes on the CPU in seconds (CI smoke), without Triton columns: on the CPU the Triton kernels
-only run in Triton's interpreter, which times Python, not kernels. ``--check`` runs every kernel (and Triton twin,
-where it can run: on CUDA, or on the CPU under TRITON_INTERPRET=1) forward and backward once on small odd shapes and
-compares with float64 (run it under compute-sanitizer). Progress (kernel builds, each row as it is measured) goes to
-stderr; the table is printed to stdout in one piece at the end.
+``--quick`` runs small sizes on the CPU in seconds (CI smoke), without Triton columns (on the CPU they run in
+Triton's interpreter, which times Python). ``--check`` runs every kernel (and Triton twin, on CUDA or under
+TRITON_INTERPRET=1) forward and backward once on small odd shapes against float64 (run it under compute-sanitizer).
+Progress goes to stderr; the tables go to stdout in one piece at the end.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 import kprof_callbacks as kprof
-from kprof_callbacks import kernels, peaks
+from kprof_callbacks import bench_loss, kernels, peaks
 from kprof_callbacks.kernels import _triton
 from kprof_callbacks.progress import Progress, ProgressArg
 
@@ -63,23 +61,17 @@ class Op:
         return (None, "triton") if triton and self.triton else (None,)
 
 
-def _one(shape, dtype, device):
-    return [torch.randn(shape, dtype=dtype, device=device)]
+def _inputs(full: int, rows: int = 0) -> Callable[[tuple[int, ...], torch.dtype, str], Inputs]:
+    """Inputs of ``full`` tensors of the size's shape, then ``rows`` of its last dimension (a bias, a norm's weight)."""
+
+    def make(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> Inputs:
+        sizes = [shape] * full + [shape[-1:]] * rows
+        return [torch.randn(size, dtype=dtype, device=device) for size in sizes]
+
+    return make
 
 
-def _two(shape, dtype, device):
-    return [torch.randn(shape, dtype=dtype, device=device) for _ in range(2)]
-
-
-def _with_bias(shape, dtype, device):
-    return [torch.randn(shape, dtype=dtype, device=device), torch.randn(shape[-1], dtype=dtype, device=device)]
-
-
-def _weight_bias(shape, dtype, device):
-    return [
-        torch.randn(shape, dtype=dtype, device=device),
-        *(torch.randn(shape[-1], dtype=dtype, device=device) for _ in range(2)),
-    ]
+_one, _two, _with_bias, _weight_bias = _inputs(1), _inputs(2), _inputs(1, 1), _inputs(1, 2)
 
 
 def _linear(shape, dtype, device):
@@ -407,48 +399,55 @@ def run(
     shapes of every family; "gpt": the layers' shapes in GPT-2 small and medium), with their Triton twins when
     ``triton`` and they can run here; the exit status of ``kprof bench``."""
     names = [n for n in ops.split(",") if n]
-    unknown = sorted(set(names) - {op.name for op in OPS})
-    if unknown:
-        raise ValueError(f"--ops: unknown op(s) {unknown}; known: {','.join(op.name for op in OPS)}")
-    chosen = [op for op in OPS if not names or op.name in names]
+    known = [op.name for op in OPS] + [bench_loss.NAME]
+    if set(names) - set(known):
+        raise ValueError(f"--ops: unknown op(s) {sorted(set(names) - set(known))}; known: {','.join(known)}")
+    if shapes not in SHAPES:
+        raise ValueError(f"--shapes must be one of {tuple(SHAPES)}, got {shapes!r}")
+    chosen, loss = [op for op in OPS if not names or op.name in names], not names or bench_loss.NAME in names
     device = "cuda" if torch.cuda.is_available() and not quick else "cpu"
-    if triton:
-        why_not = (
-            "on the CPU the Triton kernels run in Triton's interpreter, which times Python, not kernels"
-            if device == "cpu" and not check_only
-            else _triton.unavailable(device)
-        )
-        if why_not:
-            print(f"[kprof bench] no Triton {'checks' if check_only else 'columns'}: {why_not}", file=sys.stderr)
-        triton = why_not is None
+    triton = triton and _triton_runs(device, check_only)
     if check_only:
-        return 0 if check(chosen, device, triton) else 1
+        return 0 if check(chosen, device, triton) & (not loss or bench_loss.check(device)) else 1
     if device == "cuda" and liger_version() is None:
         print("[kprof bench] no Liger-Kernel columns: pip install 'kprof-callbacks[bench]'", file=sys.stderr)
     if device == "cpu" and not quick:
         raise ValueError("no CUDA device: use --quick (CPU smoke run) or --check")
     env = environment(device)
+    record: dict = {**env, "rows": []}
 
-    def save(rows: list[dict]) -> None:
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({**env, "rows": rows}, indent=1))
+    def save(key: str) -> Callable[[list[dict]], None]:
+        def write(done: list[dict]) -> None:  # after each row, so a cut-short run keeps its rows
+            record[key] = list(done)
+            if out is not None:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(record, indent=1))
 
-    if shapes not in SHAPES:
-        raise ValueError(f"--shapes must be one of {tuple(SHAPES)}, got {shapes!r}")
+        return write
+
     sizes = QUICK_SIZES if quick else largest(SHAPES[shapes]) if largest_only else SHAPES[shapes]
-    rows = run_benchmarks(
-        chosen,
-        sizes,
-        device,
-        compile_ref=compile_ref and not quick,
-        triton=triton,
-        warmup=2 if quick else 10,
-        iters=5 if quick else 50,
-        on_row=save,
-        progress=sys.stderr.isatty(),
-    )
+    warmup, iters, compiled = (2, 5, False) if quick else (10, 50, compile_ref)
+    rows = run_benchmarks(chosen, sizes, device, compiled, triton, warmup, iters, save("rows"), sys.stderr.isatty())
+    loss_sizes = bench_loss.sizes(quick, largest_only, shapes)
+    loss_rows = bench_loss.run_rows(loss_sizes, device, compiled, warmup, iters, save("loss_rows")) if loss else []
     liger_note = f", Liger-Kernel {env['liger_kernel']}" if env["liger_kernel"] else ""
     print(f"# kprof kernels on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}{liger_note}, {env['date']})\n")
-    print("\n".join([TABLE_HEADER, *map(format_row, rows)]), flush=True)
+    for header, fmt, table in (
+        (TABLE_HEADER, format_row, rows),
+        (bench_loss.TABLE_HEADER, bench_loss.format_row, loss_rows),
+    ):
+        if table:
+            print("\n".join([header, *map(fmt, table), ""]), flush=True)
     return 0
+
+
+def _triton_runs(device: str, check_only: bool) -> bool:
+    """Whether the Triton twins run (or are checked) here; why not on stderr."""
+    why_not = (
+        "on the CPU the Triton kernels run in Triton's interpreter, which times Python, not kernels"
+        if device == "cpu" and not check_only
+        else _triton.unavailable(device)
+    )
+    if why_not:
+        print(f"[kprof bench] no Triton {'checks' if check_only else 'columns'}: {why_not}", file=sys.stderr)
+    return why_not is None

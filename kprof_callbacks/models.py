@@ -1,15 +1,16 @@
 """A nanoGPT-style GPT to try features on a real model: token + position embeddings, pre-LayerNorm blocks of causal
 self-attention (``F.scaled_dot_product_attention``) and an MLP (Linear -> nn.GELU -> Linear), a final LayerNorm and
-an lm_head tied to the token embedding, initialised as nanoGPT does.
+an lm_head tied to the token embedding (``LMHead``, which also computes the loss), initialised as nanoGPT does.
 
     cfg = models.tiny()                      # 2 layers, 64 wide, vocab 128, 32 tokens: CPU tests
     cfg = models.gpt2_small()                # 12 x 768, vocab 50304, 512 tokens: 124M parameters, benchmarks
     model = models.GPT(cfg)
     loss = model(idx, targets)               # logits = model(idx)
     batches = models.random_batches(cfg, n=8, batch=4, device="cpu")   # [(idx, targets), ...]
+    kprof compare --model kprof_callbacks.models:compare_setup   # torch against kprof.swap, bf16 on a GPU
 
-Its LayerNorm and GELU layers are the ones ``kprof.swap`` replaces. ``extra_work`` and ``rank_ms`` are what the
-multi-rank examples use to make one rank a straggler (``--straggler 2:20``).
+Its LayerNorm and GELU layers, and its loss head, are the ones ``kprof.swap`` replaces. ``extra_work`` and ``rank_ms``
+are what the multi-rank examples use to make one rank a straggler (``--straggler 2:20``).
 """
 
 from __future__ import annotations
@@ -108,6 +109,19 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class LMHead(nn.Linear):
+    """The output layer and its loss: ``head(x)`` gives the logits (an ``nn.Linear`` without bias, whose weight GPT
+    ties to the token embedding); ``head(x, targets)`` the mean cross-entropy of those logits over every token, as
+    nanoGPT computes it (under bf16 autocast, on bf16 logits upcast to float32). ``kprof.swap`` replaces it with
+    ``kernels.LinearCrossEntropy``, which computes the same loss without holding the logits."""
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        logits = super().forward(x)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+
+
 class GPT(nn.Module):
     """The GPT of ``cfg``: ``model(idx)`` gives logits [batch, tokens, vocab]; ``model(idx, targets)`` the mean
     next-token cross-entropy loss (a scalar), the form ``kprof.compare``'s step functions return."""
@@ -122,7 +136,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = LMHead(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT-2
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
@@ -144,10 +158,7 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return self.lm_head(self.ln_f(x), targets)
 
 
 def random_batches(
@@ -184,3 +195,18 @@ def extra_work(device: torch.device, ms: float) -> None:
     deadline = time.perf_counter() + ms / 1000.0
     while time.perf_counter() < deadline:
         x = x @ x
+
+
+def compare_setup(device: str) -> tuple[GPT, object, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``(model, step_fn, batches)`` for ``kprof compare --model kprof_callbacks.models:compare_setup``: GPT-2 small,
+    batch 8 x 512, bf16 autocast on a GPU; the tiny GPT in float32 on a CPU."""
+    cuda = str(device).startswith("cuda")
+    cfg, batch = (gpt2_small(), 8) if cuda else (tiny(), 4)
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device)
+
+    def step_fn(m: nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            return m(*data)
+
+    return model, step_fn, random_batches(cfg, 4, batch, device)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from torch import nn
 
 from .checks import check_bool
+from .models import LMHead
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ DEFAULT_LAYERS: dict[type[nn.Module], str] = {
     nn.GELU: "GELU",
     nn.LayerNorm: "LayerNorm",
     nn.RMSNorm: "RMSNorm",
+    LMHead: "LinearCrossEntropy",  # the output layer and loss of kprof's GPT (models.py): the fused loss
 }
 
 Factory = Callable[[nn.Module], nn.Module]
@@ -123,8 +125,12 @@ def swap(
 
 
 def _type_name(cls: type) -> str:
-    """``nn.GELU`` / ``kernels.GELU`` for the two libraries' layers, the qualified name otherwise."""
-    for prefix, short in (("torch.nn.", "nn"), ("kprof_callbacks.kernels", "kernels")):
+    """``nn.GELU`` / ``kernels.GELU`` / ``models.LMHead`` for the libraries' layers, the qualified name otherwise."""
+    for prefix, short in (
+        ("torch.nn.", "nn"),
+        ("kprof_callbacks.kernels", "kernels"),
+        ("kprof_callbacks.models", "models"),
+    ):
         if cls.__module__.startswith(prefix):
             return f"{short}.{cls.__name__}"
     return f"{cls.__module__}.{cls.__qualname__}"

@@ -75,6 +75,26 @@ def operator_samples(device: str, dtype: torch.dtype, prefix: str = "") -> list[
         ("rms_norm", (r(3, n), [n], r(n), 1e-3)),
         ("rms_norm_fwd", (x.detach(), [n], r(n, grad=False), None)),
         ("rms_norm_backward", (r(3, 5), x, r(n), rms, 1e-6)),
+        *linear_cross_entropy_samples(r, device),
+    ]
+
+
+def linear_cross_entropy_samples(r, device: str) -> list[tuple[str, tuple]]:
+    """The fused loss's operators: each reduction, bias, label smoothing, softcap, and one chunk per row; the forward
+    with gradients (the fused path) and without, and the recomputing backward, on inputs that need no grad."""
+    h, w, b = r(2, 3, 5), r(11, 5), r(11)
+    t = torch.tensor([[0, 10, -100], [4, 2, 7]], device=device)
+    fixed = [v.detach() for v in (h, w, b)]
+    return [
+        ("linear_cross_entropy", (h, w, t, b, -100, "mean", 0.0, None)),
+        ("linear_cross_entropy", (h, w, t.clamp(min=0), None, 2, "sum", 0.1, 3.0)),
+        ("linear_cross_entropy", (h, w, t, b, -100, "none", 0.0, None)),
+        ("linear_cross_entropy_fwd", (*fixed[:2], t, fixed[2], -100, "mean", 0.1, 2.0, [True, True, True], 1)),
+        ("linear_cross_entropy_fwd", (*fixed[:2], t, None, -100, "none", 0.0, None, [False, False, False], 0)),
+        (
+            "linear_cross_entropy_backward",
+            (r(2, 3, grad=False), *fixed[:2], t, fixed[2], -100, "none", 0.0, None, [True, False, True], 1),
+        ),
     ]
 
 

@@ -1,6 +1,7 @@
 """The benchmark scripts run end to end in their tiny --quick mode, so they cannot rot between GPU runs."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -206,7 +207,7 @@ def test_host_overhead_quick_times_every_layer_with_the_impl_asked_for(capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "->" in line]
     assert "kprof impl='torch'" in out and len(rows) == 2 * len(host_overhead.pairs("cpu", False))
-    assert len(host_overhead.pairs("cpu", False, "triton")) == len(host_overhead.pairs("cpu", False)) - 2
+    assert len(host_overhead.pairs("cpu", False, "triton")) == len(host_overhead.pairs("cpu", False)) - 3
     with pytest.raises(SystemExit):  # Triton's host time only means something on CUDA
         host_overhead.main(["--quick", "--device", "cpu", "--impl", "triton"])
 
@@ -289,3 +290,39 @@ def test_multi_gpu_keeps_nvlink_multicast_off_in_every_child(tmp_path, monkeypat
     assert len(seen) == len(multi_gpu.runs(True, tmp_path))
     assert all(e["NCCL_NVLS_ENABLE"] == "0" and e["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" for e in seen)
     assert "failed: exit 1: no such GPU" in capsys.readouterr().out
+
+
+def test_loss_bench_rows_time_every_contender_that_runs_and_check_against_float64(capsys):
+    """kprof bench's fused-loss rows on the CPU: kprof and both eager losses timed (compile off, Liger and CCE are
+    CUDA only), the speedup over the faster eager loss, a table row per size with the header's cells; --check passes."""
+    from kprof_callbacks import bench_loss
+
+    seen = []
+    rows = bench_loss.run_rows([(64, 16, 301)], "cpu", False, 1, 2, lambda done: seen.append(len(done)))
+    (row,) = rows
+    assert seen == [1] and row["shape"] == [64, 16, 301] and row["ms"] > 0
+    assert row["eager_fp32_ms"] > 0 and row["eager_bf16_ms"] > 0 and math.isnan(row["liger_ms"])
+    assert row["best_torch_x"] == min(row["eager_fp32_ms"], row["eager_bf16_ms"]) / row["ms"]
+    cells = bench_loss.format_row(row).split("|")[1:-1]
+    assert len(cells) == len(bench_loss.TABLE_HEADER.splitlines()[0].split("|")[1:-1])
+    assert bench_loss.check("cpu")
+    assert "FAIL" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_real_model_quick_times_bare_loops_and_checks_training(tmp_path):
+    """benchmarks/real_model.py on the tiny GPT: torch, torch with bf16 logits and the swapped model, each as a bare
+    loop and through compare, and the training check, written with its provenance."""
+    out = tmp_path / "real.json"
+    done = subprocess.run(
+        [sys.executable, str(RUN_ALL.parent / "real_model.py"), "--quick", "--modes", "bf16", "--train-check", "4",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert [r["variant"] for r in record["rows"]] == ["torch", "torch-bf16-logits", "kprof"]
+    assert all(r["bare_ms"] > 0 and r["kprof_ms"] > 0 for r in record["rows"])
+    assert record["rows"][0]["harness_x"] == record["rows"][0]["kprof_ms"] / record["rows"][0]["bare_ms"]
+    assert record["training"]["tracks"] and len(record["training"]["loss"]["kprof"]) == 4
+    assert record["command"].startswith("python benchmarks/real_model.py --quick")

@@ -25,7 +25,7 @@ from kernel_checks import (
     poisoned_outputs,
 )
 
-LIBRARIES = ("add", "gelu", "square", "swiglu", "layernorm", "rmsnorm")
+LIBRARIES = ("add", "gelu", "square", "swiglu", "layernorm", "rmsnorm", "linear_cross_entropy")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -72,6 +72,11 @@ GRAPH_NODES = {
     "kprof::SwigluBackward": (lambda x, w: kernels.swiglu(x, x * 3), 2),
     "kprof::LayerNormBackward": (lambda x, w: kernels.layer_norm(x, 5, w, w * 2), 3),
     "kprof::RMSNormBackward": (lambda x, w: kernels.rms_norm(x, 5, w), 2),
+    # reduction "none" saves its inputs and recomputes; with "mean" the node holds the gradients themselves
+    "kprof::LinearCrossEntropyBackward": (
+        lambda x, w: kernels.linear_cross_entropy(x, torch.outer(w, w), torch.tensor([0, 4, 2]), reduction="none"),
+        3,
+    ),
 }
 
 
@@ -185,6 +190,7 @@ def autocast_pairs(x: torch.Tensor) -> dict[str, tuple]:
     """(torch call, kprof call) per layer on activations x; parameters float32, as a model's stay under autocast."""
     n = x.shape[-1]
     w, b = torch.randn(n, device=x.device), torch.randn(n, device=x.device)
+    head, target = torch.randn(7, n, device=x.device), torch.randint(7, x.shape[:-1], device=x.device)
     return {
         "square": (lambda: torch.square(x), lambda: kernels.square(x)),
         "add": (lambda: torch.add(x, x), lambda: kernels.add(x, x)),
@@ -193,6 +199,10 @@ def autocast_pairs(x: torch.Tensor) -> dict[str, tuple]:
         "swiglu": (lambda: F.silu(x) * x, lambda: kernels.swiglu(x, x)),
         "layer_norm": (lambda: F.layer_norm(x, (n,), w, b), lambda: kernels.layer_norm(x, n, w, b)),
         "rms_norm": (lambda: F.rms_norm(x, (n,), w), lambda: kernels.rms_norm(x, n, w)),
+        "linear_cross_entropy": (
+            lambda: F.cross_entropy(F.linear(x, head), target),
+            lambda: kernels.linear_cross_entropy(x, head, target),
+        ),
     }
 
 
