@@ -138,6 +138,7 @@ class Session:
         self._scalars: scalars.EventFile | None = None
         self._state = "new"
         self._interrupt: KeyboardInterrupt | None = None  # Ctrl-C caught inside torch's step, raised once it is done
+        self._thread: threading.Thread | None = None  # the thread that started profiling: torch records its steps
         self._activities: list[ProfilerActivity] = []
         self.run_dir: Path | None = None
         self._nvtx = config.nvtx and torch.cuda.is_available()
@@ -204,6 +205,7 @@ class Session:
         """Check the arguments, end the step's time, and do the session's bookkeeping (timed as its own)."""
         if self._state != "running":
             raise RuntimeError(f"Session.step() called on a session that is {self._state}; use it inside `with`")
+        self._check_thread("step")
         if samples is not None and (
             not isinstance(samples, numbers.Integral) or isinstance(samples, bool) or samples < 0
         ):
@@ -260,6 +262,7 @@ class Session:
         """
         if not isinstance(name, str) or not name or not name.isprintable() and not _encodes(name):
             raise ValueError(f"region name must be a non-empty str that UTF-8 can encode, got {name!r}")
+        self._check_thread("region")
         if not (self.recording or self._nvtx):
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
@@ -289,6 +292,7 @@ class Session:
     def _toggle(self, enable: bool, activities: list[ProfilerActivity] | None) -> None:
         if self._prof is None:
             return
+        self._check_thread("resume" if enable else "pause")
         if not hasattr(self._prof, "toggle_collection_dynamic"):
             raise NotImplementedError(
                 f"pause/resume need torch.profiler.toggle_collection_dynamic (torch {torch.__version__} lacks it)"
@@ -300,6 +304,7 @@ class Session:
     def arm(self, reason: str = "manual") -> bool:
         """Capture the next steps (warm-up + ``active``) now, whatever the trigger; False if one is running or the
         session is not running."""
+        self._check_thread("arm")
         return self._state == "running" and self._prof is not None and self._plan.arm(self.steps + 1, reason)
 
     def flush(self, timeout: float | None = None) -> None:
@@ -393,6 +398,7 @@ class Session:
         if on_main_thread and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self._mark_steps_only_in_windows(0)
+        self._thread = threading.current_thread()
         self._prof.__enter__()
 
     def _undo_start(self) -> None:
@@ -449,6 +455,16 @@ class Session:
             self._raise_interrupt()
 
     # -- internals ---------------------------------------------------------------------------------------------
+    def _check_thread(self, call: str) -> None:
+        """RuntimeError unless this is the thread that started profiling: torch.profiler steps and records the thread
+        it was started on, and a step from another one was lost (or crashed the export, from two at once)."""
+        here = threading.current_thread()
+        if self._thread is not None and here is not self._thread:
+            raise RuntimeError(
+                f"kprof: Session.{call}() called on thread {here.name!r}, but the session was started on thread "
+                f"{self._thread.name!r}: call step(), region(), arm() and pause() on the thread that entered it"
+            )
+
     def _on_sigterm(self, signum: int, frame) -> None:
         """SIGTERM where the program had no handler: finish the trace writes already queued (bounded), then die
         of SIGTERM as it would have. The window being recorded is lost. A handler chaining ours decides itself."""
