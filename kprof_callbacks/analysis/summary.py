@@ -46,6 +46,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class Unreadable(ValueError):
+    """No file of a run could be read: the message names each file and why (``problems``)."""
+
+    def __init__(self, message: str, problems: list[Problem]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
 @dataclasses.dataclass(eq=False)
 class Summary:
     """What a run's traces say: per-step breakdown, top operators, kernels, labels, ranks, findings."""
@@ -286,8 +294,10 @@ def _guarded(path: Path, work: Callable[[], _FileResult]) -> _FileResult | Probl
     """``work()``, or the Problem that says why the file could not be used."""
     try:
         return work()
-    except (TraceError, WorkerError) as exc:
+    except TraceError as exc:
         return Problem(path, str(exc))
+    except WorkerError as exc:
+        return Problem(path, str(exc), transient=True)
     except Exception as exc:  # a file no check foresaw: it is a problem of that file, never of the whole run
         log.debug("analyzing %s failed", path, exc_info=True)
         return Problem(path, f"could not be analyzed ({type(exc).__name__}: {exc}); please report it")
@@ -419,7 +429,8 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     for problem in problems:
         log.warning("%s", problem)
     if not results:
-        raise ValueError(f"nothing readable in {name}: " + ("; ".join(map(str, problems)) or "no trace files"))
+        why = "; ".join(map(str, problems)) or "no trace files"
+        raise Unreadable(f"nothing readable in {name}: {why}", problems)
 
     workers: dict[tuple, ranks.Worker] = {}
     for r in results:
