@@ -9,6 +9,7 @@ Every other front door (the Lightning callback, ``compare``, the CLI) drives thi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import math
@@ -146,9 +147,24 @@ class Session:
             warnings.warn(
                 "kprof: nvtx=True needs a CUDA device; no NVTX ranges will be emitted", RuntimeWarning, stacklevel=3
             )
+        self._off = "profiling was disabled (enabled=False or KPROF=0): nothing was recorded"
+        self._own_folder = continues is None or continues.run_dir is None  # claimed here: given back if start fails
         if config.enabled:
-            earlier = None if continues is None else continues.run_dir
-            self.run_dir = earlier or layout.make_run_dir(config.logdir, config.run)
+            try:
+                self.run_dir = None if self._own_folder else continues.run_dir
+                self.run_dir = self.run_dir or layout.make_run_dir(config.logdir, config.run)
+            except OSError as exc:
+                if exc.errno not in layout.DISK_FULL:
+                    raise
+                self._off = f"the disk was full when the session started ({exc.strerror}): nothing was recorded"
+                warnings.warn(
+                    f"kprof: {config.logdir}: {exc.strerror} when the session started; training continues without "
+                    "profiling",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                self.config = config = dataclasses.replace(config, enabled=False)
+        if config.enabled:
             self._activities = _usable_activities(config.resolved_activities())
         self._plan = _Plan(config, self._may_capture)
         self._trigger = make_trigger(config, self.arm, self._timer.reader(), self.run_dir) if config.enabled else None
@@ -318,9 +334,7 @@ class Session:
         from .analysis import Summary, summarize
 
         if self.run_dir is None:
-            return Summary.empty(
-                self.config.run or "disabled", "profiling was disabled (enabled=False or KPROF=0): nothing was recorded"
-            )
+            return Summary.empty(self.config.run or "disabled", self._off)
         self.flush()
         return summarize(self.run_dir)
 
@@ -340,6 +354,7 @@ class Session:
             with _START:
                 if Session._active is not None or torch_compat.profiler_enabled():
                     self._state = "failed"
+                    self._give_back_folder()
                     raise RuntimeError(
                         "another profiler is already running in this process (a kprof session, torch.profiler, or "
                         "Lightning's profiler='pytorch'); torch can run only one at a time"
@@ -417,7 +432,13 @@ class Session:
             self._writer.close(1.0)
         if self._probe is not None:
             self._probe.close()
+        self._give_back_folder()
         Session._active = None
+
+    def _give_back_folder(self) -> None:
+        """A session that could not start leaves no claimed folder behind (the next one would be ``<run>-2``)."""
+        if self._own_folder and self.run_dir is not None:
+            layout.release_run_dir(self.run_dir)
 
     def stop(self, exception: BaseException | None = None) -> None:
         """Stop profiling and finish the trace writes (what ``with`` does on exit); ``exception`` is what ended
