@@ -144,7 +144,7 @@ class Summary:
     def from_dict(cls, data: dict[str, Any]) -> Summary:
         """The Summary `to_dict` wrote (parsed JSON): every table, the findings and the per-step rows; its call
         stacks and scalar series stay with the trace files."""
-        saved.check_version(data)
+        saved.check(data)
 
         def rows(row: type, items: Iterable[dict[str, Any]]) -> list[Any]:
             names = {f.name for f in dataclasses.fields(row)}
