@@ -426,6 +426,8 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     problems += [r for r in analyzed if isinstance(r, Problem)]
     results = [r for r in analyzed if not isinstance(r, Problem)]
     files = [p for p, r in zip(found.traces, analyzed) if not isinstance(r, Problem)]
+    cut, ended = ranks.ended_early([(r.rank, r.times) for r in results])
+    results = [_without_last_step(r) if i in cut else r for i, r in enumerate(results)]
     for problem in problems:
         log.warning("%s", problem)
     if not results:
@@ -450,6 +452,7 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     comm_rows, fsdp_rows = [c for r in results for c in r.comm.rows], [f for r in results for f in r.comm.fsdp]
     found_all = diagnostics.diagnose(step_rows, rank_rows, evidence, per_step, fsdp=bool(fsdp_rows))
     found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu) + ranks.findings(rank_rows, skew)
+    found_all += ended
     ends: dict[str, list[int]] = {}
     for r in results:
         ends.setdefault(r.worker, []).extend(s.step for s in r.times.rows[-1:])
@@ -486,6 +489,13 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
         fsdp=fsdp_rows,
         _stacks=[r.stack for r in results],
     )
+
+
+def _without_last_step(r: _FileResult) -> _FileResult:
+    """``r`` less its last step (one cut in mid-step) in the step tables and the per-step rows."""
+    cut = r.times.rows[-1]
+    keep = [i for i, s in enumerate(r.per_step.steps) if s is not cut]
+    return dataclasses.replace(r, times=r.times.without_last(), per_step=r.per_step.take(keep))
 
 
 def runs_of(path: str | Path) -> tuple[bool, dict[str, layout.RunContents]]:
