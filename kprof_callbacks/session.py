@@ -344,7 +344,23 @@ class Session:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.stop(exc)
+        if exc is None:
+            self._warn_if_no_window()
         return False
+
+    def _warn_if_no_window(self) -> None:
+        """A loop that ended before its schedule's first window recorded nothing: said once, with what to change."""
+        cfg = self.config
+        if self._prof is None or cfg.trigger != "schedule" or self.captures:
+            return
+        first = cfg.skip_first + cfg.wait + cfg.warmup
+        warnings.warn(
+            f"kprof: the loop ended after {self.steps} step{'s' * (self.steps != 1)}, before the schedule's first "
+            f"window (steps {first}-{first + cfg.active - 1}): nothing was recorded; run more steps or lower "
+            "skip_first, wait or warmup",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def start(self) -> Session:
         """Start profiling (what ``with`` does on entry); front doors without a ``with`` block call it directly."""
