@@ -92,13 +92,31 @@ def _resident(mb: float) -> mmap.mmap:
     return block
 
 
+@pytest.fixture
+def resident_mb(monkeypatch) -> list[float]:
+    """The resident memory the session samples, set by the test (``resident_mb[0]``, MB): on a machine short of
+    memory (a loaded GPU host swapping) the process's real RSS drops pages it holds, and a leak's rate with them."""
+    rss, held = layout.MEMORY_TAGS["rss"], [500.0]
+    sample = scalars.MemoryProbe.sample
+    monkeypatch.setattr(scalars.MemoryProbe, "sample", lambda self: {**sample(self), rss: held[0]})
+    return held
+
+
+def test_the_resident_memory_sampled_is_the_processs():
+    probe = scalars.MemoryProbe(None)
+    before = probe.sample()[layout.MEMORY_TAGS["rss"]]
+    block = _resident(64)
+    assert probe.sample()[layout.MEMORY_TAGS["rss"]] - before >= 63
+    block.close()
+    probe.close()
+
+
 @pytest.mark.parametrize("steps, mb", [(40, 2.0), (60, 4.0)])
-def test_a_clear_leak_is_found_in_a_short_run(tmp_path, steps, mb):
+def test_a_clear_leak_is_found_in_a_short_run(tmp_path, resident_mb, steps, mb):
     """2 MB a step for 40 steps, 4 MB a step for 60 (the default memory_every=5): every early step is sampled."""
-    kept = []
     with kprof.session(tmp_path, run="r", wait=steps - 2, warmup=1, active=1) as s:
         for _ in range(steps):
-            kept.append(_resident(mb))
+            resident_mb[0] += mb
             s.step()
     (message,) = _growth_findings(s.summary())
     assert f"Memory grows {mb:.2f} MB per step" in message and "the process's resident memory" in message
