@@ -150,20 +150,8 @@ class Session:
         self._off = "profiling was disabled (enabled=False or KPROF=0): nothing was recorded"
         self._own_folder = continues is None or continues.run_dir is None  # claimed here: given back if start fails
         if config.enabled:
-            try:
-                self.run_dir = None if self._own_folder else continues.run_dir
-                self.run_dir = self.run_dir or layout.make_run_dir(config.logdir, config.run)
-            except OSError as exc:
-                if exc.errno not in layout.DISK_FULL:
-                    raise
-                self._off = f"the disk was full when the session started ({exc.strerror}): nothing was recorded"
-                warnings.warn(
-                    f"kprof: {config.logdir}: {exc.strerror} when the session started; training continues without "
-                    "profiling",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                self.config = config = dataclasses.replace(config, enabled=False)
+            self.run_dir = continues.run_dir if not self._own_folder else self._claim_folder()
+            config = self.config  # profiling is off when the disk was full
         if config.enabled:
             self._activities = _usable_activities(config.resolved_activities())
         self._plan = _Plan(config, self._may_capture)
@@ -450,6 +438,24 @@ class Session:
             self._probe.close()
         self._give_back_folder()
         Session._active = None
+
+    def _claim_folder(self) -> Path | None:
+        """A run folder of this session's own (``layout.make_run_dir``); on a full disk, None and profiling off, said
+        once: a disk full at the start is a fault like one that fills mid-run, and training goes on."""
+        try:
+            return layout.make_run_dir(self.config.logdir, self.config.run)
+        except OSError as exc:
+            if exc.errno not in layout.DISK_FULL:
+                raise
+            self._off = f"the disk was full when the session started ({exc.strerror}): nothing was recorded"
+            warnings.warn(
+                f"kprof: {self.config.logdir}: {exc.strerror} when the session started; training continues without "
+                "profiling",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            self.config = dataclasses.replace(self.config, enabled=False)
+            return None
 
     def _give_back_folder(self) -> None:
         """A session that could not start leaves no claimed folder behind (the next one would be ``<run>-2``)."""

@@ -95,7 +95,7 @@ def skew_of(per_step: dict[int, dict[int, float]]) -> list[StepSkew]:
 
 def ended_early(files: list[tuple[int | None, StepTimes]]) -> tuple[set[int], list[Diagnostic]]:
     """Ranks that stopped before the others (one died half-way, or its traces were lost): the files (indices) whose
-    last step that cut in mid-step, to be left out of every average, and a warning per such rank.
+    last step the rank's end cut in mid-step, to be left out of every average, and a warning per such rank.
 
     A rank's last file is cut when another rank's trace of the same window holds more steps and goes on past its
     last one, unless the file ended with the empty range torch closes when a window stops between two steps (its
