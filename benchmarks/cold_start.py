@@ -5,7 +5,7 @@ runs), several times; the table gives the median and the range. `python -c "impo
 the reading path must not pay for it. Wall times depend on the machine's load, printed with them.
 
     python benchmarks/cold_start.py [--runs 7] [--out cold_start.json]
-    python benchmarks/cold_start.py --quick        # CI smoke: 2 runs of each
+    python benchmarks/cold_start.py --quick        # CI smoke: 1 run of each, the demo's run made in 24 steps
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from gpu_traces import timed
 TARGETS = {"help": 0.3, "summary": 1.0}
 
 
-def demo_run(folder: Path) -> Path:
-    """The run `kprof demo` writes (60 steps: two traces, ~6 MB)."""
+def demo_run(folder: Path, steps: int = 60) -> Path:
+    """The run `kprof demo` writes (60 steps: two traces, ~6 MB; the two windows end by step 24)."""
     done = subprocess.run(
-        [sys.executable, "-m", "kprof_callbacks", "demo", "--logdir", str(folder)],
+        [sys.executable, "-m", "kprof_callbacks", "demo", "--logdir", str(folder), "--steps", str(steps)],
         capture_output=True,
         text=True,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
@@ -48,12 +48,12 @@ def import_torch() -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7, help="fresh processes per command (default 7)")
-    parser.add_argument("--quick", action="store_true", help="2 runs of each (CI smoke test)")
+    parser.add_argument("--quick", action="store_true", help="1 run of each, the demo in 24 steps (CI smoke test)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
-    runs = 2 if args.quick else args.runs
+    runs = 1 if args.quick else args.runs
     with tempfile.TemporaryDirectory() as tmp:
-        run = demo_run(Path(tmp))
+        run = demo_run(Path(tmp), 24 if args.quick else 60)
         mb = sum(f.stat().st_size for f in run.glob("*.pt.trace.json*")) / 2**20
         times = {
             "help": [timed("--help")["wall_s"] for _ in range(runs)],

@@ -7,7 +7,9 @@ module only parses, and imports neither torch nor the analysis (``kprof --help``
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -55,25 +57,44 @@ class _Parser(argparse.ArgumentParser):
         return super().format_help()
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+def _at_least(low: int | None) -> Callable[[str], int]:
+    """An argument type: an integer of ASCII digits (``int`` also takes other scripts' digits) of at least ``low``."""
+
+    def integer(text: str) -> int:
+        value = int(text) if re.fullmatch(r"\s*[-+]?[0-9]+\s*", text) else None
+        if value is None or (low is not None and value < low):
+            raise argparse.ArgumentTypeError(f"must be an integer{'' if low is None else f' >= {low}'}, got {text!r}")
+        return value
+
+    return integer
+
+
+def _real(text: str, what: str) -> float:
+    """``text`` as a number written in ASCII (``float`` also takes other scripts' digits); -0 is 0."""
+    try:
+        value = float(text) + 0.0 if text.isascii() else None
+    except ValueError:
+        value = None
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
     return value
 
 
 def _fraction(text: str) -> float:
-    value = float(text)
+    value = _real(text, "between 0 and 1")
     if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text!r}")
     return value
 
 
 def _percent(text: str) -> float:
-    value = float(text)
+    value = _real(text, "a percentage >= 0")
     if not 0.0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a percentage >= 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a percentage >= 0, got {text!r}")
     return value
+
+
+_positive = _at_least(1)
 
 
 def _formats(p: argparse.ArgumentParser, what: str) -> None:
@@ -100,7 +121,7 @@ def _gate(p: argparse.ArgumentParser, against: str) -> None:
 def _demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train a small model under the profiler and print where the time went")
     p.add_argument("--logdir", default="log", help="where traces go (default: log)")
-    p.add_argument("--steps", type=int, default=60, help="training steps (default: 60)")
+    p.add_argument("--steps", type=_at_least(None), default=60, help="training steps (default: 60)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.set_defaults(func=_run_demo)
 
@@ -198,7 +219,9 @@ def _diff(sub: argparse._SubParsersAction) -> None:
 def _tensorboard(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tensorboard", help="serve LOGDIR with TensorBoard on 127.0.0.1 and print the URL")
     p.add_argument("logdir", nargs="?", default="log", help="the logdir kprof wrote (default: log)")
-    p.add_argument("--port", type=int, default=6006, help="port on 127.0.0.1 (default: 6006; 0 picks a free one)")
+    p.add_argument(
+        "--port", type=_at_least(None), default=6006, help="port on 127.0.0.1 (default: 6006; 0 picks a free one)"
+    )
     p.set_defaults(func=_run_tensorboard)
 
 
@@ -217,8 +240,8 @@ def _compare(sub: argparse._SubParsersAction) -> None:
         help="'builtin' (the demo ToyModel) or MODULE:ATTR naming a "
         "function f(device) that returns (model, step_fn, batches) (default: builtin)",
     )
-    p.add_argument("--steps", type=int, default=50, help="timed steps per variant (default: 50)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps per variant (default: 5)")
+    p.add_argument("--steps", type=_at_least(3), default=50, help="timed steps per variant (default: 50)")
+    p.add_argument("--warmup", type=_at_least(0), default=5, help="untimed warm-up steps per variant (default: 5)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--logdir", default=None, help="also profile each variant into LOGDIR/<variant>/")
     p.add_argument(
@@ -235,9 +258,9 @@ def _compare(sub: argparse._SubParsersAction) -> None:
     )
     _gate(p, "a variant's timed steps are, against the baseline's,")
     builtin = p.add_argument_group("builtin model size")
-    builtin.add_argument("--width", type=int, default=128, help="hidden width (default: 128)")
-    builtin.add_argument("--depth", type=int, default=4, help="number of blocks (default: 4)")
-    builtin.add_argument("--batch-size", type=int, default=64, help="batch size (default: 64)")
+    builtin.add_argument("--width", type=_positive, default=128, help="hidden width (default: 128)")
+    builtin.add_argument("--depth", type=_positive, default=4, help="number of blocks (default: 4)")
+    builtin.add_argument("--batch-size", type=_positive, default=64, help="batch size (default: 64)")
     p.set_defaults(func=_run_compare)
 
 
@@ -328,8 +351,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand; its exit status. Ctrl-C is 130 and a reader of the output that went away (``| head``) 141,
+    as a shell reports a process those signals end; an output that cannot be written (``> /dev/full``) is 1. Each
+    says so in one line, never a traceback."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        status = args.func(args)
+        sys.stdout.flush()  # a full or closed output fails here, not at the interpreter's exit
+    except KeyboardInterrupt:
+        print(f"kprof {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        _drop_stdout()
+        return 141
+    except OSError as exc:
+        if exc.filename is not None or exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
+            raise
+        _drop_stdout()
+        print(f"kprof {args.command}: could not write the output: {exc.strerror}", file=sys.stderr)
+        return 1
+    return status
+
+
+def _drop_stdout() -> None:
+    """Send what stdout still buffers nowhere, so that the interpreter's last flush fails no more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # a stdout without a descriptor (a test's capture)
+        pass
 
 
 if __name__ == "__main__":

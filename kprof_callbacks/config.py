@@ -7,7 +7,9 @@ when the object is built, so a typo or a bad number fails before the first train
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+import numbers
 import os
 import signal
 import warnings
@@ -19,6 +21,7 @@ from torch.profiler import ProfilerActivity
 from . import layout, peaks, torch_compat
 
 SCHEDULE_FIELDS = ("skip_first", "wait", "warmup", "active", "repeat")
+PEAK_TFLOPS = (1e-3, 1e5)  # a plausible dense peak of one device, TFLOP/s: a CPU core's to 20x the fastest GPU's
 TRIGGERS = ("schedule", "on_demand", "slow_step")
 # Environment overrides, e.g. ``KPROF_ACTIVE=5`` or ``KPROF_TRIGGER=on_demand``; ``KPROF=0`` disables profiling. A
 # variable set to nothing (``KPROF=``) counts as unset.
@@ -96,8 +99,11 @@ class ProfileConfig:
             raise ValueError(f"memory_every must be >= 0 (0: no memory scalars), got {self.memory_every}")
         if self.mfu_dtype not in peaks.DTYPES:
             raise ValueError(f"mfu_dtype must be one of {peaks.DTYPES}, got {self.mfu_dtype!r}")
-        if self.peak_tflops is not None and self.peak_tflops <= 0:
-            raise ValueError(f"peak_tflops must be > 0 or None, got {self.peak_tflops}")
+        if self.peak_tflops is not None and not PEAK_TFLOPS[0] <= self.peak_tflops <= PEAK_TFLOPS[1]:
+            raise ValueError(
+                f"peak_tflops is one device's dense peak in TFLOP/s (an H100's in bf16: 989), between "
+                f"{PEAK_TFLOPS[0]:g} and {PEAK_TFLOPS[1]:g}, or None; got {self.peak_tflops}"
+            )
         if self.max_pending_mb <= 0:
             raise ValueError(f"max_pending_mb must be > 0, got {self.max_pending_mb}")
         if self.write_timeout <= 0:
@@ -124,6 +130,7 @@ class ProfileConfig:
     def from_kwargs(cls, **kwargs) -> ProfileConfig:
         """Build from user keywords, letting ``KPROF``/``KPROF_<NAME>`` environment variables win."""
         cls._check_names(kwargs)
+        _warn_unknown_variables()
         for name, var in _ENV_INTS.items():
             if _env(var) is not None:
                 kwargs[name] = _env_int(var, low=1 if name == "active" else 0)
@@ -191,6 +198,25 @@ def _env_int(var: str, low: int) -> int:
     return value
 
 
+_OTHER_VARIABLES = ("KPROF", "KPROF_TRIGGER", "KPROF_TORCH", "KPROF_VERBOSE_BUILD")  # the set-up's and builds' too
+_WARNED: set[str] = set()
+
+
+def _warn_unknown_variables() -> None:
+    """One warning per ``KPROF_*`` variable of the environment that kprof does not read (a typo is otherwise a
+    setting silently ignored), naming the closest known one."""
+    known = (*_ENV_INTS.values(), *_OTHER_VARIABLES)
+    for var in sorted(v for v in os.environ if v.startswith("KPROF_") and v not in known and v not in _WARNED):
+        _WARNED.add(var)
+        close = difflib.get_close_matches(var, known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        warnings.warn(
+            f"kprof: the environment variable {var} is not one kprof reads{hint}; it is ignored",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
 _SWITCH = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
 
 
@@ -203,7 +229,7 @@ def _env_switch(var: str) -> bool:
         raise ValueError(f"environment variable {var} must be 1/true/on/yes or 0/false/off/no, got {raw!r}") from None
 
 
-_KINDS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+_KINDS = {"int": (numbers.Integral,), "float": (numbers.Real,), "bool": (bool,), "str": (str,)}
 
 
 def _check_types(cfg: ProfileConfig) -> None:
@@ -216,6 +242,8 @@ def _check_types(cfg: ProfileConfig) -> None:
             continue
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise TypeError(f"{f.name} must be {f.type}, got {type(value).__name__} {value!r}")
+        if type(value) not in (int, float, bool, str):  # numpy's numbers: kept as Python's
+            object.__setattr__(cfg, f.name, int(value) if f.type.startswith("int") else float(value))
     if not isinstance(cfg.logdir, (str, os.PathLike)):
         raise TypeError(f"logdir must be a str or path, got {type(cfg.logdir).__name__}")
 

@@ -6,7 +6,7 @@
         events.out.tfevents.<time_ns>.<worker>        step-time scalars (tags below)
         <worker>.memory_snapshot.pickle               CUDA allocator history (memory_snapshot=True)
         PROFILE                                       a request for an on-demand capture
-        .kprof-claim                                  which launch and session own the folder
+        .kprof-claim                                  which launch and session own the folder, and its processes
     <logdir>/compare.json                             a ``kprof.compare`` result
 
 A worker is ``<host>_<pid>``, ``rank<R>_<host>_<pid>`` in distributed jobs (torch's tensorboard_trace_handler
@@ -15,7 +15,9 @@ names workers the same way). Every file is written under a temporary name and re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import os
 import re
 import socket
@@ -137,6 +139,8 @@ def check_name(what: str, name: str) -> str:
 _SESSIONS: dict[Path, int] = {}  # run folder name -> how many sessions of this process asked for it
 _SESSIONS_LOCK = threading.Lock()
 _CLAIM_WAIT_S = 5.0  # how long a claim found empty (another rank of the launch is writing it) is re-read
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a fault of the disk, not of the path: a session then trains unprofiled
+_MEMBER = re.compile(r"^process (\d+) on (.*) \(boot ")  # a line of ``_process``
 
 
 def make_run_dir(logdir: Path, run: str | None) -> Path:
@@ -148,7 +152,8 @@ def make_run_dir(logdir: Path, run: str | None) -> Path:
     and which of this process's sessions of that name it is. Where an earlier launch, or an earlier session of this
     process (a notebook cell run twice), claimed ``logdir/run``, this session writes to the next free ``<run>-2``,
     ``<run>-3``, ... and says so on stdout, so that two runs never look like one, nor two launches like ranks of one
-    job. Every rank decides alike, without communicating.
+    job. Every rank decides alike, without communicating. A full disk raises its own OSError (``DISK_FULL``); any
+    other failure is a PermissionError that names the folder.
     """
     logdir = Path(logdir).expanduser().absolute()
     name = shared_run_name(logdir) if run is None else run
@@ -168,6 +173,8 @@ def make_run_dir(logdir: Path, run: str | None) -> Path:
                 "not a folder; pass another logdir or run="
             ) from None
         except OSError as exc:
+            if exc.errno in DISK_FULL:
+                raise
             raise PermissionError(f"kprof cannot write traces to {run_dir}: {exc.strerror or exc}") from exc
         n += 1
     if n > 1 and rank() in (None, 0):
@@ -181,19 +188,61 @@ def _file_in_the_way(path: Path) -> Path:
 
 
 def _claim(run_dir: Path, token: str) -> bool:
-    """Make ``run_dir`` the session ``token``'s unless another one has it; True when it is (now) ``token``'s."""
+    """Make ``run_dir`` the session ``token``'s unless another one has it; True when it is (now) ``token``'s.
+
+    The claim holds the token, then a line per process that took the folder. Ranks of one launch run at once, so a
+    claim of this launch whose processes have all ended is an earlier launch's that had the same token (two launches
+    one after the other from one shell script: the same launcher process)."""
     if any(run_dir.glob(CLAIM_FILE + "-*")):  # claimed rank by rank by an older kprof: an earlier launch's
         return False
-    path = run_dir / CLAIM_FILE
+    path, me = run_dir / CLAIM_FILE, _process(os.getpid())
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
-        return _read_claim(path) == token
+        owner, *members = _read_claim(path).split("\n")
+        if owner != token or (members and not any(map(_alive, members))):
+            return False
+        with open(path, "a") as claim:  # one small append: the ranks' lines never interleave
+            claim.write(f"\n{me}")
+        return True
     try:
-        os.write(fd, token.encode())
-    finally:
+        os.write(fd, f"{token}\n{me}".encode())
+    except OSError:
         os.close(fd)
+        with contextlib.suppress(OSError):  # an empty claim would hold the folder for no one
+            path.unlink()
+        raise
+    os.close(fd)
     return True
+
+
+def release_run_dir(run_dir: Path) -> None:
+    """Give back a folder this process claimed and wrote nothing to (its session could not start), so that the next
+    session gets the name rather than ``<run>-2``; a folder that holds anything else, or that another process took
+    too, is left as it is."""
+    path = run_dir / CLAIM_FILE
+    with contextlib.suppress(OSError, ValueError):
+        if [p.name for p in run_dir.iterdir()] == [CLAIM_FILE] and path.read_text().split("\n")[1:] == [
+            _process(os.getpid())
+        ]:
+            path.unlink()
+            run_dir.rmdir()
+
+
+def _alive(member: str) -> bool:
+    """Whether the process a claim's line names still runs (a zombie does not); True for one of another host."""
+    match = _MEMBER.match(member)
+    if match is None or match[2] != socket.gethostname():
+        return True
+    pid = int(match[1])
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except ProcessLookupError:
+        return False
+    except (OSError, IndexError):  # no /proc (macOS): it exists
+        state = "?"
+    return state not in ("Z", "X") and _process(pid) == member
 
 
 def _read_claim(path: Path) -> str:

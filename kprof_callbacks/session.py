@@ -9,6 +9,7 @@ Every other front door (the Lightning callback, ``compare``, the CLI) drives thi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import math
@@ -138,6 +139,7 @@ class Session:
         self._scalars: scalars.EventFile | None = None
         self._state = "new"
         self._interrupt: KeyboardInterrupt | None = None  # Ctrl-C caught inside torch's step, raised once it is done
+        self._thread: threading.Thread | None = None  # the thread that started profiling: torch records its steps
         self._activities: list[ProfilerActivity] = []
         self.run_dir: Path | None = None
         self._nvtx = config.nvtx and torch.cuda.is_available()
@@ -145,9 +147,12 @@ class Session:
             warnings.warn(
                 "kprof: nvtx=True needs a CUDA device; no NVTX ranges will be emitted", RuntimeWarning, stacklevel=3
             )
+        self._off = "profiling was disabled (enabled=False or KPROF=0): nothing was recorded"
+        self._own_folder = continues is None or continues.run_dir is None  # claimed here: given back if start fails
         if config.enabled:
-            earlier = None if continues is None else continues.run_dir
-            self.run_dir = earlier or layout.make_run_dir(config.logdir, config.run)
+            self.run_dir = continues.run_dir if not self._own_folder else self._claim_folder()
+            config = self.config  # profiling is off when the disk was full
+        if config.enabled:
             self._activities = _usable_activities(config.resolved_activities())
         self._plan = _Plan(config, self._may_capture)
         self._trigger = make_trigger(config, self.arm, self._timer.reader(), self.run_dir) if config.enabled else None
@@ -204,6 +209,7 @@ class Session:
         """Check the arguments, end the step's time, and do the session's bookkeeping (timed as its own)."""
         if self._state != "running":
             raise RuntimeError(f"Session.step() called on a session that is {self._state}; use it inside `with`")
+        self._check_thread("step")
         if samples is not None and (
             not isinstance(samples, numbers.Integral) or isinstance(samples, bool) or samples < 0
         ):
@@ -260,6 +266,7 @@ class Session:
         """
         if not isinstance(name, str) or not name or not name.isprintable() and not _encodes(name):
             raise ValueError(f"region name must be a non-empty str that UTF-8 can encode, got {name!r}")
+        self._check_thread("region")
         if not (self.recording or self._nvtx):
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
@@ -289,6 +296,7 @@ class Session:
     def _toggle(self, enable: bool, activities: list[ProfilerActivity] | None) -> None:
         if self._prof is None:
             return
+        self._check_thread("resume" if enable else "pause")
         if not hasattr(self._prof, "toggle_collection_dynamic"):
             raise NotImplementedError(
                 f"pause/resume need torch.profiler.toggle_collection_dynamic (torch {torch.__version__} lacks it)"
@@ -300,6 +308,7 @@ class Session:
     def arm(self, reason: str = "manual") -> bool:
         """Capture the next steps (warm-up + ``active``) now, whatever the trigger; False if one is running or the
         session is not running."""
+        self._check_thread("arm")
         return self._state == "running" and self._prof is not None and self._plan.arm(self.steps + 1, reason)
 
     def flush(self, timeout: float | None = None) -> None:
@@ -313,9 +322,7 @@ class Session:
         from .analysis import Summary, summarize
 
         if self.run_dir is None:
-            return Summary.empty(
-                self.config.run or "disabled", "profiling was disabled (enabled=False or KPROF=0): nothing was recorded"
-            )
+            return Summary.empty(self.config.run or "disabled", self._off)
         self.flush()
         return summarize(self.run_dir)
 
@@ -325,7 +332,23 @@ class Session:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.stop(exc)
+        if exc is None:
+            self._warn_if_no_window()
         return False
+
+    def _warn_if_no_window(self) -> None:
+        """A loop that ended before its schedule's first window recorded nothing: said once, with what to change."""
+        cfg = self.config
+        if self._prof is None or cfg.trigger != "schedule" or self.captures:
+            return
+        first = cfg.skip_first + cfg.wait + cfg.warmup
+        warnings.warn(
+            f"kprof: the loop ended after {self.steps} step{'s' * (self.steps != 1)}, before the schedule's first "
+            f"window (steps {first}-{first + cfg.active - 1}): nothing was recorded; run more steps or lower "
+            "skip_first, wait or warmup",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def start(self) -> Session:
         """Start profiling (what ``with`` does on entry); front doors without a ``with`` block call it directly."""
@@ -335,6 +358,7 @@ class Session:
             with _START:
                 if Session._active is not None or torch_compat.profiler_enabled():
                     self._state = "failed"
+                    self._give_back_folder()
                     raise RuntimeError(
                         "another profiler is already running in this process (a kprof session, torch.profiler, or "
                         "Lightning's profiler='pytorch'); torch can run only one at a time"
@@ -393,6 +417,7 @@ class Session:
         if on_main_thread and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self._mark_steps_only_in_windows(0)
+        self._thread = threading.current_thread()
         self._prof.__enter__()
 
     def _undo_start(self) -> None:
@@ -411,7 +436,31 @@ class Session:
             self._writer.close(1.0)
         if self._probe is not None:
             self._probe.close()
+        self._give_back_folder()
         Session._active = None
+
+    def _claim_folder(self) -> Path | None:
+        """A run folder of this session's own (``layout.make_run_dir``); on a full disk, None and profiling off, said
+        once: a disk full at the start is a fault like one that fills mid-run, and training goes on."""
+        try:
+            return layout.make_run_dir(self.config.logdir, self.config.run)
+        except OSError as exc:
+            if exc.errno not in layout.DISK_FULL:
+                raise
+            self._off = f"the disk was full when the session started ({exc.strerror}): nothing was recorded"
+            warnings.warn(
+                f"kprof: {self.config.logdir}: {exc.strerror} when the session started; training continues without "
+                "profiling",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            self.config = dataclasses.replace(self.config, enabled=False)
+            return None
+
+    def _give_back_folder(self) -> None:
+        """A session that could not start leaves no claimed folder behind (the next one would be ``<run>-2``)."""
+        if self._own_folder and self.run_dir is not None:
+            layout.release_run_dir(self.run_dir)
 
     def stop(self, exception: BaseException | None = None) -> None:
         """Stop profiling and finish the trace writes (what ``with`` does on exit); ``exception`` is what ended
@@ -449,6 +498,16 @@ class Session:
             self._raise_interrupt()
 
     # -- internals ---------------------------------------------------------------------------------------------
+    def _check_thread(self, call: str) -> None:
+        """RuntimeError unless this is the thread that started profiling: torch.profiler steps and records the thread
+        it was started on, and a step from another one was lost (or crashed the export, from two at once)."""
+        here = threading.current_thread()
+        if self._thread is not None and here is not self._thread:
+            raise RuntimeError(
+                f"kprof: Session.{call}() called on thread {here.name!r}, but the session was started on thread "
+                f"{self._thread.name!r}: call step(), region(), arm() and pause() on the thread that entered it"
+            )
+
     def _on_sigterm(self, signum: int, frame) -> None:
         """SIGTERM where the program had no handler: finish the trace writes already queued (bounded), then die
         of SIGTERM as it would have. The window being recorded is lost. A handler chaining ours decides itself."""

@@ -308,13 +308,24 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"wheel": wheel, "sdist": sdist}
 
 
-def dependency_dirs() -> list[str]:
-    """Where this interpreter finds its packages, the checkout left out: torch's site-packages, and any folder a
-    machine without an index adds to PYTHONPATH for the rest (msgspec, torch-tb-profiler)."""
-    checkout = REPO
-    dirs = [Path(p).resolve() for p in sys.path if p and Path(p).is_dir()]
-    keep = [d for d in dirs if d != checkout and checkout not in d.parents]
+def dependency_dirs(path: list[str] | None = None) -> list[str]:
+    """Where this interpreter finds its packages (``path``: ``sys.path``), less any folder that holds kprof's own
+    sources (the checkout): torch's site-packages, and any folder a machine without an index adds to PYTHONPATH for
+    the rest (msgspec, torch-tb-profiler), such as the GPU set-up's ``.gpu-site`` inside the checkout."""
+    dirs = [Path(p).resolve() for p in (sys.path if path is None else path) if p and Path(p).is_dir()]
+    keep = [d for d in dirs if not (d / "kprof_callbacks").exists()]
     return list(dict.fromkeys(map(str, [Path(torch.__file__).parents[1], *keep])))
+
+
+def test_the_installed_package_sees_the_dependencies_the_gpu_set_up_provides(tmp_path: Path) -> None:
+    """`make test-gpu` on an offline machine puts the wheels of .whl/ in `.gpu-site` inside the checkout, on
+    PYTHONPATH: the venv of the tests below lacked them (msgspec) because every folder inside the checkout was
+    left out with it."""
+    checkout = tmp_path / "checkout"
+    for folder in ("kprof_callbacks", "kernels", ".gpu-site/msgspec", "tests"):
+        (checkout / folder).mkdir(parents=True)
+    found = dependency_dirs([str(checkout), str(checkout / ".gpu-site"), str(checkout / "tests")])
+    assert str(checkout / ".gpu-site") in found and str(checkout) not in found
 
 
 def install_alone(dist: Path, venv: Path) -> Path:

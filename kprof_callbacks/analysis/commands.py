@@ -6,7 +6,10 @@ The analysis is imported when a command runs, not with this module, so ``kprof -
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -39,10 +42,23 @@ REGRESSION = 3  # the exit status of kprof diff --fail-if-slower (and kprof comp
 
 
 def _per_run(path: Path, run: str, many: bool) -> Path:
-    """`out.folded` -> `out.<run>.folded` when several runs are written."""
+    """`out.folded` -> `out.<run>.folded` when several runs are written; a `/` in the run's name is written `%2F` (and
+    `%` as `%25`), so that two runs never get one file (`x/y` and `x_y`)."""
     if not many:
         return path
-    return path.with_name(f"{path.stem}.{run.replace('/', '_')}{path.suffix}")
+    return path.with_name(f"{path.stem}.{run.replace('%', '%25').replace('/', '%2F')}{path.suffix}")
+
+
+def _capped(jobs: int, command: str) -> int:
+    """``--jobs``, at most the cores (said in one line): more processes than cores only share them, each holding
+    memory of its own (1,000 on 2 cores started 76 workers, 3.6 GB, and read 4x slower)."""
+    from .workers import default_jobs
+
+    cores = default_jobs()
+    if jobs <= cores:
+        return jobs
+    print(f"kprof {command}: --jobs {jobs} is more than the {cores} cores here; reading with {cores}", file=sys.stderr)
+    return cores
 
 
 def _bad_output(path: Path | None, option: str) -> str | None:
@@ -57,18 +73,44 @@ def _bad_output(path: Path | None, option: str) -> str | None:
 
 
 def _written(out: Path, write: Callable[[Path], object], command: str, what: str) -> bool:
-    """Write a report through a temporary name, so a failed write (a full disk) leaves no half file; False after
-    saying why in one line."""
-    tmp = out.with_name(out.name + ".partial")
+    """Write a report where the shell's ``>`` would: a regular file (new, or a link's target) through a temporary name
+    renamed into place, so a failed write (a full disk) leaves no half file; anything else (a FIFO, a device,
+    /dev/stdout) is opened and written in place, never replaced. False after saying why in one line."""
+    target = _rename_target(out)
+    tmp = None if target is None else target.with_name(target.name + ".partial")
     try:
-        write(tmp)
-        tmp.replace(out)
+        if tmp is None:
+            write(out)
+        else:
+            write(tmp)
+            tmp.replace(target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            with contextlib.suppress(OSError):  # a read-only file system refuses the clean-up too
+                tmp.unlink(missing_ok=True)
         print(f"kprof {command}: could not write {out}: {exc.strerror or exc}", file=sys.stderr)
         return False
     print(f"{what}: {out}", file=sys.stderr)
     return True
+
+
+def _rename_target(out: Path) -> Path | None:
+    """The regular file a report to ``out`` replaces: ``out``, or the end of its chain of links; None when the report
+    is to be written in place: ``out`` is (or leads to) something other than a regular file, or leads through /proc
+    (``/dev/stdout``, ``/dev/fd/N``: whatever the descriptor is open on)."""
+    path = Path(os.path.abspath(out))
+    for _ in range(40):  # the kernel's own limit on links followed
+        if Path(os.path.realpath(path.parent)).parts[1:2] == ("proc",):
+            return None
+        if not path.is_symlink():
+            break
+        path = Path(os.path.normpath(path.parent / os.readlink(path)))
+    try:
+        return path if stat.S_ISREG(path.stat().st_mode) else None
+    except FileNotFoundError:
+        return path
+    except OSError:
+        return None
 
 
 def run_summary(
@@ -89,6 +131,7 @@ def run_summary(
 
     keep_freed_memory()
 
+    jobs = _capped(jobs, "summary")
     bad = _bad_output(html, "--html") or _bad_output(stacks, "--stacks")
     if bad:
         print(f"kprof summary: {bad}", file=sys.stderr)
@@ -135,6 +178,7 @@ def run_diff(
 
     keep_freed_memory()
 
+    jobs = _capped(jobs, "diff")
     bad = _bad_output(html, "--html")
     try:
         for side in (a, b):

@@ -21,7 +21,7 @@ def parse_steps(spec: str) -> list[int]:
     """`2-4,7` -> [2, 3, 4, 7]: step numbers and inclusive ranges, comma-separated."""
     steps: set[int] = set()
     for part in spec.replace(" ", "").split(","):
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", part)  # ASCII digits: int() takes any script's
         if not match:
             raise ValueError(f"bad step selection {spec!r}: use numbers and ranges such as 2-4,7")
         lo, hi = int(match[1]), int(match[2] or match[1])

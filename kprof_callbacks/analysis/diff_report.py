@@ -47,7 +47,7 @@ def _side(s: Side) -> str:
 def _step_line(d: Diff) -> str:
     """The step-time verdict in one sentence, with why the mean says otherwise when it does."""
     t = d.step_time
-    pct = f"{100 * d.confidence:g}%"
+    pct = fmt.percent(d.confidence)
     times = f"{fmt.duration(t.a_median_us)} -> {fmt.duration(t.b_median_us)} (medians)"
     if t.verdict == stats.TOO_FEW:
         line = (
@@ -70,7 +70,7 @@ def _step_line(d: Diff) -> str:
 
 def interval_header(d: Diff) -> str:
     """What the rows' interval column holds: Welch's interval at the false-coverage-adjusted level."""
-    return f"{100 * d.row_confidence:.3g}% CI (FDR-adjusted)"
+    return f"{fmt.percent(d.row_confidence)} CI (FDR-adjusted)"
 
 
 def _table(d: Diff, title: str, kinds: Sequence[str], value: str, top: int, width: int) -> Table | None:
@@ -172,7 +172,7 @@ def gate(d: Diff, pct: float, top: int = HEADLINE_ROWS) -> str:
     try:
         failed = d.regressed(pct)
     except ValueError as exc:
-        return f"No verdict (limit +{pct:g}%): {exc}."
+        return f"No verdict (limit +{fmt.percent(pct / 100)}): {exc}."
     t = d.step_time
     low, high = t.change_interval
     moved = (
@@ -180,11 +180,12 @@ def gate(d: Diff, pct: float, top: int = HEADLINE_ROWS) -> str:
         if round(abs(t.change), 3)
         else "as long as A's"
     )
-    change = f"B's typical step is {moved} [{100 * d.confidence:g}% CI {low:+.1%} to {high:+.1%}]"
+    change = f"B's typical step is {moved} [{fmt.percent(d.confidence)} CI {low:+.1%} to {high:+.1%}]"
+    limit = f"limit +{fmt.percent(pct / 100)}"
     if failed:
-        return f"Regression (limit +{pct:g}%): {change}, all of the interval above the limit. {_grew(d, top)}"
+        return f"Regression ({limit}): {change}, all of the interval above the limit. {_grew(d, top)}"
     return (
-        f"No regression (limit +{pct:g}%): {change}; the gate fails only when B is significantly slower and the "
+        f"No regression ({limit}): {change}; the gate fails only when B is significantly slower and the "
         "whole interval lies above the limit."
     )
 
@@ -196,7 +197,7 @@ def _rule(d: Diff) -> str:
         "is significant when Welch's t-test passes the Benjamini-Hochberg false-discovery control across all "
         f"rows (rate {fmt.share(1 - d.confidence)}) and it exceeds the noise threshold "
         f"({fmt.share(d.noise_threshold)} of A); each row's interval is Welch's at the level that control used "
-        f"({100 * d.row_confidence:.3g}%), so it excludes 0 for the rows it kept; new and gone rows are tested on "
+        f"({fmt.percent(d.row_confidence)}), so it excludes 0 for the rows it kept; new and gone rows are tested on "
         "their calls per step"
     )
 

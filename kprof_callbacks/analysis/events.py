@@ -156,6 +156,7 @@ class Events:
     steps: np.ndarray  # (n, 3) int64: step number, host start, host end; sorted by start
     threads: list[tuple[int | str, int | str]]  # (pid, tid) of each Host.thread id
     streams: list[tuple[int | str, int | str]]  # (device, stream) of each Device.stream id
+    stopped_between_steps: bool = False  # an empty last range was dropped: the window was cut after a whole step
 
 
 def _codes(c: Columns) -> np.ndarray:
@@ -201,7 +202,7 @@ def _without_empty_last_step(tl: Events, is_step: np.ndarray) -> Events:
     starts = np.concatenate([tl.host.start[work], launch_times(tl)])
     if np.any((starts >= lo) & (starts <= hi)):
         return tl
-    return dataclasses.replace(tl, steps=tl.steps[:-1])
+    return dataclasses.replace(tl, steps=tl.steps[:-1], stopped_between_steps=True)
 
 
 def build(trace: TraceFile) -> Events:

@@ -30,6 +30,18 @@ def share(fraction: float) -> str:
     return f"{100 * fraction:.0f}%" if fraction >= 0.1 else f"{100 * fraction:.1f}%"
 
 
+def percent(fraction: float) -> str:
+    """A level or a limit as a percentage, as every report prints one: 0.95 -> `95%`, 0.999 -> `99.9%` (never
+    rounded up to `100%`), -0.0 -> `0%`."""
+    value = 100 * fraction + 0.0
+    text = f"{value:.3g}"
+    for digits in range(4, 12):
+        if float(text) != 100 or fraction >= 1:
+            break
+        text = f"{value:.{digits}g}"
+    return f"{text}%"
+
+
 def clip(text: str, width: int) -> str:
     """`text`, cut to `width` characters with `...` when longer."""
     return text if len(text) <= width else text[: width - 3] + "..."

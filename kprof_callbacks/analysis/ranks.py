@@ -93,6 +93,60 @@ def skew_of(per_step: dict[int, dict[int, float]]) -> list[StepSkew]:
     return out
 
 
+def ended_early(files: list[tuple[int | None, StepTimes]]) -> tuple[set[int], list[Diagnostic]]:
+    """Ranks that stopped before the others (one died half-way, or its traces were lost): the files (indices) whose
+    last step the rank's end cut in mid-step, to be left out of every average, and a warning per such rank.
+
+    A rank's last file is cut when another rank's trace of the same window holds more steps and goes on past its
+    last one, unless the file ended with the empty range torch closes when a window stops between two steps (its
+    last step is whole then). A rank is named when a file of it is cut, or when other ranks recorded a whole window
+    after its last step; ranks whose own triggers start windows a step apart are neither."""
+    ranked = [(i, r, t) for i, (r, t) in enumerate(files) if r is not None and t.rows and t.rows[0].step != WHOLE_TRACE]
+    last: dict[int, int] = {}
+    for _, rank, t in ranked:
+        last[rank] = max(last.get(rank, t.rows[-1].step), t.rows[-1].step)
+    if len(last) < 2:
+        return set(), []
+    cut = {i for i, rank, t in ranked if t.rows[-1].step == last[rank] and _went_on(rank, t, ranked)}
+    found = []
+    for rank, end in sorted(last.items()):
+        later = [(r, t) for _, r, t in ranked if r != rank and t.rows[-1].step > end]
+        if not (any(t.rows[0].step > end for _, t in later) or any(i in cut for i, r, _ in ranked if r == rank)):
+            continue
+        missing = fmt.ranges(s.step for _, t in later for s in t.rows if s.step > end)
+        cut_note = (
+            f"its step {end} was cut in mid-step and is left out; "
+            if any(i in cut for i, r, _ in ranked if r == rank)
+            else ""
+        )
+        found.append(
+            Diagnostic(
+                "rank_ended_early",
+                "warning",
+                f"Rank {rank} ended before the others: {cut_note}it has no trace of steps {missing}, which "
+                f"{_ranks(sorted({r for r, _ in later}))} recorded. Did it die, or were its traces lost? Its averages "
+                "cover only the steps it recorded whole.",
+            )
+        )
+    return cut, found
+
+
+def _went_on(rank: int, t: StepTimes, ranked: list[tuple[int, int, StepTimes]]) -> bool:
+    """Whether another rank's trace of the window ``t`` ends in holds more steps and goes on past ``t``'s last."""
+    if t.stopped_between_steps or len(t.rows) < 2:  # a rank keeps a step of each file
+        return False
+    end = t.rows[-1].step
+    for _, other, o in ranked:
+        steps = {s.step for s in o.rows}
+        if other != rank and end in steps and end + 1 in steps and len(o.rows) > len(t.rows):
+            return True
+    return False
+
+
+def _ranks(numbers: list[int]) -> str:
+    return f"rank {numbers[0]}" if len(numbers) == 1 else f"ranks {fmt.ranges(numbers)}"
+
+
 def host_of(worker: str) -> str:
     """The host in a worker name (`rank3_node7_4211` -> `node7`; torch's own `node7_4211` -> `node7`)."""
     return re.sub(r"_\d+$", "", re.sub(r"^rank\d+_", "", worker))

@@ -82,6 +82,19 @@ class StepTimes:
     comm_us: np.ndarray
     overlap_us: np.ndarray
     compute: iv.Intervals = dataclasses.field(repr=False, default=iv.EMPTY)  # when anything computed, all steps
+    stopped_between_steps: bool = False  # the window was cut after a whole step (``Events``): its last step is whole
+
+    def without_last(self) -> StepTimes:
+        """The same steps less the last (one a rank's death cut in mid-step)."""
+        w = self.windows
+        return dataclasses.replace(
+            self,
+            windows=Windows(w.number[:-1], w.lo[:-1], w.hi[:-1], w.start[:-1]),
+            rows=self.rows[:-1],
+            compute_us=self.compute_us[:-1],
+            comm_us=self.comm_us[:-1],
+            overlap_us=self.overlap_us[:-1],
+        )
 
 
 def windows(tl: Events) -> Windows:
@@ -192,7 +205,8 @@ def step_times(tl: Events, rank: int | None, tree: Tree) -> StepTimes:
         )
         for i, (n, p) in enumerate(zip(win.number.tolist(), peak.tolist()))
     ]
-    return StepTimes(win, rows, inside(compute), columns["comm_us"], inside(iv.intersect(compute, comm)), compute)
+    overlap = inside(iv.intersect(compute, comm))
+    return StepTimes(win, rows, inside(compute), columns["comm_us"], overlap, compute, tl.stopped_between_steps)
 
 
 def memory_rows(tl: Events) -> np.ndarray:

@@ -46,6 +46,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class Unreadable(ValueError):
+    """No file of a run could be read: the message names each file and why (``problems``)."""
+
+    def __init__(self, message: str, problems: list[Problem]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
 @dataclasses.dataclass(eq=False)
 class Summary:
     """What a run's traces say: per-step breakdown, top operators, kernels, labels, ranks, findings."""
@@ -136,7 +144,7 @@ class Summary:
     def from_dict(cls, data: dict[str, Any]) -> Summary:
         """The Summary `to_dict` wrote (parsed JSON): every table, the findings and the per-step rows; its call
         stacks and scalar series stay with the trace files."""
-        saved.check_version(data)
+        saved.check(data)
 
         def rows(row: type, items: Iterable[dict[str, Any]]) -> list[Any]:
             names = {f.name for f in dataclasses.fields(row)}
@@ -286,8 +294,10 @@ def _guarded(path: Path, work: Callable[[], _FileResult]) -> _FileResult | Probl
     """``work()``, or the Problem that says why the file could not be used."""
     try:
         return work()
-    except (TraceError, WorkerError) as exc:
+    except TraceError as exc:
         return Problem(path, str(exc))
+    except WorkerError as exc:
+        return Problem(path, str(exc), transient=True)
     except Exception as exc:  # a file no check foresaw: it is a problem of that file, never of the whole run
         log.debug("analyzing %s failed", path, exc_info=True)
         return Problem(path, f"could not be analyzed ({type(exc).__name__}: {exc}); please report it")
@@ -416,10 +426,13 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     problems += [r for r in analyzed if isinstance(r, Problem)]
     results = [r for r in analyzed if not isinstance(r, Problem)]
     files = [p for p, r in zip(found.traces, analyzed) if not isinstance(r, Problem)]
+    cut, ended = ranks.ended_early([(r.rank, r.times) for r in results])
+    results = [_without_last_step(r) if i in cut else r for i, r in enumerate(results)]
     for problem in problems:
         log.warning("%s", problem)
     if not results:
-        raise ValueError(f"nothing readable in {name}: " + ("; ".join(map(str, problems)) or "no trace files"))
+        why = "; ".join(map(str, problems)) or "no trace files"
+        raise Unreadable(f"nothing readable in {name}: {why}", problems)
 
     workers: dict[tuple, ranks.Worker] = {}
     for r in results:
@@ -439,6 +452,7 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     comm_rows, fsdp_rows = [c for r in results for c in r.comm.rows], [f for r in results for f in r.comm.fsdp]
     found_all = diagnostics.diagnose(step_rows, rank_rows, evidence, per_step, fsdp=bool(fsdp_rows))
     found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu) + ranks.findings(rank_rows, skew)
+    found_all += ended
     ends: dict[str, list[int]] = {}
     for r in results:
         ends.setdefault(r.worker, []).extend(s.step for s in r.times.rows[-1:])
@@ -475,6 +489,13 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
         fsdp=fsdp_rows,
         _stacks=[r.stack for r in results],
     )
+
+
+def _without_last_step(r: _FileResult) -> _FileResult:
+    """``r`` less its last step (one cut in mid-step) in the step tables and the per-step rows."""
+    cut = r.times.rows[-1]
+    keep = [i for i, s in enumerate(r.per_step.steps) if s is not cut]
+    return dataclasses.replace(r, times=r.times.without_last(), per_step=r.per_step.take(keep))
 
 
 def runs_of(path: str | Path) -> tuple[bool, dict[str, layout.RunContents]]:

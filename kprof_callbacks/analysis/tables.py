@@ -161,6 +161,7 @@ class Problem:
 
     path: Path
     reason: str
+    transient: bool = dataclasses.field(default=False, compare=False)  # the process reading it died: try again later
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}"

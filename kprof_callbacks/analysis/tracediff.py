@@ -171,7 +171,7 @@ class Diff:
         if t.low is None:
             raise ValueError(
                 f"too few steps to tell a regression: {t.a_steps} against {t.b_steps}; the step-time "
-                f"rank test needs {t.min_steps} a side at {self.confidence:.0%} confidence: profile more "
+                f"rank test needs {t.min_steps} a side at {fmt.percent(self.confidence)} confidence: profile more "
                 "steps (active=10)"
             )
         return stats.regressed(t.speedup, t.low, t.high, limit, threshold=self.noise_threshold)
@@ -462,8 +462,8 @@ def _steps_note(t: StepTimeChange, confidence: float) -> list[str]:
     return [
         (
             f"{t.a_steps} against {t.b_steps} step{'s' * (t.b_steps != 1)}: the step-time rank test needs at least "
-            f"{t.min_steps} steps a side at {confidence:.0%} confidence for an interval{rows}; profile more steps "
-            "(active=10) for a verdict."
+            f"{t.min_steps} steps a side at {fmt.percent(confidence)} confidence for an interval{rows}; profile "
+            "more steps (active=10) for a verdict."
         )
     ]
 

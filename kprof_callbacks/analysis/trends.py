@@ -115,7 +115,7 @@ def _matmul_finding(per_step: float, tflops: float, peak: float | None, how: str
     """``how``: where a ``peak`` came from ("" for the session's), or why there is none."""
     mfu = how
     if peak:
-        mfu = f", {fmt.share(tflops / peak)} of {peak:.1f} TFLOP/s{how or ', the dense peak'}"
+        mfu = f", {fmt.share(tflops / peak)} of {_peak_text(peak)} TFLOP/s{how or ', the dense peak'}"
     return Diagnostic(
         "matmul_flops",
         "info",
@@ -184,7 +184,7 @@ def _mfu_findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
         return [
             _wrong_flops(
                 f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.3g} TFLOP/s achieved "
-                f"against a dense peak of {peak:.1f} TFLOP/s"
+                f"against a dense peak of {_peak_text(peak)} TFLOP/s"
             )
         ]
     return [
@@ -193,9 +193,8 @@ def _mfu_findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
             "info",
             (
                 f"Model FLOPs utilization {fmt.share(share)} ({span}): {tflops:.3g} TFLOP/s achieved of a dense peak "
-                "of "
-                f"{peak:.1f} TFLOP/s (from the FLOPs the program gave per step; dense, not the sparse datasheet "
-                "figure)."
+                f"of {_peak_text(peak)} TFLOP/s (from the FLOPs the program gave per step; dense, not the sparse "
+                "datasheet figure)."
             ),
         )
     ]
@@ -252,3 +251,8 @@ def _site(frames: list[dict]) -> str:
         if filename.endswith(".py") and not any(part in filename for part in _LIBRARY):
             return f"{Path(filename).name}:{frame.get('line')} in {frame.get('name')}"
     return ""
+
+
+def _peak_text(tflops: float) -> str:
+    """A dense peak as the findings print it: `989.0`, and a small one with its digits (`0.004`, never `0.0`)."""
+    return f"{tflops:.1f}" if tflops >= 1 else f"{tflops:.3g}"

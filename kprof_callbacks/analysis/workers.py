@@ -6,9 +6,12 @@ it, guarded by ``if __name__ == "__main__"`` or not. A task is a module-level fu
 the worker's stdin; its result, or the exception it raised, comes back pickled on the worker's stdout. While the
 queue holds a task for every process, each worker is sent its next task while it runs one (a thread of the worker
 takes it off the pipe), so it does not wait for its feeder thread, which needs the caller's GIL. A worker that dies
-fails the task it was running (WorkerError); its replacement gets the task sent behind it. The caller is a worker
-too: while it waits for results (``wait``), it runs queued tasks itself, which also covers the workers' start-up.
-Workers run numpy single-threaded and keep the memory they free (``keep_freed_memory``).
+is replaced, and its replacement gets the task it was running once more (then WorkerError) and the task sent behind
+it. Whatever else goes wrong in a feeder (no process or thread can start, the memory runs out, an answer that cannot
+be unpickled) fails the tasks it holds, never leaves them pending. The caller is a worker too: while it waits for
+results (``wait``), it runs queued tasks itself, which also covers the workers' start-up (and feeders that could not
+start). Workers import from the caller's ``sys.path`` alone, never from the current folder (``module_command``), run
+numpy single-threaded and keep the memory they free (``keep_freed_memory``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ _PIPE_BYTES = 1 << 20  # the unprivileged maximum on Linux
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt() parameters
 # Workers never multiply matrices: no BLAS thread pool (numpy's OpenBLAS starts a thread per core in each process).
 _ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+_SAFE_PATH = sys.version_info >= (3, 11)  # python -P: no current folder on sys.path
+_TRIES = 2  # a task whose worker died is sent once more, to the worker that replaces it
 
 
 class WorkerError(RuntimeError):
@@ -46,6 +51,17 @@ class WorkerError(RuntimeError):
 def default_jobs() -> int:
     """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def module_command(module: str) -> list[str]:
+    """The command running ``module`` as a script in a fresh interpreter that never imports from the current folder
+    (a ``logging.py`` of the user's project would run in it): ``python -P -m``, which keeps ``PYTHONPATH``; before
+    3.11, ``python -I``, which ignores it, with this process's ``sys.path`` set by the command."""
+    if _SAFE_PATH:
+        return [sys.executable, "-P", "-m", module]
+    path = [p for p in sys.path if p]
+    run = f"import runpy, sys; sys.path[:0] = {path!r}; runpy.run_module({module!r}, run_name='__main__')"
+    return [sys.executable, "-I", "-c", run]
 
 
 def _pickled(obj: object) -> bytes:
@@ -87,11 +103,14 @@ class Workers:
             raise ValueError(f"jobs must be >= 2 (the caller and a worker), got {jobs}")
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self._env = {**os.environ, **_ONE_THREAD, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._threads = [
-            threading.Thread(target=self._serve, name=f"kprof-worker-{k}", daemon=True) for k in range(jobs - 1)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._threads: list[threading.Thread] = []
+        for k in range(jobs - 1):
+            thread = threading.Thread(target=self._serve, name=f"kprof-worker-{k}", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # can't start new thread (a limit on threads): fewer workers, the caller does the rest
+                break
+            self._threads.append(thread)
 
     @property
     def jobs(self) -> int:
@@ -137,58 +156,87 @@ class Workers:
         self.close()
 
     def _start(self) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env
-        )
+        proc = subprocess.Popen(module_command(__name__), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env)
         for pipe in (proc.stdin, proc.stdout):
             _widen(pipe)
         return proc
 
     def _serve(self) -> None:
-        """One worker's feeder: keep up to _DEPTH tasks sent to it until told to stop; replace it when it dies."""
-        proc, held, stopping = self._start(), collections.deque(), False
+        """One worker's feeder: keep up to _DEPTH tasks sent to it until told to stop; replace it when it dies. Any
+        exception here fails the tasks it holds (never left pending); the caller runs what is still queued."""
+        held: collections.deque[list] = collections.deque()  # [future, fn, pickled task, tries] sent to the worker
+        proc, stopping = None, False
         try:
+            proc = self._start()
             while held or not stopping:
-                while not stopping and len(held) < _DEPTH:
-                    if held and self._tasks.qsize() < self.jobs:  # a second task only while each process can have one
-                        break
-                    try:
-                        item = self._tasks.get(block=not held)
-                    except queue.Empty:
-                        break
-                    if item is None:
-                        stopping = True
-                    elif (task := _claimed(item)) is not None:
-                        held.append((item[0], item[1], task))
-                        _offer(proc, task)
+                stopping = stopping or self._take(proc, held)
                 if not held:
                     continue
                 try:
                     ok, value = _receive(proc.stdout)
-                except (OSError, EOFError) as exc:
-                    future, fn, _ = held.popleft()
-                    proc.kill()
-                    proc.wait()
-                    name = getattr(fn, "__name__", fn)
-                    ended = f"a worker process ended (exit status {proc.returncode}) while running {name}: {exc}"
-                    future.set_exception(WorkerError(ended))
-                    proc = self._start()
-                    for _, _, task in held:
-                        _offer(proc, task)
+                except Exception as exc:  # the worker ended, or its answer cannot be read: it is replaced
+                    proc = self._replace(proc, held, exc)
                     continue
                 future = held.popleft()[0]
                 if ok:
                     future.set_result(value)
                 else:
                     future.set_exception(value)
+        except BaseException as exc:
+            for future, *_ in held:
+                future.set_exception(WorkerError(f"a worker could not run the task ({type(exc).__name__}: {exc})"))
         finally:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
+            if proc is not None:
+                _end(proc)
+
+    def _take(self, proc: subprocess.Popen, held: collections.deque[list]) -> bool:
+        """Send the worker queued tasks until it holds _DEPTH (waiting for one while it holds none); True once the
+        queue said to stop."""
+        while len(held) < _DEPTH:
+            if held and self._tasks.qsize() < self.jobs:  # a second task only while each process can have one
+                return False
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                item = self._tasks.get(block=not held)
+            except queue.Empty:
+                return False
+            if item is None:
+                return True
+            if (task := _claimed(item)) is not None:
+                held.append([item[0], item[1], task, 1])
+                _offer(proc, task)
+        return False
+
+    def _replace(self, proc: subprocess.Popen, held: collections.deque[list], exc: Exception) -> subprocess.Popen:
+        """A worker that ended, or whose answer could not be read: kill it and start another, which gets the task it
+        ran once more (after _TRIES, the task fails) and those sent behind it."""
+        proc.kill()
+        proc.wait()
+        future, fn, _, tries = held[0]
+        if tries >= _TRIES:
+            held.popleft()
+            name = getattr(fn, "__name__", fn)
+            if isinstance(exc, (OSError, EOFError)):
+                what = f"a worker process ended (exit status {proc.returncode}) while running {name}"
+            else:
+                what = f"the answer of a worker process running {name} could not be read"
+            future.set_exception(WorkerError(f"{what}, on each of {tries} tries ({type(exc).__name__}: {exc})"))
+        else:
+            held[0][3] += 1
+        proc = self._start()
+        for _, _, task, _ in held:
+            _offer(proc, task)
+        return proc
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Close the worker's tasks pipe (it then exits) and reap it."""
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _widen(pipe: IO[bytes]) -> None:
@@ -259,8 +307,12 @@ def main() -> None:
             result = (True, fn(*args))
         except BaseException as exc:  # the caller re-raises it
             result = (False, _portable(exc))
-        _send(results, result)
-    sys.stderr.flush()
+        try:
+            _send(results, result)
+        except OSError:  # the caller is gone (killed): end without a traceback
+            break
+    with contextlib.suppress(OSError):
+        sys.stderr.flush()
     os._exit(0)  # no teardown (freeing numpy and every object left), which the caller's close() would wait for
 
 

@@ -35,8 +35,14 @@ def run_cli(
     ``impls``, or one choosing by device) and print the table (as Markdown with ``markdown``); exit status 0, 1 when
     a variant failed (its code raised, or the check), 2 for bad arguments, 3 when ``fail_if_slower`` is given and a
     variant is slower than the baseline by more than that many percent (``Comparison.regressed``)."""
+    from ..config import ProfileConfig
     from ..tensorboard.launch import open_hint
 
+    if logdir is not None:
+        try:
+            ProfileConfig.own_schedule(logdir=logdir)  # KPROF=maybe: said before any model is built
+        except ValueError as exc:
+            raise _bad_argument(str(exc)) from None
     swapped = _swapped_variants(impls)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if model == "builtin":

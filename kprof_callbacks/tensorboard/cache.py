@@ -34,8 +34,11 @@ class FileCache(Generic[V]):
             entry = self._entries.get(key)
             return entry is not None and entry[0] == fingerprint
 
-    def get(self, key: Hashable, fingerprint: Hashable, compute: Callable[[], V]) -> V:
-        """The value for ``key``, from ``compute()`` only when ``fingerprint`` differs from the stored one."""
+    def get(
+        self, key: Hashable, fingerprint: Hashable, compute: Callable[[], V], keep: Callable[[V], bool] | None = None
+    ) -> V:
+        """The value for ``key``, from ``compute()`` only when ``fingerprint`` differs from the stored one; a value
+        ``keep`` refuses is returned but not stored (the next request computes it again)."""
         with self._guard:
             held = self._locks.setdefault(key, [threading.Lock(), 0])
             held[1] += 1
@@ -47,6 +50,8 @@ class FileCache(Generic[V]):
                         self._entries.move_to_end(key)
                         return entry[1]
                 value = compute()
+                if keep is not None and not keep(value):
+                    return value
                 with self._guard:
                     self._entries[key] = (fingerprint, value)
                     self._entries.move_to_end(key)

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..analysis.workers import module_command
+
 HOST = "127.0.0.1"
 DEFAULT_PORT = 6006
 KPROF_TAB = "#kprof"
@@ -192,7 +194,7 @@ class TensorBoardServer:
         try:
             with os.fdopen(fd, "wb") as out:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "tensorboard.main", "--logdir", str(self.logdir)]
+                    [*module_command("tensorboard.main"), "--logdir", str(self.logdir)]
                     + ["--host", HOST, "--port", str(self.port)],
                     stdin=subprocess.DEVNULL,
                     stdout=out,

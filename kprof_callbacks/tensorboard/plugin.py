@@ -39,7 +39,7 @@ from ..analysis.diff_inputs import Input, parse_steps
 from ..analysis.ranktimeline import COLLAPSE_RANKS, RunSlices
 from ..analysis.reader import TraceError
 from ..analysis.slices import TraceSlices, median_step
-from ..analysis.summary import PROGRESS_BYTES, Summary, summarize_contents
+from ..analysis.summary import PROGRESS_BYTES, Summary, Unreadable, summarize_contents
 from ..analysis.tracediff import Diff, diff
 from ..analysis.workers import default_jobs
 from . import logdir
@@ -68,6 +68,7 @@ class RunSummary:
 
     summary: Summary | None
     body: dict[str, Any]
+    transient: bool = False  # a file is a problem because the process reading it died: not to be kept
 
 
 def summarize_run(run: logdir.RunFiles, progress: Callable[[int, int], None] | None = None) -> RunSummary:
@@ -81,10 +82,13 @@ def summarize_run(run: logdir.RunFiles, progress: Callable[[int, int], None] | N
         summary = summarize_contents(run.folder.name, run.contents(), progress=progress or False, jobs=default_jobs())
     except ValueError as exc:  # not one readable trace file: the message names each file and why
         summary, result = None, {"summary": None, "error": str(exc), "problems": outside}
+        transient = isinstance(exc, Unreadable) and any(p.transient for p in exc.problems)
     else:
         problems = [{"file": p.path.name, "problem": p.reason} for p in summary.problems]
         result = {"summary": summary.to_dict(), "error": None, "problems": problems + outside}
-    return RunSummary(summary, dict(result, summarized_at=time.time(), seconds=time.perf_counter() - start))
+        transient = any(p.transient for p in summary.problems)
+    body = dict(result, summarized_at=time.time(), seconds=time.perf_counter() - start)
+    return RunSummary(summary, body, transient)
 
 
 def diff_body(d: Diff) -> dict[str, Any]:
@@ -326,7 +330,9 @@ class KprofPlugin(base_plugin.TBPlugin):
 
     # -- request helpers ---------------------------------------------------------------------------------------
     def _summary(self, run: logdir.RunFiles, progress: Callable[[int, int], None] | None = None) -> RunSummary:
-        return self._summaries.get(run.name, run.fingerprint, lambda: summarize_run(run, progress))
+        return self._summaries.get(
+            run.name, run.fingerprint, lambda: summarize_run(run, progress), keep=lambda r: not r.transient
+        )
 
     def _in_background(self, run: logdir.RunFiles) -> tuple[int, int] | None:
         """For a run over PROGRESS_BYTES not summarized yet: start summarizing it on a thread of its own (once) and

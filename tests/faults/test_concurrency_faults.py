@@ -93,6 +93,31 @@ def test_a_two_rank_launch_then_a_four_rank_launch_with_one_run_name_write_two_r
     assert {w.split("_")[0] for w in _workers(tmp_path / "log" / "r-2")} == {"rank0", "rank1", "rank2", "rank3"}
 
 
+def test_two_launches_one_after_the_other_from_one_script_write_two_runs(tmp_path, check_traces):
+    """One shell script launches two ranks, waits, and launches two again: the ranks of both launches had the same
+    launcher (the script's shell), and the second launch's ranks joined the first one's folder."""
+    loop = _short_loop(tmp_path / "log")
+    launch = " ".join(f"{shlex.join(['env', f'RANK={rank}', 'WORLD_SIZE=2', *loop])} &" for rank in range(2))
+    done = subprocess.run(["sh", "-c", f"{launch} wait; {launch} wait"], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    check_traces(tmp_path / "log")
+    assert sorted(p.name for p in (tmp_path / "log").iterdir()) == ["r", "r-2"]
+    for run in ("r", "r-2"):
+        assert sorted(w.split("_")[0] for w in _workers(tmp_path / "log" / run)) == ["rank0", "rank1"]
+
+
+def test_a_session_refused_at_start_leaves_no_folder_behind(tmp_path, train):
+    """A session refused because another profiler runs kept its claimed, empty folder: the next run became r-2."""
+    with torch.profiler.profile():
+        with pytest.raises(RuntimeError, match="another profiler is already running"):
+            with kprof.session(tmp_path, run="r"):
+                pass
+    assert list(tmp_path.iterdir()) == []
+    with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=1) as s:
+        train(s, 2)
+    assert s.run_dir == tmp_path / "r"
+
+
 def test_two_launches_in_fresh_pid_namespaces_with_one_host_name_write_two_runs(tmp_path, check_traces):
     """A container restarted with the same host name runs its trainer as pid 1 again: before, the second launch
     took the first one's claim for its own and the two merged."""

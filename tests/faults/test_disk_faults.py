@@ -80,3 +80,23 @@ def test_lightning_fit_on_a_full_disk_finishes_with_one_warning(tmpfs, fit, told
     assert check_traces(disk) == [] and leftovers(disk) == []
     assert len(messages) == 1 and "No space left on device" in messages[0], messages
     assert "kprof: no train traces in" in capsys.readouterr().out
+
+
+def test_a_session_started_on_a_full_disk_trains_without_profiling(tmpfs, train, told):
+    """The disk is full before the session starts: one warning, and training runs unprofiled (the claim of the run
+    folder raised out of kprof.session and training never started); once there is room, the next session takes
+    the run's own name."""
+    disk = tmpfs("2m")
+    filler = fill_disk(disk, leave=0)
+    with told() as messages:
+        with kprof.session(disk, run="r", wait=0, warmup=1, active=1) as s:
+            train(s, 4)
+    assert s.steps == 4 and s.trace_files == [] and s.run_dir is None
+    assert messages == [
+        f"kprof: {disk}: No space left on device when the session started; training continues without profiling"
+    ]
+    assert "the disk was full when the session started" in s.summary().render()
+    filler.unlink()
+    with kprof.session(disk, run="r", wait=0, warmup=1, active=1) as s:
+        train(s, 2)
+    assert s.run_dir == disk / "r" and len(s.trace_files) == 1
