@@ -14,9 +14,7 @@ them; the functions win here, and ``importlib.import_module("kprof_callbacks.ker
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from .._lazy import lazy_names
 from ._build import KernelBuildError, load, load_inline
 from ._layer import IMPLS, check_impl
 from .add import Add, add
@@ -57,13 +55,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    globals()[name] = value  # later lookups are plain attribute reads, not an import per call
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names(__name__, {name: f".{module}" for name, module in _LAZY.items()})
