@@ -92,19 +92,8 @@ def swap(
     report = SwapReport()
     replaced: dict[int, nn.Module | None] = {}  # id(torch module) -> its replacement; shared modules stay shared
     for name, module in list(root.named_modules(remove_duplicate=False)):
-        source = type(module)
-        if source not in factories:
-            parent = next((t for t in factories if isinstance(module, t)), None)
-            if parent is not None and id(module) not in replaced:
-                replaced[id(module)] = None
-                report.skipped.append(
-                    SwapEntry(
-                        name, _type_name(source), None, f"subclass of {_type_name(parent)} (its forward may differ)"
-                    )
-                )
-            continue
         if id(module) not in replaced:
-            replaced[id(module)] = _replacement(name, module, factories[source], report, fallback, KernelBuildError)
+            replaced[id(module)] = _swapped(name, module, factories, report, fallback, KernelBuildError)
         new = replaced[id(module)]
         if new is None:
             continue
@@ -113,6 +102,32 @@ def swap(
         else:
             parent_name, _, child = name.rpartition(".")
             setattr(root.get_submodule(parent_name), child, new)
+    _log(report)
+    root.kprof_swap_report = report
+    return root
+
+
+def _swapped(
+    name: str,
+    module: nn.Module,
+    factories: dict[type[nn.Module], Factory],
+    report: SwapReport,
+    fallback: bool,
+    build_error: type[Exception],
+) -> nn.Module | None:
+    """``module``'s replacement, or None: its type is no key of ``factories`` (a subclass of one is reported as
+    skipped: its forward may differ), or its kernel layer could not be made (recorded in ``report``)."""
+    source = type(module)
+    if source in factories:
+        return _replacement(name, module, factories[source], report, fallback, build_error)
+    parent = next((t for t in factories if isinstance(module, t)), None)
+    if parent is not None:
+        reason = f"subclass of {_type_name(parent)} (its forward may differ)"
+        report.skipped.append(SwapEntry(name, _type_name(source), None, reason))
+    return None
+
+
+def _log(report: SwapReport) -> None:
     for entry in report.skipped:
         logger.info("kprof.swap skipped %s (%s): %s", entry.name or "<root>", entry.source, entry.reason)
     logger.info(
@@ -120,8 +135,6 @@ def swap(
         len(report.swapped),
         ", ".join(f"{e.name or '<root>'} -> {e.target}" for e in report.swapped) or "none",
     )
-    root.kprof_swap_report = report
-    return root
 
 
 def _type_name(cls: type) -> str:
