@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import kprof_callbacks as kprof
-from kprof_callbacks import bench, kernels
+from kprof_callbacks import kernels
+from kprof_callbacks.bench import ops as bench_ops
 
 
 def eager(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -47,10 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a tiny float32 shape, 3 calls (a smoke test)")
     parser.add_argument("--iters", type=int, default=50)
     args = parser.parse_args(argv)
-    sizes = bench.QUICK_SIZES if args.quick else bench.FULL_SIZES
+    sizes = bench_ops.QUICK_SIZES if args.quick else bench_ops.FULL_SIZES
     dtype, (rows, k, n) = sizes["linear"][-1]
     iters = 3 if args.quick else args.iters
-    linear = next(op for op in bench.OPS if op.name == "linear_gelu")
+    linear = next(op for op in bench_ops.OPS if op.name == "linear_gelu")
     x, w, b = linear.make((rows, k, n), dtype, args.device)
     dy = torch.randn(rows, n, dtype=dtype, device=args.device)
     times = {

@@ -1,4 +1,4 @@
-"""The custom-layer benchmark: the same as ``kprof bench`` (see ``kprof_callbacks/bench.py``)."""
+"""The custom-layer benchmark: the same as ``kprof bench`` (see ``kprof_callbacks/bench/``)."""
 
 import sys
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from kprof_callbacks import bench
+from kprof_callbacks.bench.timing import best_other_ms
 
 from _isolated import change_cell
 
@@ -229,7 +229,7 @@ def _kernel_targets(rows: list[dict]) -> list[tuple[str, str, bool | None]]:
             key, target = SPEEDUP[op]
             got = row[key] / row["ms"]
             out.append((f"{where}: >= {target}x {key.removesuffix('_ms')}", f"{got:.2f}x", got >= target))
-        best = bench.best_other_ms(row)
+        best = best_other_ms(row)
         out.append(
             (
                 f"{where}: >= 1.0x the best of eager, torch.compile and Liger",

@@ -33,7 +33,8 @@ def test_run_all_quick_produces_every_table_and_the_targets(tmp_path):
 
 
 sys.path.insert(0, str(RUN_ALL.parent))
-from kprof_callbacks import bench  # noqa: E402
+from kprof_callbacks.bench import ops as bench_ops  # noqa: E402
+from kprof_callbacks.bench import timing as bench_timing  # noqa: E402
 
 import _isolated  # noqa: E402
 from _isolated import Isolated, rounds  # noqa: E402
@@ -67,7 +68,7 @@ def test_largest_keeps_the_biggest_shape_of_each_dtype():
     sizes = {
         "f": [(torch.float32, (4, 4)), (torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2)), (torch.float32, (3, 3))]
     }
-    assert bench.largest(sizes) == {"f": [(torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2))]}
+    assert bench_ops.largest(sizes) == {"f": [(torch.float32, (8, 2, 3)), (torch.bfloat16, (2, 2))]}
 
 
 def _row(op, dtype, shape, ms, eager, compiled, liger, gbps=None, copy_gbps=None, spec_gbps=None):
@@ -102,9 +103,9 @@ def test_bench_rows_compare_with_the_fastest_other_liger_included():
         copy_gbps=2500.0,
         spec_gbps=3350.0,
     )
-    assert bench.best_other_ms(row) == 0.4
-    cells = [c.strip() for c in bench.format_row(row).split("|")[1:-1]]
-    header = [c.strip() for c in bench.TABLE_HEADER.splitlines()[0].split("|")[1:-1]]
+    assert bench_timing.best_other_ms(row) == 0.4
+    cells = [c.strip() for c in bench_timing.format_row(row).split("|")[1:-1]]
+    header = [c.strip() for c in bench_timing.TABLE_HEADER.splitlines()[0].split("|")[1:-1]]
     got = dict(zip(header, cells, strict=True))
     assert (got["% of copy"], got["% of spec"], got["liger ms"], got["kprof × best other"]) == (
         "80.0",
@@ -113,7 +114,7 @@ def test_bench_rows_compare_with_the_fastest_other_liger_included():
         "0.80",
     )
     assert got["triton ms"] == got["triton × best other"] == "—"
-    no_liger = bench.format_row({**row, "liger_ms": nan, "spec_gbps": None})  # Liger absent, device not in peaks.py
+    no_liger = bench_timing.format_row({**row, "liger_ms": nan, "spec_gbps": None})  # no Liger, device unknown
     assert "| 1.40 | — |" in no_liger and "| 80.0 | — |" in no_liger
 
 
@@ -184,12 +185,12 @@ def test_liger_column_times_the_same_op(name):
     pytest.importorskip(
         "liger_kernel", reason="the bench extra (pip install 'kprof-callbacks[bench]') is not installed"
     )
-    op = next(o for o in bench.OPS if o.name == name)
+    op = next(o for o in bench_ops.OPS if o.name == name)
     inputs = op.make((64, 256), torch.float32, "cuda")
-    torch.testing.assert_close(bench.liger(op, "cuda")(*inputs), op.reference(*inputs), rtol=1e-4, atol=1e-5)
-    rows = bench.run_benchmarks(
+    torch.testing.assert_close(bench_ops.liger(op, "cuda")(*inputs), op.reference(*inputs), rtol=1e-4, atol=1e-5)
+    rows = bench_timing.run_benchmarks(
         [op],
-        {bench.family(op): [(torch.float32, (64, 256))]},
+        {bench_ops.family(op): [(torch.float32, (64, 256))]},
         "cuda",
         compile_ref=False,
         triton=False,
@@ -295,7 +296,7 @@ def test_multi_gpu_keeps_nvlink_multicast_off_in_every_child(tmp_path, monkeypat
 def test_loss_bench_rows_time_every_contender_that_runs_and_check_against_float64(capsys):
     """kprof bench's fused-loss rows on the CPU: kprof and both eager losses timed (compile off, Liger and CCE are
     CUDA only), the speedup over the faster eager loss, a table row per size with the header's cells; --check passes."""
-    from kprof_callbacks import bench_loss
+    from kprof_callbacks.bench import loss as bench_loss
 
     seen = []
     rows = bench_loss.run_rows([(64, 16, 301)], "cpu", False, 1, 2, lambda done: seen.append(len(done)))

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from kprof_callbacks import bench
+from kprof_callbacks.bench import ops as bench_ops
+from kprof_callbacks.bench import timing as bench_timing
 from kprof_callbacks.compare import compare
 from kprof_callbacks.progress import Progress
 
@@ -51,10 +52,10 @@ def test_compare_reports_every_training_step_it_runs(tmp_path):
 
 
 def test_bench_rows_print_above_a_progress_bar(capsys):
-    op = next(op for op in bench.OPS if op.name == "add")
-    rows = bench.run_benchmarks(
+    op = next(op for op in bench_ops.OPS if op.name == "add")
+    rows = bench_timing.run_benchmarks(
         [op],
-        bench.QUICK_SIZES,
+        bench_ops.QUICK_SIZES,
         "cpu",
         compile_ref=False,
         triton=False,
