@@ -8,7 +8,7 @@ import time
 import pytest
 
 import kprof_callbacks as kprof
-from kprof_callbacks import writer
+from kprof_callbacks import exporter, writer
 
 
 @pytest.mark.parametrize("wait", [0, 2])
@@ -25,13 +25,13 @@ def test_past_the_budget_training_waits_for_the_writer_and_says_how_long(
     tmp_path, train, check_traces, told, monkeypatch
 ):
     """A disk that takes 0.3 s per trace and a budget of about one trace: the windows wait, none is lost."""
-    export = writer._export
+    export = exporter.export
 
     def slow_export(results, final, compress):
         time.sleep(0.3)
         return export(results, final, compress)
 
-    monkeypatch.setattr(writer, "_export", slow_export)  # the forked child runs the patched function too
+    monkeypatch.setattr(exporter, "export", slow_export)  # the forked child runs the patched function too
     with told() as messages:
         with kprof.session(
             tmp_path, run="r", wait=0, warmup=1, active=1, repeat=6, scalars=False, max_pending_mb=0.001
@@ -47,13 +47,13 @@ def test_past_the_budget_training_waits_for_the_writer_and_says_how_long(
 def test_captures_dropped_at_exit_have_no_path_an_error_and_a_count(tmp_path, train, check_traces, told, monkeypatch):
     """A backlog longer than write_timeout at exit (20 windows, 0.3 s per trace, write_timeout=1): each capture has
     a path only once its file exists; the dropped ones have none and say why; the warning counts them."""
-    export = writer._export
+    export = exporter.export
 
     def slow_export(results, final, compress):
         time.sleep(0.3)
         return export(results, final, compress)
 
-    monkeypatch.setattr(writer, "_export", slow_export)
+    monkeypatch.setattr(exporter, "export", slow_export)
     just_finished = []
     with told() as messages:
         with kprof.session(

@@ -18,7 +18,7 @@ import pytest
 from torch.autograd import profiler as autograd_profiler
 
 import kprof_callbacks as kprof
-from kprof_callbacks import writer
+from kprof_callbacks import exporter
 
 from faultkit import leftovers
 
@@ -56,7 +56,7 @@ def test_unescaped_name_from_torch_is_escaped_and_the_trace_kept(
 ):
     """The exporter writes a name with raw quotes: the trace is still written, as valid JSON holding that name."""
     if validator == "json-module":  # msgspec is optional (absent on the GPU machine): the json module checks
-        monkeypatch.setattr(writer, "msgspec", None)
+        monkeypatch.setattr(exporter, "msgspec", None)
     broken_exporter(_stray_name)
     with told() as messages:
         with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=2, gzip=gzip) as s:
@@ -102,6 +102,6 @@ def test_a_stray_name_is_repaired_in_both_layouts_torch_writes(tmp_path, fixture
     assert broken != text
     path = tmp_path / "t.pt.trace.json"
     path.write_text(broken)
-    writer._check_json(path)
+    exporter.check_json(path)
     names = {e.get("name") for e in json.loads(path.read_text())["traceEvents"]}
     assert STRAY_NAME in names
