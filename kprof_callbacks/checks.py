@@ -17,3 +17,7 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
+
+
+class UsageError(ValueError):
+    """A bad argument of a ``kprof`` subcommand, found once its work started: said in one line, exit status 2."""

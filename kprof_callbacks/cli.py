@@ -1,46 +1,319 @@
-"""The ``kprof`` command (also ``python -m kprof_callbacks``): every subcommand's arguments, wired here.
+"""The ``kprof`` command (also ``python -m kprof_callbacks``): one registry of subcommands, each option declared once.
 
-Each subcommand's work is a plain function beside the feature it drives, imported when that subcommand runs; this
-module only parses, and imports neither torch nor the analysis (``kprof --help`` answers at once).
+A ``Command`` names the function that does its work (``"module:function"``, imported only when that subcommand runs,
+so ``kprof --help`` imports neither torch nor the analysis) and its ``Arg``s; each option's destination is that
+function's keyword, so the parsed options are passed on as they are. The work functions live beside the features they
+drive and return the exit status (``exits``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
+import importlib
 import os
 import re
-import shlex
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from .analysis import commands as analysis_commands
-from .analysis.tables import SORT_KEYS
-from .analysis.workers import default_jobs
-
-
-def typed_command() -> str:
-    """The kprof command as the user's shell runs it, for the commands kprof prints: ``kprof`` where PATH finds this
-    installation's, else the script beside this Python (e.g. ``.venv/bin/kprof`` when the venv is not activated),
-    else ``python -m kprof_callbacks`` through this Python."""
-    script = Path(sys.executable).parent / "kprof"
-    found = shutil.which("kprof")
-    if found and script.is_file() and Path(found).resolve() == script.resolve():
-        return "kprof"
-    if script.is_file():
-        return shlex.quote(_as_typed(script))
-    return f"{shlex.quote(_as_typed(Path(sys.executable)))} -m kprof_callbacks"
+from . import exits
+from .analysis import SORT_KEYS, default_jobs
+from .checks import UsageError
 
 
-def _as_typed(path: Path) -> str:
-    """``path`` relative to the working folder when it lies inside it (``.venv/bin/kprof``), else absolute; never a
-    bare name, which the shell would look up on PATH."""
-    relative = os.path.relpath(path.absolute())
-    if relative.startswith(".."):
-        return str(path.absolute())
-    return relative if os.sep in relative else f".{os.sep}{relative}"
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """One argument: ``add_argument(*flags, **options)``, in the mutually exclusive group ``exclusive`` or the help
+    section ``section`` when given."""
+
+    flags: tuple[str, ...]
+    options: dict[str, Any]
+    exclusive: str | None = None
+    section: str | None = None
+
+
+def arg(*flags: str, exclusive: str | None = None, section: str | None = None, **options: Any) -> Arg:
+    return Arg(flags, options, exclusive, section)
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """A subcommand: its help line, its description (text, or a function called only when the help is shown), the
+    function that runs it and its arguments."""
+
+    name: str
+    help: str
+    run: str  # "module:function" (relative to this package), called with the parsed options as keywords
+    args: tuple[Arg, ...]
+    description: str | Callable[[], str] | None = None
+
+
+# -- argument types: integers and numbers in ASCII digits (int() and float() also take other scripts' digits) ------
+def at_least(low: int | None) -> Callable[[str], int]:
+    """An argument type: an integer of at least ``low``."""
+
+    def integer(text: str) -> int:
+        value = int(text) if re.fullmatch(r"\s*[-+]?[0-9]+\s*", text) else None
+        if value is None or (low is not None and value < low):
+            raise argparse.ArgumentTypeError(f"must be an integer{'' if low is None else f' >= {low}'}, got {text!r}")
+        return value
+
+    return integer
+
+
+def _number(what: str, ok: Callable[[float], bool]) -> Callable[[str], float]:
+    """An argument type: a number for which ``ok`` holds (-0 is 0), else an error that says it must be ``what``."""
+
+    def number(text: str) -> float:
+        try:
+            value = float(text) + 0.0 if text.isascii() else None
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    return number
+
+
+positive = at_least(1)
+fraction = _number("between 0 and 1", lambda v: 0.0 < v < 1.0)
+percent = _number("a percentage >= 0", lambda v: 0.0 <= v < float("inf"))
+
+
+SUMMARY_HELP = """\
+Summarize torch.profiler traces: where the time went, per step, operator, kernel and label, with findings.
+LOGDIR may also be a summary saved with --json (read back as it was saved).
+
+Exit status 0 when at least one trace was summarized (unreadable files are listed under
+"Problems"), 1 when nothing could be read or a report could not be written, 2 for bad arguments.
+Big runs are read by --jobs worker processes, with a progress bar on stderr (a terminal) for runs over 100 MB.
+--json keeps the per-step rows kprof diff tests: the file can be side A of a diff (kprof summary --json > base.json).
+"""
+DIFF_HELP = """\
+What changed from A to B, with intervals and verdicts. A and B: a run folder, a trace file, a summary saved with
+kprof summary --json, or PATH@steps=SPEC for some steps of a run (SPEC: numbers and ranges, e.g. log/run@steps=2-4,7).
+
+--fail-if-slower PCT gates on the step time: exit status 3 when B's typical step is significantly slower than A's
+and the whole confidence interval of the slowdown lies above PCT percent; the report then says what grew.
+
+Exit status 0 when both sides were read (and no regression), 1 when one could not be (or a step selection does not
+match the run, or a side has too few steps for --fail-if-slower, or the report could not be written), 2 for bad
+arguments (a malformed step selection included), 3 for a regression (it wins over a report that could not be written).
+"""
+
+
+# -- options several subcommands share --------------------------------------------------------------------------------
+def _formats(what: str) -> tuple[Arg, Arg]:
+    """--json and --markdown: one of them, or neither (text)."""
+    return (
+        arg(
+            "--json",
+            dest="as_json",
+            action="store_true",
+            exclusive="format",
+            help=f"print the {what} as JSON instead of text",
+        ),
+        arg(
+            "--markdown",
+            action="store_true",
+            exclusive="format",
+            help=f"print the {what} as GitHub-flavoured Markdown (a pull-request comment)",
+        ),
+    )
+
+
+def _gate(against: str) -> Arg:
+    return arg(
+        "--fail-if-slower",
+        type=percent,
+        metavar="PCT",
+        help=f"exit status {exits.REGRESSION} when {against} significantly slower by more than PCT percent: the "
+        "whole confidence interval of the slowdown lies above PCT (docs/ci.md)",
+    )
+
+
+HTML = arg("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
+TOP = arg("--top", type=positive, default=10, metavar="N", help="rows per table (default 10)")
+DEVICE = arg("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def _jobs() -> Arg:
+    cores = default_jobs()
+    return arg(
+        "--jobs",
+        type=positive,
+        default=cores,
+        metavar="N",
+        help=f"worker processes reading big runs (default: the cores, {cores}; 1: read in this process)",
+    )
+
+
+def _bench_description() -> str:
+    from . import bench
+
+    return f"{bench.__doc__}\nops: {', '.join(op.name for op in bench.OPS)}\n"
+
+
+def commands() -> list[Command]:
+    """Every subcommand, in the order ``kprof --help`` lists them."""
+    return [
+        Command(
+            "demo",
+            "train a small model under the profiler and print where the time went",
+            ".demo:run_cli",
+            (
+                arg("--logdir", default="log", help="where traces go (default: log)"),
+                arg("--steps", type=at_least(None), default=60, help="training steps (default: 60)"),
+                DEVICE,
+            ),
+        ),
+        Command(
+            "summary",
+            "summarize torch.profiler traces (a file, a run folder or a logdir)",
+            ".analysis:run_summary",
+            (
+                arg(
+                    "path",
+                    type=Path,
+                    metavar="LOGDIR",
+                    help="trace file (.pt.trace.json[.gz]), run folder, logdir of runs, or a summary saved with --json",
+                ),
+                *_formats("tables (JSON: with the per-step rows kprof diff needs)"),
+                HTML,
+                TOP,
+                arg(
+                    "--sort",
+                    choices=SORT_KEYS,
+                    default="cuda",
+                    help="sort operators by self CUDA time, self CPU time or self memory (default cuda; cpu without "
+                    "GPU events)",
+                ),
+                arg(
+                    "--stacks",
+                    type=Path,
+                    metavar="OUT.folded",
+                    help="write flamegraph folded stacks of self CPU time (one file per run when several)",
+                ),
+                _jobs(),
+            ),
+            SUMMARY_HELP,
+        ),
+        Command(
+            "diff",
+            "what changed between two runs, trace files or step selections (with CIs and verdicts)",
+            ".analysis:run_diff",
+            (
+                arg(
+                    "a",
+                    help="the baseline: run folder, trace file, saved summary (kprof summary --json) or "
+                    "PATH@steps=SPEC",
+                ),  # fmt: skip
+                arg("b", help="the run compared with it (same forms)"),
+                *_formats("diff"),
+                _gate("B's step time is"),
+                HTML,
+                TOP,
+                arg(
+                    "--confidence",
+                    type=fraction,
+                    default=0.95,
+                    help="interval level; 1 - confidence is the false discovery rate (default 0.95)",
+                ),
+                _jobs(),
+            ),
+            DIFF_HELP,
+        ),
+        Command(
+            "tensorboard",
+            "serve LOGDIR with TensorBoard on 127.0.0.1 and print the URL",
+            ".tensorboard.launch:serve",
+            (
+                arg("logdir", nargs="?", default="log", help="the logdir kprof wrote (default: log)"),
+                arg(
+                    "--port",
+                    type=at_least(None),
+                    default=6006,
+                    help="port on 127.0.0.1 (default: 6006; 0 picks a free one)",
+                ),  # fmt: skip
+            ),
+        ),
+        Command(
+            "compare",
+            "time a model with and without kprof.swap (custom kernels) and check they agree",
+            ".compare.command:run_cli",
+            _compare_args(),
+            "Train a model and its kprof.swap copy (or one copy per --impls choice: CUDA, C++, Triton or torch's own "
+            "ops in the kprof layers) on the same batches, check that outputs and gradients agree, and print step "
+            "times with a bootstrap confidence interval on the speedup. Exit status 0, 1 when a variant failed (its "
+            f"code raised, or the check), 2 for bad arguments, {exits.REGRESSION} for a regression (--fail-if-slower).",
+        ),
+        Command(
+            "bench",
+            "time every custom layer (and its Triton twin) against eager PyTorch and torch.compile",
+            ".bench:run",
+            _bench_args(),
+            _bench_description,
+        ),
+    ]
+
+
+def _compare_args() -> tuple[Arg, ...]:
+    size = "builtin model size"
+    return (
+        arg(
+            "--model",
+            default="builtin",
+            help="'builtin' (the demo ToyModel) or MODULE:ATTR naming a function f(device) that returns (model, "
+            "step_fn, batches) (default: builtin)",
+        ),
+        arg("--steps", type=at_least(3), default=50, help="timed steps per variant (default: 50)"),
+        arg("--warmup", type=at_least(0), default=5, help="untimed warm-up steps per variant (default: 5)"),
+        DEVICE,
+        arg("--logdir", default=None, help="also profile each variant into LOGDIR/<variant>/"),
+        arg("--check", choices=("raise", "warn", "off"), default="raise", help="numerical check (default: raise)"),
+        arg(
+            "--impls",
+            default="",
+            help="comma-separated kprof.swap impls, one variant each beside the torch model, e.g. cuda,triton,torch "
+            "(default: one swap whose kernels follow the device)",
+        ),
+        arg(
+            "--markdown",
+            action="store_true",
+            help="print the table as GitHub-flavoured Markdown (a pull-request comment)",
+        ),  # fmt: skip
+        _gate("a variant's timed steps are, against the baseline's,"),
+        arg("--width", type=positive, default=128, section=size, help="hidden width (default: 128)"),
+        arg("--depth", type=positive, default=4, section=size, help="number of blocks (default: 4)"),
+        arg("--batch-size", type=positive, default=64, section=size, help="batch size (default: 64)"),
+    )
+
+
+def _bench_args() -> tuple[Arg, ...]:
+    return (
+        arg("--quick", action="store_true", help="small sizes on the CPU, a few iterations, no compile"),
+        arg(
+            "--check",
+            dest="check_only",
+            action="store_true",
+            help="correctness of every kernel on small shapes, no timing",
+        ),  # fmt: skip
+        arg("--no-compile", dest="compile_ref", action="store_false", help="skip the torch.compile reference"),
+        arg("--no-triton", dest="triton", action="store_false", help="skip the Triton twins (impl='triton')"),
+        arg("--largest", dest="largest_only", action="store_true", help="only each op's largest shape per dtype"),
+        arg("--ops", default="", help="comma-separated op names (default: all; listed above)"),
+        arg(
+            "--shapes",
+            choices=("full", "gpt"),
+            default="full",
+            help="full: large shapes of every op family (default); gpt: the shapes of GPT-2 small/medium",
+        ),
+        arg("--out", type=Path, help="write the results as JSON here"),
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,296 +330,26 @@ class _Parser(argparse.ArgumentParser):
         return super().format_help()
 
 
-def _at_least(low: int | None) -> Callable[[str], int]:
-    """An argument type: an integer of ASCII digits (``int`` also takes other scripts' digits) of at least ``low``."""
-
-    def integer(text: str) -> int:
-        value = int(text) if re.fullmatch(r"\s*[-+]?[0-9]+\s*", text) else None
-        if value is None or (low is not None and value < low):
-            raise argparse.ArgumentTypeError(f"must be an integer{'' if low is None else f' >= {low}'}, got {text!r}")
-        return value
-
-    return integer
-
-
-def _real(text: str, what: str) -> float:
-    """``text`` as a number written in ASCII (``float`` also takes other scripts' digits); -0 is 0."""
-    try:
-        value = float(text) + 0.0 if text.isascii() else None
-    except ValueError:
-        value = None
-    if value is None:
-        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = _real(text, "between 0 and 1")
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text!r}")
-    return value
-
-
-def _percent(text: str) -> float:
-    value = _real(text, "a percentage >= 0")
-    if not 0.0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a percentage >= 0, got {text!r}")
-    return value
-
-
-_positive = _at_least(1)
-
-
-def _formats(p: argparse.ArgumentParser, what: str) -> None:
-    """--json and --markdown: one of them, or neither (text)."""
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--json", action="store_true", help=f"print the {what} as JSON instead of text")
-    group.add_argument(
-        "--markdown",
-        action="store_true",
-        help=f"print the {what} as GitHub-flavoured Markdown (a pull-request comment)",
-    )
-
-
-def _gate(p: argparse.ArgumentParser, against: str) -> None:
-    p.add_argument(
-        "--fail-if-slower",
-        type=_percent,
-        metavar="PCT",
-        help=f"exit status 3 when {against} significantly slower by more than PCT percent: the whole "
-        "confidence interval of the slowdown lies above PCT (docs/ci.md)",
-    )
-
-
-def _demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="train a small model under the profiler and print where the time went")
-    p.add_argument("--logdir", default="log", help="where traces go (default: log)")
-    p.add_argument("--steps", type=_at_least(None), default=60, help="training steps (default: 60)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.set_defaults(func=_run_demo)
-
-
-def _jobs(p: argparse.ArgumentParser) -> None:
-    cores = default_jobs()
-    p.add_argument(
-        "--jobs",
-        type=_positive,
-        default=cores,
-        metavar="N",
-        help=f"worker processes reading big runs (default: the cores, {cores}; 1: read in this process)",
-    )
-
-
-def _summary(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "summary",
-        help="summarize torch.profiler traces (a file, a run folder or a logdir)",
-        description=analysis_commands.SUMMARY_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "logdir",
-        type=Path,
-        help="trace file (.pt.trace.json[.gz]), run folder, logdir of runs, or a summary saved with --json",
-    )
-    _formats(p, "tables (JSON: with the per-step rows kprof diff needs)")
-    p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
-    p.add_argument("--top", type=_positive, default=10, metavar="N", help="rows per table (default 10)")
-    p.add_argument(
-        "--sort",
-        choices=SORT_KEYS,
-        default="cuda",
-        help="sort operators by self CUDA time, self CPU time or self memory (default cuda; cpu without GPU events)",
-    )
-    p.add_argument(
-        "--stacks",
-        type=Path,
-        metavar="OUT.folded",
-        help="write flamegraph folded stacks of self CPU time (one file per run when several)",
-    )
-    _jobs(p)
-    p.set_defaults(
-        func=lambda a: analysis_commands.run_summary(
-            a.logdir,
-            as_json=a.json,
-            markdown=a.markdown,
-            html=a.html,
-            top=a.top,
-            sort=a.sort,
-            stacks=a.stacks,
-            jobs=a.jobs,
-        )
-    )
-
-
-def _diff(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "diff",
-        help="what changed between two runs, trace files or step selections (with CIs and verdicts)",
-        description=analysis_commands.DIFF_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "a", help="the baseline: run folder, trace file, saved summary (kprof summary --json) or PATH@steps=SPEC"
-    )
-    p.add_argument("b", help="the run compared with it (same forms)")
-    _formats(p, "diff")
-    _gate(p, "B's step time is")
-    p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
-    p.add_argument("--top", type=_positive, default=10, metavar="N", help="rows per table (default 10)")
-    p.add_argument(
-        "--confidence",
-        type=_fraction,
-        default=0.95,
-        help="interval level; 1 - confidence is the false discovery rate (default 0.95)",
-    )
-    _jobs(p)
-    p.set_defaults(
-        func=lambda a: analysis_commands.run_diff(
-            a.a,
-            a.b,
-            as_json=a.json,
-            markdown=a.markdown,
-            html=a.html,
-            top=a.top,
-            confidence=a.confidence,
-            jobs=a.jobs,
-            fail_if_slower=a.fail_if_slower,
-        )
-    )
-
-
-def _tensorboard(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tensorboard", help="serve LOGDIR with TensorBoard on 127.0.0.1 and print the URL")
-    p.add_argument("logdir", nargs="?", default="log", help="the logdir kprof wrote (default: log)")
-    p.add_argument(
-        "--port", type=_at_least(None), default=6006, help="port on 127.0.0.1 (default: 6006; 0 picks a free one)"
-    )
-    p.set_defaults(func=_run_tensorboard)
-
-
-def _compare(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "compare",
-        help="time a model with and without kprof.swap (custom kernels) and check they agree",
-        description="Train a model and its kprof.swap copy (or one copy per --impls choice: CUDA, C++, Triton or "
-        "torch's own ops in the kprof layers) on the same batches, check that outputs and gradients agree, and print "
-        "step times with a bootstrap confidence interval on the speedup. Exit status 0, 1 when a variant failed (its "
-        "code raised, or the check), 2 for bad arguments, 3 for a regression (--fail-if-slower).",
-    )
-    p.add_argument(
-        "--model",
-        default="builtin",
-        help="'builtin' (the demo ToyModel) or MODULE:ATTR naming a "
-        "function f(device) that returns (model, step_fn, batches) (default: builtin)",
-    )
-    p.add_argument("--steps", type=_at_least(3), default=50, help="timed steps per variant (default: 50)")
-    p.add_argument("--warmup", type=_at_least(0), default=5, help="untimed warm-up steps per variant (default: 5)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--logdir", default=None, help="also profile each variant into LOGDIR/<variant>/")
-    p.add_argument(
-        "--check", choices=("raise", "warn", "off"), default="raise", help="numerical check (default: raise)"
-    )
-    p.add_argument(
-        "--impls",
-        default="",
-        help="comma-separated kprof.swap impls, one variant each beside the torch "
-        "model, e.g. cuda,triton,torch (default: one swap whose kernels follow the device)",
-    )
-    p.add_argument(
-        "--markdown", action="store_true", help="print the table as GitHub-flavoured Markdown (a pull-request comment)"
-    )
-    _gate(p, "a variant's timed steps are, against the baseline's,")
-    builtin = p.add_argument_group("builtin model size")
-    builtin.add_argument("--width", type=_positive, default=128, help="hidden width (default: 128)")
-    builtin.add_argument("--depth", type=_positive, default=4, help="number of blocks (default: 4)")
-    builtin.add_argument("--batch-size", type=_positive, default=64, help="batch size (default: 64)")
-    p.set_defaults(func=_run_compare)
-
-
-def _bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench",
-        help="time every custom layer (and its Triton twin) against eager PyTorch and torch.compile",
-        describe=_bench_description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--quick", action="store_true", help="small sizes on the CPU, a few iterations, no compile")
-    p.add_argument("--check", action="store_true", help="correctness of every kernel on small shapes, no timing")
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile reference")
-    p.add_argument("--no-triton", action="store_true", help="skip the Triton twins (impl='triton')")
-    p.add_argument("--largest", action="store_true", help="only each op's largest shape per dtype")
-    p.add_argument("--ops", default="", help="comma-separated op names (default: all; listed above)")
-    p.add_argument(
-        "--shapes",
-        choices=("full", "gpt"),
-        default="full",
-        help="full: large shapes of every op family (default); gpt: the shapes of GPT-2 small/medium",
-    )
-    p.add_argument("--out", type=Path, help="write the results as JSON here")
-
-    def run(a: argparse.Namespace) -> int:
-        from . import bench
-
-        try:
-            return bench.run(
-                quick=a.quick,
-                check_only=a.check,
-                compile_ref=not a.no_compile,
-                triton=not a.no_triton,
-                largest_only=a.largest,
-                ops=a.ops,
-                shapes=a.shapes,
-                out=a.out,
-            )
-        except ValueError as exc:
-            p.error(str(exc))
-
-    p.set_defaults(func=run)
-
-
-def _run_demo(a: argparse.Namespace) -> int:
-    from .demo import run_cli
-
-    return run_cli(a.logdir, a.steps, a.device)
-
-
-def _run_tensorboard(a: argparse.Namespace) -> int:
-    from .tensorboard.launch import serve
-
-    return serve(a.logdir, a.port)
-
-
-def _run_compare(a: argparse.Namespace) -> int:
-    from .compare.command import run_cli
-
-    return run_cli(
-        a.model,
-        steps=a.steps,
-        warmup=a.warmup,
-        device=a.device,
-        logdir=a.logdir,
-        check=a.check,
-        impls=a.impls,
-        width=a.width,
-        depth=a.depth,
-        batch_size=a.batch_size,
-        markdown=a.markdown,
-        fail_if_slower=a.fail_if_slower,
-    )
-
-
-def _bench_description() -> str:
-    from . import bench
-
-    return f"{bench.__doc__}\nops: {', '.join(op.name for op in bench.OPS)}\n"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kprof", description="Profile PyTorch training and read the results.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_demo, _summary, _diff, _tensorboard, _compare, _bench):
-        add(sub)
+    raw = argparse.RawDescriptionHelpFormatter  # descriptions laid out in lines keep them
+    for command in commands():
+        text = command.description
+        p = sub.add_parser(
+            command.name,
+            help=command.help,
+            description=text if isinstance(text, str) else None,
+            describe=text if callable(text) else None,
+            formatter_class=argparse.HelpFormatter if isinstance(text, str) and "\n" not in text else raw,
+        )
+        places: dict[str | None, argparse._ActionsContainer] = {None: p}
+        for a in command.args:
+            key = a.exclusive or a.section
+            if key not in places:
+                places[key] = p.add_mutually_exclusive_group() if a.exclusive else p.add_argument_group(a.section)
+            places[key].add_argument(*a.flags, **a.options)
+        p.set_defaults(_run=command.run)
     return parser
 
 
@@ -354,22 +357,27 @@ def main(argv: list[str] | None = None) -> int:
     """Run a subcommand; its exit status. Ctrl-C is 130 and a reader of the output that went away (``| head``) 141,
     as a shell reports a process those signals end; an output that cannot be written (``> /dev/full``) is 1. Each
     says so in one line, never a traceback."""
-    args = build_parser().parse_args(argv)
+    options = vars(build_parser().parse_args(argv))
+    name, target = options.pop("command"), options.pop("_run")
+    module, _, function = target.partition(":")
     try:
-        status = args.func(args)
+        status = getattr(importlib.import_module(module, __package__), function)(**options)
         sys.stdout.flush()  # a full or closed output fails here, not at the interpreter's exit
+    except UsageError as exc:
+        print(f"kprof {name}: {exc}", file=sys.stderr)
+        return exits.USAGE
     except KeyboardInterrupt:
-        print(f"kprof {args.command}: interrupted", file=sys.stderr)
-        return 130
+        print(f"kprof {name}: interrupted", file=sys.stderr)
+        return exits.INTERRUPTED
     except BrokenPipeError:
         _drop_stdout()
-        return 141
+        return exits.BROKEN_PIPE
     except OSError as exc:
         if exc.filename is not None or exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
             raise
         _drop_stdout()
-        print(f"kprof {args.command}: could not write the output: {exc.strerror}", file=sys.stderr)
-        return 1
+        print(f"kprof {name}: could not write the output: {exc.strerror}", file=sys.stderr)
+        return exits.FAILED
     return status
 
 

@@ -74,7 +74,7 @@ def run_demo(logdir: str = "log", steps: int = 60, device: str | None = None) ->
     Too few steps for a profiling window, or profiling switched off (``KPROF=0``), is a ValueError before training.
     """
     import kprof_callbacks as kprof
-    from kprof_callbacks.cli import typed_command
+    from kprof_callbacks.shell import typed_command
     from kprof_callbacks.tensorboard.launch import open_hint
 
     run = "demo-" + time.strftime("%Y%m%d-%H%M%S")

@@ -13,6 +13,10 @@ _NAMES = {
     "Change": ".tracediff",
     "Diff": ".tracediff",
     "diff": ".tracediff",
+    "SORT_KEYS": ".tables",
+    "default_jobs": ".workers",
+    "run_summary": ".commands",
+    "run_diff": ".commands",
     **dict.fromkeys(
         ("Diagnostic", "KernelStats", "LabelStats", "OpStats", "Problem", "RankStats", "StepSkew", "StepStats"),
         ".tables",

@@ -15,30 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..exits import FAILED, REGRESSION, USAGE
+
 if TYPE_CHECKING:
     from .summary import Summary
-
-SUMMARY_HELP = """\
-Summarize torch.profiler traces: where the time went, per step, operator, kernel and label, with findings.
-LOGDIR may also be a summary saved with --json (read back as it was saved).
-
-Exit status 0 when at least one trace was summarized (unreadable files are listed under
-"Problems"), 1 when nothing could be read or a report could not be written, 2 for bad arguments.
-Big runs are read by --jobs worker processes, with a progress bar on stderr (a terminal) for runs over 100 MB.
---json keeps the per-step rows kprof diff tests: the file can be side A of a diff (kprof summary --json > base.json).
-"""
-DIFF_HELP = """\
-What changed from A to B, with intervals and verdicts. A and B: a run folder, a trace file, a summary saved with
-kprof summary --json, or PATH@steps=SPEC for some steps of a run (SPEC: numbers and ranges, e.g. log/run@steps=2-4,7).
-
---fail-if-slower PCT gates on the step time: exit status 3 when B's typical step is significantly slower than A's
-and the whole confidence interval of the slowdown lies above PCT percent; the report then says what grew.
-
-Exit status 0 when both sides were read (and no regression), 1 when one could not be (or a step selection does not
-match the run, or a side has too few steps for --fail-if-slower, or the report could not be written), 2 for bad
-arguments (a malformed step selection included), 3 for a regression (it wins over a report that could not be written).
-"""
-REGRESSION = 3  # the exit status of kprof diff --fail-if-slower (and kprof compare's) on a regression
 
 
 def _per_run(path: Path, run: str, many: bool) -> Path:
@@ -135,12 +115,12 @@ def run_summary(
     bad = _bad_output(html, "--html") or _bad_output(stacks, "--stacks")
     if bad:
         print(f"kprof summary: {bad}", file=sys.stderr)
-        return 2
+        return USAGE
     try:
         result = summarize(path, progress=sys.stderr.isatty(), jobs=jobs)
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof summary: {exc}", file=sys.stderr)
-        return 1
+        return FAILED
     runs: dict[str, Summary] = result if isinstance(result, dict) else {result.name: result}
     if as_json:
         doc = {name: s.to_dict() for name, s in runs.items()} if isinstance(result, dict) else result.to_dict()
@@ -187,12 +167,12 @@ def run_diff(
         bad = bad or str(exc)
     if bad:
         print(f"kprof diff: {bad}", file=sys.stderr)
-        return 2
+        return USAGE
     try:
         result = diff(*load(a, b, jobs=jobs, progress=sys.stderr.isatty()), confidence=confidence)
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof diff: {exc}", file=sys.stderr)
-        return 1
+        return FAILED
     regressed, no_verdict = None, None
     if fail_if_slower is not None:
         try:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from ..checks import UsageError
 from ..kernels import _triton
 from . import loss
 from .check import check
@@ -65,9 +66,9 @@ def run(
     names = [n for n in ops.split(",") if n]
     known = [op.name for op in OPS] + [loss.NAME]
     if set(names) - set(known):
-        raise ValueError(f"--ops: unknown op(s) {sorted(set(names) - set(known))}; known: {','.join(known)}")
+        raise UsageError(f"--ops: unknown op(s) {sorted(set(names) - set(known))}; known: {','.join(known)}")
     if shapes not in SHAPES:
-        raise ValueError(f"--shapes must be one of {tuple(SHAPES)}, got {shapes!r}")
+        raise UsageError(f"--shapes must be one of {tuple(SHAPES)}, got {shapes!r}")
     chosen, with_loss = [op for op in OPS if not names or op.name in names], not names or loss.NAME in names
     device = "cuda" if torch.cuda.is_available() and not quick else "cpu"
     triton = triton and _triton_runs(device, check_only)
@@ -76,7 +77,7 @@ def run(
     if device == "cuda" and liger_version() is None:
         print("[kprof bench] no Liger-Kernel columns: pip install 'kprof-callbacks[bench]'", file=sys.stderr)
     if device == "cpu" and not quick:
-        raise ValueError("no CUDA device: use --quick (CPU smoke run) or --check")
+        raise UsageError("no CUDA device: use --quick (CPU smoke run) or --check")
     env = environment(device)
     record: dict = {**env, "rows": []}
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..analysis.commands import REGRESSION
+from ..exits import REGRESSION
 from .check import ComparisonError
 from .run import compare
 

@@ -69,7 +69,7 @@ def check_port(port: int, host: str = HOST) -> None:
 def open_hint(logdir: str | os.PathLike, port: int = DEFAULT_PORT) -> str:
     """How to read the traces in ``logdir``: the command (as this shell runs it), then the kprof tab (offline) and
     the PyTorch Profiler tab."""
-    from ..cli import typed_command
+    from ..shell import typed_command
 
     url = f"http://{HOST}:{port}/"
     return (
