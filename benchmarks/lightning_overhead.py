@@ -54,15 +54,62 @@ CUDA_ONLY = {name for name, (_, _, env) in VARIANTS.items() if "TEARDOWN_CUPTI" 
 
 def run_variant(name: str, steps: int, logdir: Path) -> dict:
     """Train ``steps`` batches with the variant's profiler in this process; step times and teardown seconds."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    batch = torch.randn(64, 256, device=device)
+    data = torch.utils.data.DataLoader([batch] * steps, batch_size=None)
+    clock = _step_clock(device)
+    _trainer(name, steps, logdir, device, clock).fit(_mlp(), data)
+    teardown = time.perf_counter() - clock.last_end
+    traces = sorted(logdir.rglob("*.pt.trace.json*"))
+    return {
+        # times[i] is batch i + 1 (batch 0 has no previous end)
+        "window_ms": statistics.median(clock.times[i - 1] for i in WINDOW) * 1e3,
+        "after_ms": statistics.median(clock.times[len(clock.times) // 2 :]) * 1e3,
+        "slowest_in_batches_1_10_ms": max(clock.times[:10]) * 1e3,  # a stall at a window boundary shows here
+        "teardown_s": teardown,
+        "trace_files": len(traces),
+        "gpu_kernels": [_kernels(p) for p in traces] if device == "cuda" else None,
+    }
+
+
+def _trainer(name: str, steps: int, logdir: Path, device: str, clock):
+    """A Trainer with the variant's profiler (Lightning's, kprof's callback or none) and the step clock."""
     import lightning as L
     import torch
     from lightning.pytorch.profilers import PyTorchProfiler
-    from torch import nn
 
     import kprof_callbacks as kprof
 
     kind, options, _ = VARIANTS[name]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    callbacks: list = [clock]
+    profiler = None
+    if kind == "lightning":
+        schedule = torch.profiler.schedule(**SCHEDULE)
+        profiler = PyTorchProfiler(dirpath=logdir, filename="lightning", schedule=schedule, **options)
+    elif kind == "kprof":
+        callbacks.append(kprof.ProfilerCallback(logdir=logdir, run="kprof", **SCHEDULE, **options))
+    return L.Trainer(
+        accelerator=device,
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        profiler=profiler,
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=logdir,
+    )
+
+
+def _mlp():
+    """The launch-bound model: 24 Linear(256) + ReLU blocks, AdamW."""
+    import lightning as L
+    import torch
+    from torch import nn
 
     class MLP(L.LightningModule):
         def __init__(self) -> None:
@@ -75,9 +122,15 @@ def run_variant(name: str, steps: int, logdir: Path) -> dict:
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
-    class StepClock(L.Callback):
-        """Seconds between consecutive batch ends, each measured after a sync."""
+    return MLP()
 
+
+def _step_clock(device: str):
+    """A callback that keeps the seconds between consecutive batch ends, each measured after a sync."""
+    import lightning as L
+    import torch
+
+    class StepClock(L.Callback):
         def __init__(self) -> None:
             self.times: list[float] = []
             self.last_end = 0.0
@@ -97,41 +150,7 @@ def run_variant(name: str, steps: int, logdir: Path) -> dict:
                     self.times.append(now - self.last_end)
             self.last_end = time.perf_counter()
 
-    torch.manual_seed(0)
-    batch = torch.randn(64, 256, device=device)
-    data = torch.utils.data.DataLoader([batch] * steps, batch_size=None)
-    clock = StepClock()
-    callbacks: list = [clock]
-    profiler = None
-    if kind == "lightning":
-        schedule = torch.profiler.schedule(**SCHEDULE)
-        profiler = PyTorchProfiler(dirpath=logdir, filename="lightning", schedule=schedule, **options)
-    elif kind == "kprof":
-        callbacks.append(kprof.ProfilerCallback(logdir=logdir, run="kprof", **SCHEDULE, **options))
-    trainer = L.Trainer(
-        accelerator=device,
-        devices=1,
-        max_steps=steps,
-        logger=False,
-        profiler=profiler,
-        callbacks=callbacks,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=logdir,
-    )
-    trainer.fit(MLP(), data)
-    teardown = time.perf_counter() - clock.last_end
-    traces = sorted(logdir.rglob("*.pt.trace.json*"))
-    return {
-        # times[i] is batch i + 1 (batch 0 has no previous end)
-        "window_ms": statistics.median(clock.times[i - 1] for i in WINDOW) * 1e3,
-        "after_ms": statistics.median(clock.times[len(clock.times) // 2 :]) * 1e3,
-        "slowest_in_batches_1_10_ms": max(clock.times[:10]) * 1e3,  # a stall at a window boundary shows here
-        "teardown_s": teardown,
-        "trace_files": len(traces),
-        "gpu_kernels": [_kernels(p) for p in traces] if device == "cuda" else None,
-    }
+    return StepClock()
 
 
 def _kernels(path: Path) -> int:
@@ -181,7 +200,7 @@ def one(name: str, steps: int) -> dict:
     return {**result, "baseline_after_ms": baseline["after_ms"], "relative": result["after_ms"] / baseline["after_ms"]}
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--quick", action="store_true", help="20 batches, one round, the three compared variants: a CPU smoke run"
@@ -203,11 +222,16 @@ def main() -> None:
     args.variants = args.variants or list(VARIANTS)[: 3 if args.quick else None]  # the rows after explain costs
     if "none" not in args.variants:
         parser.error("--variants must include 'none': the others are compared with it")
-    steps = args.steps or (20 if args.quick else 300)
-    rounds = 1 if args.quick else args.rounds
-    if steps < 20:
+    args.steps = args.steps or (20 if args.quick else 300)
+    args.rounds = 1 if args.quick else args.rounds
+    if args.steps < 20:
         parser.error("--steps must be >= 20 (the window plus a stretch long after it)")
+    return args
 
+
+def main() -> None:
+    args = _arguments()
+    steps, rounds = args.steps, args.rounds
     import torch
 
     env = environment()

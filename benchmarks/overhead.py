@@ -185,7 +185,6 @@ def main(argv: list[str] | None = None) -> dict:
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(sys.argv),
         "cores": isolated.cores,
-        "step": {},
         "blocking": {},
     }
     for active in active_sizes:
@@ -215,20 +214,26 @@ def main(argv: list[str] | None = None) -> dict:
     for done in budget_rounds(rounds, left):
         one_round(done, [name for name in MODELS[sizes] if name not in ONE_ROUND])
     results["rounds"] = done
-    for name, mine in per_mode.items():
-        relative = {m: [r["relative"] for r in runs] for m, runs in mine.items()}
-        results["step"][name] = {m: statistics.median(r["median_ms"] for r in runs) for m, runs in mine.items()}
-        results["step"][name]["relative"] = {m: statistics.median(v) for m, v in relative.items()}
-        results["step"][name]["rounds"] = mine
-        results["step"][name]["ratios"] = {  # paired within each round, each process against its own baseline
-            "outside": [k / n for k, n in zip(relative["kprof-outside"], relative["none"])],
-            "inside": [k / r for k, r in zip(relative["kprof-inside"], relative["raw-inside"])],
-            "none": relative["none"],  # no profiler vs its own baseline: the noise the two ratios above sit in
-        }
+    results["step"] = {name: _step_result(mine) for name, mine in per_mode.items()}
     print(render(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
     return results
+
+
+def _step_result(rounds: dict[str, list[dict]]) -> dict:
+    """One model's rounds by mode: the median step time and change per mode, and the paired ratios the targets use."""
+    relative = {m: [r["relative"] for r in runs] for m, runs in rounds.items()}
+    return {
+        **{m: statistics.median(r["median_ms"] for r in runs) for m, runs in rounds.items()},
+        "relative": {m: statistics.median(v) for m, v in relative.items()},
+        "rounds": rounds,
+        "ratios": {  # paired within each round, each process against its own baseline
+            "outside": [k / n for k, n in zip(relative["kprof-outside"], relative["none"])],
+            "inside": [k / r for k, r in zip(relative["kprof-inside"], relative["raw-inside"])],
+            "none": relative["none"],  # no profiler vs its own baseline: the noise the two ratios above sit in
+        },
+    }
 
 
 def render(results: dict) -> str:

@@ -69,11 +69,24 @@ def run(name: str, quick: bool, out_dir: Path, gpu_trace: Path | None = None) ->
     return {"returncode": child.returncode, "seconds": time.perf_counter() - started, "result": result}
 
 
-def targets(results: dict) -> list[tuple[str, str, bool | None]]:
+Target = tuple[str, str, "bool | None"]  # (target, measured, met: None where no number)
+
+
+def targets(results: dict) -> list[Target]:
     """(target, measured, met) for every target kprof sets itself; None where the run produced no number."""
-    rows: list[tuple[str, str, bool | None]] = []
-    step = results.get("overhead", {}).get("result", {}).get("step", {})
-    for model, row in step.items():
+    return [
+        *_overhead_targets(results.get("overhead", {}).get("result", {})),
+        *_summary_targets(results),
+        *_read_targets(results),
+        *_lightning_targets(results.get("lightning", {}).get("result", {}).get("results", {})),
+        *_kernel_targets(results.get("kernels", {}).get("result", {}).get("rows", [])),
+    ]
+
+
+def _overhead_targets(overhead: dict) -> list[Target]:
+    """The profiled loop's cost outside and inside windows, and the block at a window's end."""
+    rows: list[Target] = []
+    for model, row in overhead.get("step", {}).items():
         outside, inside = row["ratios"]["outside"], row["ratios"]["inside"]
         noise = f"; no profiler vs its own baseline: {change_cell(row['ratios']['none'])}"
         rows.append(
@@ -90,7 +103,7 @@ def targets(results: dict) -> list[tuple[str, str, bool | None]]:
                 statistics.median(inside) <= 1.03,
             )
         )
-    for active, row in results.get("overhead", {}).get("result", {}).get("blocking", {}).items():
+    for active, row in overhead.get("blocking", {}).items():
         ours, raw = row["kprof"], row["raw"]
         rows.append(
             (
@@ -100,6 +113,12 @@ def targets(results: dict) -> list[tuple[str, str, bool | None]]:
                 ours["blocked_ms"] <= 100,
             )
         )
+    return rows
+
+
+def _summary_targets(results: dict) -> list[Target]:
+    """kprof summary and kprof diff of CPU traces: against key_averages, within a second, MB/s with workers."""
+    rows: list[Target] = []
     for size in results.get("summary", {}).get("result", {}).get("rows", []):
         speedup, seconds = size.get("speedup"), size.get("summarize_s")
         if speedup is not None:
@@ -127,27 +146,31 @@ def targets(results: dict) -> list[tuple[str, str, bool | None]]:
                     size["diff_jobs_s"] <= 1.0,
                 )
             )
-    rows += _read_targets(results)
-    lightning = results.get("lightning", {}).get("result", {}).get("results", {})
-    if "none" in lightning and "kprof ProfilerCallback" in lightning:
-        for name in ("kprof ProfilerCallback", "lightning PyTorchProfiler"):
-            ratios = lightning[name]["after_ratio_to_none"]
-            rows.append(
-                (
-                    f"Lightning, {name}: steps after the windows <= 1% over none",
-                    change_cell(ratios),
-                    statistics.median(ratios) <= 1.01 if name.startswith("kprof") else None,
-                )
-            )
-        teardown = lightning["kprof ProfilerCallback"]["teardown_s"]
-        rows.append(("Lightning, kprof: time at the end of training <= 1 s", f"{teardown:.2f} s", teardown <= 1.0))
-    rows += _kernel_targets(results.get("kernels", {}).get("result", {}).get("rows", []))
     return rows
 
 
-def _read_targets(results: dict) -> list[tuple[str, str, bool | None]]:
+def _lightning_targets(lightning: dict) -> list[Target]:
+    """The Lightning callback's cost after its windows, and at the end of training."""
+    if "none" not in lightning or "kprof ProfilerCallback" not in lightning:
+        return []
+    rows: list[Target] = []
+    for name in ("kprof ProfilerCallback", "lightning PyTorchProfiler"):
+        ratios = lightning[name]["after_ratio_to_none"]
+        rows.append(
+            (
+                f"Lightning, {name}: steps after the windows <= 1% over none",
+                change_cell(ratios),
+                statistics.median(ratios) <= 1.01 if name.startswith("kprof") else None,
+            )
+        )
+    teardown = lightning["kprof ProfilerCallback"]["teardown_s"]
+    rows.append(("Lightning, kprof: time at the end of training <= 1 s", f"{teardown:.2f} s", teardown <= 1.0))
+    return rows
+
+
+def _read_targets(results: dict) -> list[Target]:
     """Start-up of the CLI, and kprof summary of a real GPU trace, of 1 GB, of 8 rank files."""
-    rows: list[tuple[str, str, bool | None]] = []
+    rows: list[Target] = []
     cold = results.get("cold_start", {}).get("result", {})
     for what, label in (("help", "kprof --help"), ("summary", "kprof summary of the demo's 6 MB run")):
         if what in cold.get("seconds", {}):
@@ -209,7 +232,7 @@ SPEEDUP = {
 }
 
 
-def _kernel_targets(rows: list[dict]) -> list[tuple[str, str, bool | None]]:
+def _kernel_targets(rows: list[dict]) -> list[Target]:
     """The kernel targets, measured on each op's forward + backward at its largest size."""
     largest: dict[tuple, dict] = {}
     for row in rows:
@@ -251,7 +274,7 @@ def _memory_row(run: dict, mb: float, ratio: float) -> tuple[str, str, bool]:
     )
 
 
-def render_targets(rows: list[tuple[str, str, bool | None]]) -> str:
+def render_targets(rows: list[Target]) -> str:
     lines = ["| target | measured | |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {'met' if ok else 'MISSED' if ok is False else '-'} |" for t, m, ok in rows]
     return "\n".join(lines)
