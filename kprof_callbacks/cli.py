@@ -171,6 +171,13 @@ def _diff(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", help="the run compared with it (same forms)")
     _formats(p, "diff")
     _gate(p, "B's step time is")
+    p.add_argument(
+        "--fail-if-more-memory",
+        type=_percent,
+        metavar="PCT",
+        help="exit status 3 when B's peak allocated memory (the median over its steps) is above A's by more than PCT "
+        "percent; both sides profiled with profile_memory=True (docs/ci.md)",
+    )
     p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
     p.add_argument("--top", type=_positive, default=10, metavar="N", help="rows per table (default 10)")
     p.add_argument(
@@ -191,6 +198,7 @@ def _diff(sub: argparse._SubParsersAction) -> None:
             confidence=a.confidence,
             jobs=a.jobs,
             fail_if_slower=a.fail_if_slower,
+            fail_if_more_memory=a.fail_if_more_memory,
         )
     )
 

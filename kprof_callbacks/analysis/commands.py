@@ -30,10 +30,13 @@ kprof summary --json, or PATH@steps=SPEC for some steps of a run (SPEC: numbers 
 
 --fail-if-slower PCT gates on the step time: exit status 3 when B's typical step is significantly slower than A's
 and the whole confidence interval of the slowdown lies above PCT percent; the report then says what grew.
+--fail-if-more-memory PCT gates on memory: exit status 3 when B's peak allocated (the median over its steps) is above
+A's by more than PCT percent (both profiled with profile_memory=True); the report says what grew at the peak.
 
 Exit status 0 when both sides were read (and no regression), 1 when one could not be (or a step selection does not
 match the run, or a side has too few steps for --fail-if-slower, or the report could not be written), 2 for bad
-arguments (a malformed step selection included), 3 for a regression (it wins over a report that could not be written).
+arguments (a malformed step selection included), 3 for a regression of either gate (it wins over a report that could
+not be written).
 """
 REGRESSION = 3  # the exit status of kprof diff --fail-if-slower (and kprof compare's) on a regression
 
@@ -126,10 +129,12 @@ def run_diff(
     confidence: float = 0.95,
     jobs: int = 1,
     fail_if_slower: float | None = None,
+    fail_if_more_memory: float | None = None,
 ) -> int:
     """Run `kprof diff`; returns the exit status."""
     from .diff_inputs import load, split
     from .diff_report import gate
+    from .memory_diff import gate as memory_gate
     from .tracediff import diff
     from .workers import keep_freed_memory
 
@@ -154,7 +159,13 @@ def run_diff(
         try:
             regressed = result.regressed(fail_if_slower)
         except ValueError as exc:  # too few steps: the report says so too
-            no_verdict = str(exc)
+            no_verdict = f"--fail-if-slower: {exc}"
+    more_memory = None
+    if fail_if_more_memory is not None:
+        try:
+            more_memory = result.more_memory(fail_if_more_memory)
+        except ValueError as exc:  # no memory events: the report says so too
+            no_verdict = f"--fail-if-more-memory: {exc}"
     if as_json:
         doc = result.to_dict()
         if fail_if_slower is not None:
@@ -163,14 +174,20 @@ def run_diff(
                 "regressed": regressed,
                 "report": gate(result, fail_if_slower),
             }
+        if fail_if_more_memory is not None:
+            doc["memory_gate"] = {
+                "fail_if_more_memory_pct": fail_if_more_memory,
+                "regressed": more_memory,
+                "report": memory_gate(result, fail_if_more_memory),
+            }
         print(json.dumps(doc, indent=1))
     elif markdown:
-        print(result.to_markdown(top=top, fail_if_slower=fail_if_slower))
+        print(result.to_markdown(top=top, fail_if_slower=fail_if_slower, fail_if_more_memory=fail_if_more_memory))
     else:
-        print(result.render(top=top, fail_if_slower=fail_if_slower))
+        print(result.render(top=top, fail_if_slower=fail_if_slower, fail_if_more_memory=fail_if_more_memory))
     written = not html or _written(html, lambda out: result.to_html(out, top=max(top, 30)), "diff", "HTML report")
-    if regressed:
+    if regressed or more_memory:
         return REGRESSION
     if no_verdict:
-        print(f"kprof diff: --fail-if-slower: {no_verdict}", file=sys.stderr)
+        print(f"kprof diff: {no_verdict}", file=sys.stderr)
     return 0 if written and not no_verdict else 1

@@ -61,7 +61,7 @@ class _History:
         self.free.append(device_free if isinstance(device_free, int) else -1)
 
 
-def _site(frames: Iterable[Any]) -> str:
+def site_of(frames: Iterable[Any]) -> str:
     """The innermost frame of the program's own code (not torch's or a library's) as ``file:line in name``, else
     the innermost frame, else ""."""
     frames = [f for f in frames if isinstance(f, dict)]
@@ -145,7 +145,7 @@ def _device(h: _History, end: _Segments, resolve: Any) -> dict[str, Any]:
                 "size": int(size[i]),
                 "device_free": h.free[i],
                 "time_us": int(time[i]) if time[i] >= 0 else None,
-                "site": _site(resolve(h.frames[i])),
+                "site": site_of(resolve(h.frames[i])),
             }
             for i in np.flatnonzero(action == _OOM).tolist()
         ],
@@ -162,7 +162,7 @@ def _alive_detail(h: _History, alive: np.ndarray, size: np.ndarray, action: np.n
     for i in alive.tolist():
         allocated_here = action[i] == _ALLOC
         frames = resolve(h.frames[i]) if allocated_here else []
-        site = _site(frames) if allocated_here else "(allocated before the history)"
+        site = site_of(frames) if allocated_here else "(allocated before the history)"
         held = sites.setdefault(site, [0, 0])
         held[0] += int(size[i])
         held[1] += 1
@@ -178,7 +178,7 @@ def _growing(h: _History, action: np.ndarray, ends: np.ndarray, size: np.ndarray
     late = np.flatnonzero((action == _ALLOC) & (ends == action.size) & (np.arange(action.size) >= start))
     held: dict[str, list[int]] = {}
     for i in late.tolist():
-        site = _site(resolve(h.frames[i]))
+        site = site_of(resolve(h.frames[i]))
         if site:
             entry = held.setdefault(site, [0, 0])
             entry[0] += int(size[i])
