@@ -152,18 +152,21 @@ def _phases(tl: Events, win: Windows, own: np.ndarray, ctx: np.ndarray, time: np
 
 
 def _from_host(tl: Events, tree: Tree) -> np.ndarray:
-    """Per host event: whether it, its parent or grandparent launched a host-to-device copy (``.to("cuda")``)."""
+    """Per host event: whether it runs inside a copy from the host to the GPU (``.to("cuda")``): the operator that
+    launched a host-to-device copy and the operators up to two levels above it (``aten::_to_copy``, ``aten::to``),
+    with everything they called."""
     from .ops import launcher_of_device_events
 
-    dev = tl.device
-    htod = np.array(["HtoD" in n for n in tl.names] or [False], bool)[dev.name]
+    host = tl.host
+    htod = np.array(["HtoD" in n for n in tl.names] or [False], bool)[tl.device.name]
     launcher = launcher_of_device_events(tl)[htod]
-    marked = np.zeros(tl.host.name.size, bool)
+    marked = np.zeros(host.name.size, bool)
     for _ in range(3):
         launcher = launcher[launcher >= 0]
+        launcher = launcher[host.kind[launcher] == OP]
         marked[launcher] = True
         launcher = tree.parent[launcher]
-    return marked
+    return _inherit(tree, np.where(marked, 1, -1)) > 0
 
 
 def sites(tl: Events, tree: Tree, win: Windows, time: np.ndarray, thread: np.ndarray) -> Sites:

@@ -20,7 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-_FLOAT = struct.Struct(">d")
+from .pickle_ops import FLOAT, HANDLERS, TRACES_KEY, Lazy, Outer, PickleError, Sink, pop_mark
+
+__all__ = ["TRACES_KEY", "Lazy", "PickleError", "Reader", "read"]
+
 _REF = rb"h.|j...."
 _INT = rb"K.|M..|J....|" + b"|".join(rb"\x8a" + bytes([n]) + b"." * n for n in range(1, 9))
 _VALUE = {
@@ -41,35 +44,6 @@ _CODES = {
     type(None): _OTHER_CODE,
     bool: _OTHER_CODE,
 }
-TRACES_KEY = "device_traces"
-
-
-class PickleError(ValueError):
-    """A file that is not a pickle of plain values (or is cut short); the message says what was found."""
-
-
-class Lazy:
-    """A list of memoized values kept as the byte range of its items in the file: decoded by `Reader.resolve`."""
-
-    __slots__ = ("lo", "hi")
-
-    def __init__(self, lo: int, hi: int) -> None:
-        self.lo, self.hi = lo, hi
-
-
-class _Outer(list):
-    """The list under ``device_traces``: its items (one list per device) are streamed."""
-
-    devices = 0
-
-
-class _Sink:
-    """One device's history: entries go to the callback, nothing is kept."""
-
-    __slots__ = ("device", "add")
-
-    def __init__(self, device: int, add: Callable[[int, tuple], None]) -> None:
-        self.device, self.add = device, add
 
 
 def _ref(index: int) -> bytes:
@@ -93,7 +67,8 @@ class Reader:
         self.strings: dict[str, int] = {}  # memoized strings -> their memo index (keys are matched as references)
         self.template: re.Pattern | None = None  # an entry, after an optional end of batch and start of the next
         self.learned = False
-        self.outer: _Outer | None = None
+        self.protocol = 0
+        self.outer: Outer | None = None
         self.fast = 0  # entries read by the template
 
     # -- the fast path ----------------------------------------------------------------------------------------
@@ -101,6 +76,8 @@ class Reader:
         """A pattern for entries laid out as ``entry``: its keys (memoized strings) in order, values of its types
         (numbers, strings read before, lists of values read before)."""
         self.learned = True
+        if self.protocol < 4:  # its memo opcodes carry their index: read by the opcodes
+            return
         parts, fields = [rb"\}\x94\("], {}
         for k, (key, value) in enumerate(entry.items(), 1):
             kind = list if isinstance(value, Lazy) else type(value)
@@ -118,21 +95,22 @@ class Reader:
         m = self.template.match(self.data, pos)
         return (-1, None) if m is None else (m.end(), self._entry(m))
 
-    def _stream(self, pos: int, sink: _Sink) -> int:
+    def _stream(self, pos: int, sink: Sink) -> int:
         """Hand on the entries of a batch (and of the batches after it) from ``pos`` while the template matches them
         one after the other; the position of the first that it does not."""
-        add, device, entry = sink.add, sink.device, self._entry
-        for m in self.template.finditer(self.data, pos):
-            if m.start() != pos:
-                break
+        add, device, entry, match, data = sink.add, sink.device, self._entry, self.template.match, self.data
+        m = match(data, pos)
+        while m is not None:
             add(device, entry(m))
             pos = m.end()
+            m = match(data, pos)
         return pos
 
     def _entry(self, m: re.Match) -> tuple:
         """The fields asked for of the entry the template matched; its memoized values (itself, new lists) counted."""
         memo = self.memo
-        memo.append(None)  # the entry itself: never referred to again
+        slot = len(memo)
+        memo.append(None)  # the entry itself, as the values asked for (a history's entries are not shared in torch's)
         groups = m.groups()
         new: dict[int, Lazy] = {}
         for k in self.lists:  # a new list of references: kept as their byte range
@@ -154,7 +132,8 @@ class Reader:
                 out.append(new[k])
             else:
                 out.append(self._value(code, raw))
-        return tuple(out)
+        memo[slot] = tuple(out)
+        return memo[slot]
 
     def _value(self, code: int, raw: bytes) -> Any:
         """A field's value other than a number or a new list, from the bytes the template matched."""
@@ -162,7 +141,7 @@ class Reader:
         if op == 0x68 or op == 0x6A:  # a reference: a string, or a list read before
             return self.memo[raw[1] if op == 0x68 else int.from_bytes(raw[1:5], "little")]
         if code == _FLOAT_CODE:
-            return _FLOAT.unpack(raw[1:])[0]
+            return FLOAT.unpack(raw[1:])[0]
         return None if op == 0x4E else op == 0x88
 
     def resolve(self, frames: Any) -> list:
@@ -179,7 +158,7 @@ class Reader:
 
     # -- the machine ------------------------------------------------------------------------------------------
     def run(self) -> Any:
-        """The pickled value (with each device's history replaced by its `_Sink`)."""
+        """The pickled value (with each device's history replaced by its `Sink`)."""
         data, n = self.data, len(self.data)
         stack: list[Any] = []
         marks: list[int] = []
@@ -190,10 +169,10 @@ class Reader:
             if op == 0x7D and self.template is not None:  # EMPTY_DICT: an entry of a device's history?
                 sink = self._batch_of(stack, marks)
                 if sink is not None:  # in a batch: what the batch holds so far goes first, then the stream
-                    self._append(sink, _pop_mark(stack, marks))
+                    self._append(sink, pop_mark(stack, marks))
                     marks.append(len(stack))
                     end = self._stream(pos - 1, sink)
-                elif stack and isinstance(stack[-1], _Sink):  # a batch of one (APPEND): the entry goes on the stack
+                elif stack and isinstance(stack[-1], Sink):  # a batch of one (APPEND): the entry goes on the stack
                     end, entry = self._match(pos - 1)
                     if end >= 0:
                         stack.append(entry)
@@ -210,14 +189,14 @@ class Reader:
         raise PickleError("the pickle is cut short (no STOP)")
 
     @staticmethod
-    def _batch_of(stack: list, marks: list) -> _Sink | None:
+    def _batch_of(stack: list, marks: list) -> Sink | None:
         """The device history whose batch (MARK ... APPENDS) is being read, if any."""
-        if marks and marks[-1] > 0 and isinstance(stack[marks[-1] - 1], _Sink):
+        if marks and marks[-1] > 0 and isinstance(stack[marks[-1] - 1], Sink):
             return stack[marks[-1] - 1]
         return None
 
     def _append(self, target: Any, items: list) -> None:
-        if isinstance(target, _Sink):
+        if isinstance(target, Sink):
             for item in items:
                 if isinstance(item, dict):
                     if not self.learned:
@@ -225,280 +204,23 @@ class Reader:
                     item = tuple(item.get(f) for f in self.fields)
                 target.add(target.device, item)
             return
-        if isinstance(target, _Outer):
+        if isinstance(target, Outer):
             for item in items:
-                if not isinstance(item, list | _Sink):
+                if not isinstance(item, list | Sink):
                     raise PickleError(f"{TRACES_KEY} holds a {type(item).__name__}, not a list per device")
         if not isinstance(target, list):
             raise PickleError(f"APPEND to a {type(target).__name__}")
-        target.extend([] if isinstance(x, _Sink) else x for x in items)
+        target.extend([] if isinstance(x, Sink) else x for x in items)
 
     def _op(self, op: int, pos: int, stack: list, marks: list) -> int:
         """Run the opcode ``op`` whose argument starts at ``pos``; the position after it."""
-        handler = _HANDLERS.get(op)
+        handler = HANDLERS.get(op)
         if handler is None:
             raise PickleError(f"opcode {bytes([op])!r} at byte {pos - 1} builds something other than plain values")
         try:
             return handler(self, pos, stack, marks)
         except (IndexError, KeyError, struct.error, UnicodeDecodeError) as exc:
             raise PickleError(f"a broken pickle at byte {pos - 1} ({type(exc).__name__}: {exc})") from None
-
-
-def _take(reader: Reader, pos: int, size: int) -> tuple[bytes, int]:
-    end = pos + size
-    if end > len(reader.data):
-        raise PickleError("the pickle is cut short")
-    return bytes(reader.data[pos:end]), end
-
-
-def _line(reader: Reader, pos: int) -> tuple[bytes, int]:
-    end = reader.data.find(b"\n", pos)
-    if end < 0:
-        raise PickleError("the pickle is cut short")
-    return bytes(reader.data[pos:end]), end + 1
-
-
-def _pop_mark(stack: list, marks: list) -> list:
-    at = marks.pop()
-    items = stack[at:]
-    del stack[at:]
-    return items
-
-
-def _memoize(reader: Reader, index: int, value: Any) -> None:
-    memo = reader.memo
-    if index >= len(memo):
-        memo.extend([None] * (index + 1 - len(memo)))
-    memo[index] = value
-    if isinstance(value, str) and value not in reader.strings:
-        reader.strings[value] = index
-
-
-def _sized(width: int, build: Callable[[bytes], Any]) -> Callable:
-    """An opcode whose argument is a length of ``width`` bytes, then that many bytes, turned into a value."""
-
-    def handler(reader: Reader, pos: int, stack: list, marks: list) -> int:
-        raw, pos = _take(reader, pos, width)
-        body, pos = _take(reader, pos, int.from_bytes(raw, "little"))
-        stack.append(build(body))
-        return pos
-
-    return handler
-
-
-def _fixed(width: int, build: Callable[[bytes], Any]) -> Callable:
-    def handler(reader: Reader, pos: int, stack: list, marks: list) -> int:
-        raw, pos = _take(reader, pos, width)
-        stack.append(build(raw))
-        return pos
-
-    return handler
-
-
-def _text(build: Callable[[bytes], Any]) -> Callable:
-    def handler(reader: Reader, pos: int, stack: list, marks: list) -> int:
-        raw, pos = _line(reader, pos)
-        stack.append(build(raw))
-        return pos
-
-    return handler
-
-
-def _push(value: Callable[[Reader, list], Any]) -> Callable:
-    def handler(reader: Reader, pos: int, stack: list, marks: list) -> int:
-        stack.append(value(reader, stack))
-        return pos
-
-    return handler
-
-
-def _empty_list(reader: Reader, pos: int, stack: list, marks: list) -> int:
-    """A list; the one under ``device_traces`` is an `_Outer`, and each list that goes into it a `_Sink`."""
-    outer = reader.outer
-    if stack and isinstance(stack[-1], str) and stack[-1] == TRACES_KEY and outer is None:
-        reader.outer = _Outer()
-        stack.append(reader.outer)
-    elif outer is not None and stack and (stack[-1] is outer or marks and stack[marks[-1] - 1] is outer):
-        stack.append(_Sink(outer.devices, reader.on_entry))
-        outer.devices += 1
-    else:
-        stack.append([])
-    return pos
-
-
-def _setitems(reader: Reader, pos: int, stack: list, marks: list) -> int:
-    items = _pop_mark(stack, marks)
-    target = stack[-1]
-    if not isinstance(target, dict):
-        raise PickleError(f"SETITEMS on a {type(target).__name__}")
-    for k in range(0, len(items) - 1, 2):
-        target[items[k]] = items[k + 1]
-    return pos
-
-
-def _setitem(reader: Reader, pos: int, stack: list, marks: list) -> int:
-    value, key = stack.pop(), stack.pop()
-    if not isinstance(stack[-1], dict):
-        raise PickleError(f"SETITEM on a {type(stack[-1]).__name__}")
-    stack[-1][key] = value
-    return pos
-
-
-def _appends(reader: Reader, pos: int, stack: list, marks: list) -> int:
-    items = _pop_mark(stack, marks)
-    reader._append(stack[-1], items)
-    return pos
-
-
-def _append(reader: Reader, pos: int, stack: list, marks: list) -> int:
-    item = stack.pop()
-    reader._append(stack[-1], [item])
-    return pos
-
-
-def _get(index_of: Callable[[bytes], int], width: int) -> Callable:
-    def handler(reader: Reader, pos: int, stack: list, marks: list) -> int:
-        if width:
-            raw, pos = _take(reader, pos, width)
-        else:
-            raw, pos = _line(reader, pos)
-        stack.append(reader.memo[index_of(raw)])
-        return pos
-
-    return handler
-
-
-def _put(index_of: Callable[[bytes], int], width: int) -> Callable:
-    def handler(reader: Reader, pos: int, stack: list, marks: list) -> int:
-        if width:
-            raw, pos = _take(reader, pos, width)
-        else:
-            raw, pos = _line(reader, pos)
-        _memoize(reader, index_of(raw), stack[-1])
-        return pos
-
-    return handler
-
-
-def _mark(reader: Reader, pos: int, stack: list, marks: list) -> int:
-    marks.append(len(stack))
-    return pos
-
-
-def _collection(build: Callable[[list], Any]) -> Callable:
-    def handler(reader: Reader, pos: int, stack: list, marks: list) -> int:
-        stack.append(build(_pop_mark(stack, marks)))
-        return pos
-
-    return handler
-
-
-def _tuple(n: int) -> Callable:
-    def handler(reader: Reader, pos: int, stack: list, marks: list) -> int:
-        items = stack[len(stack) - n :]
-        del stack[len(stack) - n :]
-        stack.append(tuple(items))
-        return pos
-
-    return handler
-
-
-def _additems(reader: Reader, pos: int, stack: list, marks: list) -> int:
-    items = _pop_mark(stack, marks)
-    stack[-1].update(items)
-    return pos
-
-
-def _skip(width: int) -> Callable:
-    return lambda reader, pos, stack, marks: _take(reader, pos, width)[1]
-
-
-def _pop(reader: Reader, pos: int, stack: list, marks: list) -> int:
-    if marks and marks[-1] == len(stack):
-        marks.pop()
-    else:
-        stack.pop()
-    return pos
-
-
-def _decode(raw: bytes) -> str:
-    return raw.decode("utf-8", "surrogatepass")
-
-
-def _text_int(raw: bytes) -> int | bool:
-    """Protocol 0's INT: ``00``/``01`` are False/True."""
-    return {b"00": False, b"01": True}[raw] if raw in (b"00", b"01") else int(raw)
-
-
-def _pop_to_mark(reader: Reader, pos: int, stack: list, marks: list) -> int:
-    _pop_mark(stack, marks)
-    return pos
-
-
-def _dup(reader: Reader, pos: int, stack: list, marks: list) -> int:
-    stack.append(stack[-1])
-    return pos
-
-
-def _memoize_next(reader: Reader, pos: int, stack: list, marks: list) -> int:
-    _memoize(reader, len(reader.memo), stack[-1])
-    return pos
-
-
-_HANDLERS: dict[int, Callable] = {
-    0x80: _skip(1),  # PROTO
-    0x95: _skip(8),  # FRAME
-    ord("("): _mark,
-    ord("0"): _pop,
-    ord("1"): _pop_to_mark,
-    ord("2"): _dup,
-    ord("N"): _push(lambda r, s: None),
-    0x88: _push(lambda r, s: True),
-    0x89: _push(lambda r, s: False),
-    ord("I"): _text(_text_int),
-    ord("L"): _text(lambda raw: int(raw.rstrip(b"L"))),
-    ord("J"): _fixed(4, lambda raw: int.from_bytes(raw, "little", signed=True)),
-    ord("K"): _fixed(1, lambda raw: raw[0]),
-    ord("M"): _fixed(2, lambda raw: int.from_bytes(raw, "little")),
-    0x8A: _sized(1, lambda raw: int.from_bytes(raw, "little", signed=True)),
-    0x8B: _sized(4, lambda raw: int.from_bytes(raw, "little", signed=True)),
-    ord("F"): _text(float),
-    ord("G"): _fixed(8, lambda raw: _FLOAT.unpack(raw)[0]),
-    ord("S"): _text(lambda raw: raw.strip(b"'\"").decode("latin-1")),
-    ord("T"): _sized(4, lambda raw: raw.decode("latin-1")),
-    ord("U"): _sized(1, lambda raw: raw.decode("latin-1")),
-    ord("V"): _text(lambda raw: raw.decode("raw-unicode-escape")),
-    ord("X"): _sized(4, _decode),
-    0x8C: _sized(1, _decode),
-    0x8D: _sized(8, _decode),
-    ord("B"): _sized(4, bytes),
-    ord("C"): _sized(1, bytes),
-    0x8E: _sized(8, bytes),
-    0x96: _sized(8, bytearray),
-    ord("]"): _empty_list,
-    ord("a"): _append,
-    ord("e"): _appends,
-    ord("l"): _collection(list),
-    ord(")"): _push(lambda r, s: ()),
-    ord("t"): _collection(tuple),
-    0x85: _tuple(1),
-    0x86: _tuple(2),
-    0x87: _tuple(3),
-    ord("}"): _push(lambda r, s: {}),
-    ord("d"): _collection(lambda items: dict(zip(items[::2], items[1::2]))),
-    ord("s"): _setitem,
-    ord("u"): _setitems,
-    0x8F: _push(lambda r, s: set()),
-    0x90: _additems,
-    0x91: _collection(frozenset),
-    ord("g"): _get(int, 0),
-    ord("h"): _get(lambda raw: raw[0], 1),
-    ord("j"): _get(lambda raw: int.from_bytes(raw, "little"), 4),
-    ord("p"): _put(int, 0),
-    ord("q"): _put(lambda raw: raw[0], 1),
-    ord("r"): _put(lambda raw: int.from_bytes(raw, "little"), 4),
-    0x94: _memoize_next,
-}
 
 
 def read(path: Path, on_entry: Callable[[int, tuple], None], fields: tuple[str, ...]) -> tuple[Any, Reader]:
