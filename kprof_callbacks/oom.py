@@ -135,8 +135,7 @@ def _tables(blocks: list[dict[str, Any]], kinds: list[str], history: bool) -> li
     lines.append("Largest live blocks:")
     ranked = sorted(zip(blocks, kinds), key=lambda bk: -bk[0]["size"])
     for b, kind in ranked[:BLOCKS]:
-        site = site_of(b["frames"]) or "(no stack without the allocator's history)"
-        lines.append(f"  {fmt.size(b['size']):>10}  {kind.replace('_', ' '):<28} {site}")
+        lines.append(f"  {fmt.size(b['size']):>10}  {kind.replace('_', ' '):<28} {site_of(b['frames'])}".rstrip())
     if history:
         sites: dict[str, int] = {}
         for b in blocks:
@@ -172,7 +171,8 @@ def render(watch: Watch, exc: BaseException, step: int, recording: bool, snapsho
 
 def last_device() -> int:
     """The device of the last failed allocation, else the current one."""
-    return last_oom().get("device", torch.cuda.current_device())
+    oom = last_oom()
+    return oom["device"] if "device" in oom else torch.cuda.current_device()
 
 
 def write_report(watch: Watch, exc: BaseException, step: int, recording: bool) -> Path | None:
