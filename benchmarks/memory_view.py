@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import shlex
 import shutil
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 KEYS = ("action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata")
-# the segments' keys are memoized with the history's: "size" is one of both
+SEGMENT_WORDS = ("device", "address", "total_size", "blocks", "state", "active_allocated", "inactive")
 FRAMES, DEPTH, POOL = 4000, 100, 512  # distinct frames, frames per entry, distinct stacks
 MB = 2**20
 
@@ -48,82 +49,83 @@ def _long(value: int) -> bytes:
     return b"\x8a" + bytes([len(raw)]) + raw
 
 
-def synthetic_snapshot(path: Path, target_bytes: int, seed: int = 0) -> int:
-    """Write a protocol-4 snapshot of about ``target_bytes`` as torch's ``_dump_snapshot`` lays one out: a top dict
-    with ``segments`` and ``device_traces``, one device whose history allocates and frees blocks, each entry with a
-    new list of 100 memoized frames (the first entry makes them all; train.py's own lines among torch's). Returns
-    the number of entries."""
-    rng = np.random.default_rng(seed)
-    out = bytearray(b"\x80\x04}\x94(")  # the top dict, and the mark of its items
-    memo = 1
+class _Pickle:
+    """Opcodes of a protocol-4 pickle written by hand, counting what is memoized (every string, dict and list)."""
 
-    def string(text: str, keep: bool = False) -> int:
-        nonlocal memo
-        out.extend(_str(text) + (b"" if keep else b"0"))  # memoized; popped unless it is one of the top dict's keys
-        memo += 1
-        return memo - 1
+    def __init__(self) -> None:
+        self.out = bytearray(b"\x80\x04}\x94(")  # the top dict, and the mark of its items
+        self.memo = 1
+        self.refs: dict[str, bytes] = {}
 
-    keys = {k: string(k) for k in (*KEYS, "filename", "line", "name")}
-    actions = {a: string(a) for a in ("alloc", "free_requested")}
-    empty = string("")
-    segment_keys = {
-        k: string(k) for k in ("device", "address", "total_size", "blocks", "state", "active_allocated", "inactive")
-    }
-    segment_keys["size"] = keys["size"]
-    string("device_traces", keep=True)
-    out.extend(b"]\x94]\x94(")  # the list of devices, device 0's history, the mark of its first batch
-    memo += 2
-    fixed = {k: _ref(i) for k, i in keys.items()}
-    tail = fixed["compile_context"] + _ref(empty) + fixed["user_metadata"] + _ref(empty) + b"u"
+    def strings(self, *texts: str, keep: bool = False) -> None:
+        """Memoize each text (popped unless it is one of the top dict's keys); ``refs[text]`` refers to it."""
+        for text in texts:
+            self.out.extend(_str(text) + (b"" if keep else b"0"))
+            self.refs[text] = _ref(self.memo)
+            self.memo += 1
 
-    def entry(i: int, action: str, addr: int, size: int, frames: bytes) -> bytes:
-        nonlocal memo
-        memo += 2  # the entry, its list of frames
+    def entry(self, i: int, action: str, addr: int, size: int, frames: bytes) -> bytes:
+        """A history entry as torch writes it; ``frames``: the items of its new list of frames."""
+        r = self.refs
+        self.memo += 2  # the entry, its list of frames
+        numbers = r["addr"] + _long(addr) + r["size"] + _long(size) + r["stream"] + b"K\x00"
+        tail = r["compile_context"] + r[""] + r["user_metadata"] + r[""] + b"u"
         return (
             b"}\x94("
-            + fixed["action"]
-            + _ref(actions[action])
-            + fixed["addr"]
-            + _long(addr)
-            + fixed["size"]
-            + _long(size)
-            + fixed["stream"]
-            + b"K\x00"
-            + fixed["time_us"]
+            + r["action"]
+            + r[action]
+            + numbers
+            + r["time_us"]
             + _long(1_700_000_000_000_000 + i)
-            + fixed["frames"]
+            + r["frames"]
             + b"]\x94("
             + frames
             + b"e"
             + tail
         )
 
-    made, frame_ids = [], []
-    start = memo + 2  # the first entry's frames come after it and its list
-    for k in range(FRAMES):
-        own = k % 40 == 0
-        file = "/home/me/train.py" if own else f"/usr/lib/python3/site-packages/torch/nn/modules/mod{k % 97}.py"
-        made.append(
-            b"}\x94("
-            + fixed["filename"]
-            + _str(file)
-            + fixed["line"]
-            + b"J"
-            + k.to_bytes(4, "little")
-            + fixed["name"]
-            + _str(f"fn{k}")
-            + b"u"
-        )
-        frame_ids.append(start + 3 * k)
-    out.extend(entry(0, "alloc", 0x7E0000000000, 512, b"".join(made)))
-    memo += 3 * FRAMES
-    stacks = [b"".join(_ref(frame_ids[i]) for i in rng.choice(FRAMES, DEPTH, replace=False)) for _ in range(POOL)]
-    entries = max(2, (target_bytes - len(out)) // (80 + len(stacks[0])))
+    def frames(self) -> tuple[bytes, list[int]]:
+        """FRAMES new frame dicts (every 40th in the program's own train.py) and the memo index each will have, in the
+        list of the entry written next."""
+        made, ids, start = [], [], self.memo + 2  # after that entry and its list
+        for k in range(FRAMES):
+            file = "/home/me/train.py" if k % 40 == 0 else f"/usr/lib/python3/site-packages/torch/nn/mod{k % 97}.py"
+            r = self.refs
+            made.append(
+                b"}\x94("
+                + r["filename"]
+                + _str(file)
+                + r["line"]
+                + b"J"
+                + k.to_bytes(4, "little")
+                + r["name"]
+                + _str(f"fn{k}")
+                + b"u"
+            )
+            ids.append(start + 3 * k)
+        return b"".join(made), ids
+
+
+def synthetic_snapshot(path: Path, target_bytes: int, seed: int = 0) -> int:
+    """Write a protocol-4 snapshot of about ``target_bytes`` as torch's ``_dump_snapshot`` lays one out: a top dict
+    with ``device_traces`` and ``segments``, one device whose history allocates and frees blocks, each entry with a
+    new list of 100 memoized frames (the first entry makes them all). Returns the number of entries."""
+    rng = np.random.default_rng(seed)
+    p = _Pickle()
+    p.strings(*KEYS, "filename", "line", "name", "alloc", "free_requested", "", *SEGMENT_WORDS)
+    p.strings("device_traces", keep=True)
+    p.out.extend(b"]\x94]\x94(")  # the list of devices, device 0's history, the mark of its first batch
+    p.memo += 2
+    made, ids = p.frames()
+    p.out.extend(p.entry(0, "alloc", 0x7E0000000000, 512, made))
+    p.memo += 3 * FRAMES
+    stacks = [b"".join(_ref(ids[i]) for i in rng.choice(FRAMES, DEPTH, replace=False)) for _ in range(POOL)]
+    entries = max(2, (target_bytes - len(p.out)) // (80 + len(stacks[0])))
     sizes = (rng.integers(1, 64, 4096) * 512 * 1024).tolist()
     live: list[tuple[int, int]] = []
     allocated = peak = 0
     with path.open("wb") as f:
-        f.write(out)
+        f.write(p.out)
         for i in range(1, entries):
             if not live or (len(live) < 256 and rng.random() < 0.5):
                 live.append((0x7F0000000000 + 4096 * i, sizes[i % 4096]))
@@ -132,19 +134,17 @@ def synthetic_snapshot(path: Path, target_bytes: int, seed: int = 0) -> int:
                 action, (addr, size) = "free_requested", live.pop(int(rng.integers(len(live))))
             allocated += size if action == "alloc" else -size
             peak = max(peak, allocated)
-            f.write(entry(i, action, addr, size, stacks[i % POOL]) + (b"e(" if i % 1000 == 999 else b""))
+            f.write(p.entry(i, action, addr, size, stacks[i % POOL]) + (b"e(" if i % 1000 == 999 else b""))
         reserved = peak + peak // 4  # the allocator's cache: a quarter more than the history's peak
-        f.write(b"ea" + _segments(live, segment_keys, reserved) + b"u.")  # the last batch, the history, the segments
+        f.write(b"ea" + _segments(live, p.refs, reserved) + b"u.")  # the last batch, the history, the segments
     return entries
 
 
-def _segments(live: list[tuple[int, int]], keys: dict[str, int], reserved: int) -> bytes:
+def _segments(live: list[tuple[int, int]], ref: dict[str, bytes], reserved: int) -> bytes:
     """The ``segments`` key and its list: one segment of ``reserved`` bytes holding the blocks alive at the end, the
-    rest of it free (the keys and the state's value memoized before)."""
-    ref = {k: _ref(i) for k, i in keys.items()}
-    blocks = b"".join(
-        b"}(" + ref["size"] + _long(size) + ref["state"] + ref["active_allocated"] + b"u" for _, size in live
-    )
+    rest of it free (its words memoized before)."""
+    in_use = ref["state"] + ref["active_allocated"] + b"u"
+    blocks = b"".join(b"}(" + ref["size"] + _long(size) + in_use for _, size in live)
     free = reserved - sum(size for _, size in live)
     blocks += b"}(" + ref["size"] + _long(free) + ref["state"] + ref["inactive"] + b"u"
     segment = (
@@ -298,23 +298,24 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|")
     rows = measure(0.02 if args.quick else args.gigabytes, chromium)
     if args.out:
-        args.out.write_text(
-            json.dumps(
-                {
-                    "device": f"cpu ({platform.machine()}, {platform.processor() or 'unknown'})",
-                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "commit": subprocess.run(
-                        ["git", "rev-parse", "HEAD"], capture_output=True, text=True
-                    ).stdout.strip(),
-                    "command": shlex.join(
-                        ["python", "benchmarks/memory_view.py", *(sys.argv[1:] if argv is None else argv)]
-                    ),
-                    "rows": rows,
-                },
-                indent=1,
-            )
-            + "\n"
-        )
+        import msgspec
+        import torch
+
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        doc = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": f"CPU, {os.cpu_count()} cores ({platform.machine()}), load average {os.getloadavg()[0]:.1f}",
+            "versions": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "numpy": np.__version__,
+                "msgspec": msgspec.__version__,
+            },
+            "commit": commit,
+            "command": shlex.join(["python", "benchmarks/memory_view.py", *(sys.argv[1:] if argv is None else argv)]),
+            "rows": rows,
+        }
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
 

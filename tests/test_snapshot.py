@@ -147,3 +147,29 @@ def test_the_summary_saved_beside_a_snapshot_is_used_while_the_snapshot_is_uncha
     path.write_bytes(pickle.dumps(_snapshot_value()) + b"")
     os.utime(path, ns=(1, 1))  # the snapshot changed: its summary is made again
     assert snapshot.summarize(path)["devices"][0]["peak"] == 10 * 2**20
+
+
+def test_the_benchmarks_synthetic_snapshot_is_a_pickle_torch_could_have_written(tmp_path):
+    """benchmarks/memory_view.py writes its 1 GB snapshot by hand: pickle.loads reads it as torch's layout, and
+    kprof's reader streams the same entries, most of them by its template."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from memory_view import KEYS, synthetic_snapshot
+
+    path = tmp_path / "w.memory_snapshot.pickle"
+    n = synthetic_snapshot(path, 400_000)
+    value = pickle.loads(path.read_bytes())
+    (history,) = value["device_traces"]
+    assert len(history) == n and all(set(e) == set(KEYS) for e in history)
+    assert all(isinstance(f, dict) and {"filename", "line", "name"} == set(f) for f in history[3]["frames"])
+    got = []
+    _, reader = pickles.read(path, lambda device, entry: got.append(entry), FIELDS)
+    assert [tuple(reader.resolve(v) if f == "frames" else v for f, v in zip(FIELDS, e)) for e in got] == [
+        tuple(e.get(f) for f in FIELDS) for e in history
+    ]
+    assert reader.fast == n - 1
+    (device,) = snapshot.summarize(path)["devices"]
+    in_use = sum(b["size"] for b in value["segments"][0]["blocks"] if b["state"] == "active_allocated")
+    assert device["allocated_end"] == in_use and device["peak"] >= in_use

@@ -157,25 +157,15 @@ def _append(reader: Reader, pos: int, stack: list, marks: list) -> int:
     return pos
 
 
-def _get(index_of: Callable[[bytes], int], width: int) -> Callable:
+def _memo_op(index_of: Callable[[bytes], int], width: int, put: bool) -> Callable:
+    """GET (``put`` False) or PUT of the memo index in the argument: ``width`` bytes, or a line (width 0)."""
+
     def handler(reader: Reader, pos: int, stack: list, marks: list) -> int:
-        if width:
-            raw, pos = _take(reader, pos, width)
+        raw, pos = _take(reader, pos, width) if width else _line(reader, pos)
+        if put:
+            memoize(reader, index_of(raw), stack[-1])
         else:
-            raw, pos = _line(reader, pos)
-        stack.append(reader.memo[index_of(raw)])
-        return pos
-
-    return handler
-
-
-def _put(index_of: Callable[[bytes], int], width: int) -> Callable:
-    def handler(reader: Reader, pos: int, stack: list, marks: list) -> int:
-        if width:
-            raw, pos = _take(reader, pos, width)
-        else:
-            raw, pos = _line(reader, pos)
-        memoize(reader, index_of(raw), stack[-1])
+            stack.append(reader.memo[index_of(raw)])
         return pos
 
     return handler
@@ -298,11 +288,11 @@ HANDLERS: dict[int, Callable] = {
     0x8F: _push(lambda r, s: set()),
     0x90: _additems,
     0x91: _collection(frozenset),
-    ord("g"): _get(int, 0),
-    ord("h"): _get(lambda raw: raw[0], 1),
-    ord("j"): _get(lambda raw: int.from_bytes(raw, "little"), 4),
-    ord("p"): _put(int, 0),
-    ord("q"): _put(lambda raw: raw[0], 1),
-    ord("r"): _put(lambda raw: int.from_bytes(raw, "little"), 4),
+    ord("g"): _memo_op(int, 0, put=False),
+    ord("h"): _memo_op(lambda raw: raw[0], 1, put=False),
+    ord("j"): _memo_op(lambda raw: int.from_bytes(raw, "little"), 4, put=False),
+    ord("p"): _memo_op(int, 0, put=True),
+    ord("q"): _memo_op(lambda raw: raw[0], 1, put=True),
+    ord("r"): _memo_op(lambda raw: int.from_bytes(raw, "little"), 4, put=True),
     0x94: _memoize_next,
 }
