@@ -110,8 +110,9 @@ class Watch:
                 from .oom import write_report
 
                 write_report(self, exception, step, recording)
-        finally:
             self.close()
+        except Exception as exc:  # the profiler must still stop, and the exception go on as it was
+            log.warning("kprof: the session's memory bookkeeping failed at its end: %s", exc)
 
     def close(self) -> None:
         """Unhook, and stop the allocator history this watch started."""

@@ -10,8 +10,8 @@ operator say the rest:
   clipping, logging), as is anything outside the profiled steps;
 - module: the innermost ``kprof.module:<qualified name>`` range (recorded around each module's forward while a
   window records); a backward node belongs to the module of the forward operator with its sequence number. Without
-  those ranges the site is the program's own Python line (``with_stack=True``), else the innermost label, else the
-  outermost operator (for a backward node, the node).
+  those ranges the site is a backward node, else the program's own Python line (``with_stack=True``), else the
+  innermost label, else the outermost operator.
 """
 
 from __future__ import annotations
@@ -124,8 +124,9 @@ def _modules(tl: Events, tree: Tree, backward_node: np.ndarray) -> np.ndarray:
 
 
 def _fallback_site(tl: Events, tree: Tree, backward_node: np.ndarray) -> np.ndarray:
-    """Per host event, a site name id when no module is known: the program's own Python line, else the innermost
-    label, else the backward node or the outermost operator."""
+    """Per host event, a site name id when no module is known: a backward node (the Python line there is the
+    ``backward()`` call), else the program's own Python line, else the innermost label, else the outermost
+    operator."""
     host, names = tl.host, tl.names
     user_py = np.array([not any(part in n for part in _LIBRARY) for n in names] or [False], bool)
     line = _inherit(tree, np.where((host.kind == PYTHON) & user_py[host.name], host.name, -1))
@@ -134,7 +135,7 @@ def _fallback_site(tl: Events, tree: Tree, backward_node: np.ndarray) -> np.ndar
     top = _outermost(tree, host.kind == OP)
     node = np.where(backward_node >= 0, host.name[np.maximum(backward_node, 0)], -1)
     op = np.where(top >= 0, host.name[np.maximum(top, 0)], -1)
-    return np.where(line >= 0, line, np.where(label >= 0, label, np.where(node >= 0, node, op)))
+    return np.where(node >= 0, node, np.where(line >= 0, line, np.where(label >= 0, label, op)))
 
 
 def _phases(tl: Events, win: Windows, own: np.ndarray, ctx: np.ndarray, time: np.ndarray) -> np.ndarray:

@@ -109,8 +109,7 @@ class Reader:
     def _entry(self, m: re.Match) -> tuple:
         """The fields asked for of the entry the template matched; its memoized values (itself, new lists) counted."""
         memo = self.memo
-        slot = len(memo)
-        memo.append(None)  # the entry itself, as the values asked for (a history's entries are not shared in torch's)
+        memo.append(None)  # the entry itself: torch's snapshots never refer to a history's entry again
         groups = m.groups()
         new: dict[int, Lazy] = {}
         for k in self.lists:  # a new list of references: kept as their byte range
@@ -132,8 +131,7 @@ class Reader:
                 out.append(new[k])
             else:
                 out.append(self._value(code, raw))
-        memo[slot] = tuple(out)
-        return memo[slot]
+        return tuple(out)
 
     def _value(self, code: int, raw: bytes) -> Any:
         """A field's value other than a number or a new list, from the bytes the template matched."""
@@ -198,6 +196,8 @@ class Reader:
     def _append(self, target: Any, items: list) -> None:
         if isinstance(target, Sink):
             for item in items:
+                if item is None:  # a reference to an entry read by the template: not kept
+                    continue
                 if isinstance(item, dict):
                     if not self.learned:
                         self._learn(item)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from array import array
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -41,20 +42,21 @@ SUMMARY_SUFFIX = ".summary"  # kprof writes the summary beside a snapshot it sav
 
 
 class _History:
-    """One device's history: its entries as they come (tuples of FIELDS), then as columns (`columns`)."""
+    """One device's history as columns, filled entry by entry (numbers in arrays: no object kept per number)."""
 
     def __init__(self) -> None:
-        self.entries: list[tuple] = []
-        self.add = self.entries.append
+        self.action = array("b")
+        self.addr, self.size, self.time, self.free = array("q"), array("q"), array("q"), array("q")
+        self.frames: list[Any] = []
 
-    def columns(self) -> None:
-        """Turn the entries into columns: action codes, addresses, sizes, times (-1: none), frames, free bytes."""
-        rows = list(zip(*self.entries)) if self.entries else [()] * len(FIELDS)
-        action, addr, size, time_us, self.frames, free = rows
-        self.action = [_CODE.get(a, -1) for a in action]
-        self.addr, self.size, self.free = ([v if isinstance(v, int) else 0 for v in col] for col in (addr, size, free))
-        self.time = [v if isinstance(v, int) else -1 for v in time_us]
-        self.entries = []
+    def add(self, values: tuple) -> None:
+        action, addr, size, time_us, frames, device_free = values
+        self.action.append(_CODE.get(action, -1))
+        self.addr.append(addr if isinstance(addr, int) else 0)
+        self.size.append(size if isinstance(size, int) else 0)
+        self.time.append(time_us if isinstance(time_us, int) else -1)
+        self.frames.append(frames)
+        self.free.append(device_free if isinstance(device_free, int) else -1)
 
 
 def site_of(frames: Iterable[Any]) -> str:
@@ -108,8 +110,10 @@ def _curve(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> list[list[int]]:
 
 def _device(h: _History, end: _Segments, resolve: Any) -> dict[str, Any]:
     """One device's summary: the peak of its history and what was alive then."""
-    h.columns()
-    action, addr, size = (np.array(v, np.int64) for v in (h.action, h.addr, h.size))
+    action, addr, size = (
+        np.frombuffer(v, np.int8 if v.typecode == "b" else np.int64).astype(np.int64)
+        for v in (h.action, h.addr, h.size)
+    )
     n = action.size
     ends = _ends(action, addr)
     delta = np.where(action == _ALLOC, size, np.where(ends == -1, -size, 0))
@@ -127,7 +131,7 @@ def _device(h: _History, end: _Segments, resolve: Any) -> dict[str, Any]:
     idx = np.arange(n)
     alive = np.flatnonzero(((action == _ALLOC) & (idx <= peak) & (ends > peak)) | ((ends == -1) & (idx > peak)))
     alive = alive[np.argsort(-size[alive], kind="stable")]
-    time = np.array(h.time, np.int64)
+    time = np.frombuffer(h.time, np.int64)
     timed = bool((time >= 0).all())
     out.update(
         peak=int(allocated[peak]),
