@@ -35,12 +35,14 @@ BLOCKS, SITES = 8, 6  # rows of the report's tables
 KINDS = ("parameters", "gradients", "optimizer_state")
 REST = "activations and temporaries"
 _MESSAGE_CHARS = 300
+_BACKWARD_FILES = ("/torch/autograd/__init__.py", "/torch/autograd/graph.py")  # where backward() enters the engine
 
 
 def where(tb: TracebackType | None) -> tuple[str, str, str]:
-    """(phase, module, line) of the failing call, from the innermost frame outwards: backward inside torch.autograd,
-    optimizer inside torch.optim, forward inside an nn.Module's method (the module named by its path in the
-    outermost module of the traceback when it is one of its children, else by its class)."""
+    """(phase, module, line) of the failing call, from the innermost frame outwards: backward inside the autograd
+    engine's entry (``loss.backward()``, ``torch.autograd.backward``), optimizer inside torch.optim, forward inside an
+    nn.Module's method (the module named by its path in the outermost module of the traceback when it is one of its
+    children, else by its class)."""
     frames = [f for f, _ in traceback.walk_tb(tb)]
     modules = [f.f_locals.get("self") for f in frames]
     modules = [m for m in modules if isinstance(m, torch.nn.Module)]
@@ -48,7 +50,7 @@ def where(tb: TracebackType | None) -> tuple[str, str, str]:
     line = f"{Path(user[-1].f_code.co_filename).name}:{user[-1].f_lineno} in {user[-1].f_code.co_name}" if user else ""
     for frame in reversed(frames):
         name = frame.f_code.co_filename.replace("\\", "/")
-        if "/torch/autograd/" in name:
+        if name.endswith(_BACKWARD_FILES) or name.endswith("/torch/_tensor.py") and frame.f_code.co_name == "backward":
             return "backward", "", line
         if "/torch/optim/" in name:
             return "optimizer", "", line

@@ -244,3 +244,36 @@ def test_a_real_oom_on_the_gpu_names_the_step_phase_and_holders(tmp_path):
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         torch.cuda.empty_cache()
+
+
+class _FailingFn(torch.autograd.Function):
+    """An autograd Function (its forward runs under torch/autograd/function.py) that fails where it is told."""
+
+    @staticmethod
+    def forward(ctx, x, in_forward):
+        if in_forward:
+            raise torch.OutOfMemoryError("CUDA out of memory (in forward)")
+        return 2 * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.OutOfMemoryError("CUDA out of memory (in backward)")
+
+
+def test_the_phase_comes_from_the_engines_entry_not_from_any_autograd_file():
+    from kprof_callbacks.oom import where
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Linear(2, 2)
+
+        def forward(self, x, in_forward):
+            return _FailingFn.apply(self.inner(x), in_forward)
+
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        Net()(torch.ones(2), True)
+    assert where(caught.value.__traceback__)[:2] == ("forward", "Net")
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        Net()(torch.ones(2), False).sum().backward()
+    assert where(caught.value.__traceback__)[0] == "backward"
