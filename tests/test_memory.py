@@ -249,3 +249,17 @@ def test_memory_survives_json_and_reaches_every_report(trained, tmp_path):
     assert len(frames["memory_blocks"]) == len(plain.memory.blocks)
     html = plain.to_html(tmp_path / "r.html").read_text()
     assert 'aria-label="memory over the step"' in html and "<polyline" in html
+
+
+def test_a_step_without_backward_is_all_forward(tmp_path):
+    """Inference, or a window's stub of a step: no backward in the trace at all."""
+    events = [_op("ProfilerStep#1", 0, 100, cat="user_annotation"), _op("aten::mm", 10, 50)]
+    total = 0
+    for ts, nbytes, addr in ((20, 300, 1), (30, 200, 2), (40, -200, 2)):
+        total += nbytes
+        events.append(_mem(ts, nbytes, addr, total))
+    path = tmp_path / "w.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    (step,) = kprof.summarize(path).memory.steps
+    assert (step.peak, step.phase) == (500, "forward")
+    assert step.kinds["activations"] == 300 and step.kinds["temporaries"] == 200

@@ -114,7 +114,7 @@ def large_blocks(steps: list[MemoryStep], memory: MemorySummary) -> Diagnostic |
     listed = "; ".join(_block_name(b) for b in big)
     return Diagnostic(
         "memory_large_tensor",
-        "warning",
+        "info",
         f"One tensor holds {fmt.share(median(shares))} of the memory peak ({fmt.size(largest)}; {_head(steps)}): "
         f"{listed or 'see the blocks at the peak'}. A loss head's logits ([tokens, vocab], in fp32 and its gradient "
         "beside it) are the usual one: a fused linear + cross-entropy (kprof_callbacks.kernels.linear_cross_entropy, "

@@ -104,9 +104,8 @@ def _kinds(b: _Blocks, n: int) -> np.ndarray:
 
 def _next_backward(b: _Blocks, s: mc.Sites) -> np.ndarray:
     """Per event: when the next backward event of the trace happens (never: the largest int64)."""
-    times = b.time[s.phase == mc.BACKWARD]
-    pos = np.searchsorted(times, b.time, side="right")
-    return np.where(pos < times.size, times[np.minimum(pos, times.size - 1)], _NEVER)
+    times = np.append(b.time[s.phase == mc.BACKWARD], _NEVER)
+    return times[np.searchsorted(times, b.time, side="right")]
 
 
 def _blocks(tl: Events, tree: Tree, win: Windows) -> _Blocks | None:
