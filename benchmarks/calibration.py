@@ -54,6 +54,9 @@ from kprof_callbacks.analysis.tables import FsdpStep, RankStats, StepStats
 from kprof_callbacks.config import ProfileConfig
 from kprof_callbacks.session import EARLY_MEMORY_STEPS
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import calibration_memory  # noqa: E402
+
 NOISE = (0.05, 0.15)
 FP_TARGET, DETECTION_TARGET = 0.05, 0.95
 STEP_US = 100_000.0
@@ -424,6 +427,7 @@ DETECTORS = (
         Detector(kind, "FSDP2, 2 ranks x 4 steps, 12 blocks, the H200's good configuration", effect, fsdp_finding(kind))
         for kind, effect in FSDP_EFFECTS.items()
     ),
+    *(Detector(*row) for row in calibration_memory.ROWS),
 )
 
 

@@ -99,10 +99,13 @@ kprof summary --json, or PATH@steps=SPEC for some steps of a run (SPEC: numbers 
 
 --fail-if-slower PCT gates on the step time: exit status 3 when B's typical step is significantly slower than A's
 and the whole confidence interval of the slowdown lies above PCT percent; the report then says what grew.
+--fail-if-more-memory PCT gates on memory: exit status 3 when B's peak allocated (the median over its steps) is above
+A's by more than PCT percent (both profiled with profile_memory=True); the report says what grew at the peak.
 
 Exit status 0 when both sides were read (and no regression), 1 when one could not be (or a step selection does not
 match the run, or a side has too few steps for --fail-if-slower, or the report could not be written), 2 for bad
-arguments (a malformed step selection included), 3 for a regression (it wins over a report that could not be written).
+arguments (a malformed step selection included), 3 for a regression of either gate (it wins over a report that could
+not be written).
 """
 
 
@@ -215,6 +218,13 @@ def commands() -> list[Command]:
                 arg("b", help="the run compared with it (same forms)"),
                 *_formats("diff"),
                 _gate("B's step time is"),
+                arg(
+                    "--fail-if-more-memory",
+                    type=percent,
+                    metavar="PCT",
+                    help=f"exit status {exits.REGRESSION} when B's peak allocated memory (the median over its steps) "
+                    "is above A's by more than PCT percent; both sides profiled with profile_memory=True (docs/ci.md)",
+                ),
                 HTML,
                 TOP,
                 arg(

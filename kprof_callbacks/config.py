@@ -60,6 +60,8 @@ class ProfileConfig:
     max_pending_mb: float = 512.0
     nvtx: bool = False
     memory_snapshot: bool = False
+    oom_report: bool = True
+    oom_snapshot: bool = False
     memory_every: int = 5
     mfu_dtype: str = "bf16"
     peak_tflops: float | None = None
@@ -119,12 +121,11 @@ class ProfileConfig:
             layout.check_name("run", self.run)
         if self.activities is not None:
             object.__setattr__(self, "activities", check_activities(self.activities))
-        if self.memory_snapshot and not torch.cuda.is_available():
-            warnings.warn(
-                "kprof: memory_snapshot=True needs a CUDA device; no snapshot will be saved",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+        for name in ("memory_snapshot", "oom_snapshot"):
+            if getattr(self, name) and not torch.cuda.is_available():
+                warnings.warn(
+                    f"kprof: {name}=True needs a CUDA device; no snapshot will be saved", RuntimeWarning, stacklevel=4
+                )
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> ProfileConfig:

@@ -5,6 +5,8 @@
         <finished name>.partial[.raw][.tmp]           a capture being written: every reader skips it
         events.out.tfevents.<time_ns>.<worker>        step-time scalars (tags below)
         <worker>.memory_snapshot.pickle               CUDA allocator history (memory_snapshot=True)
+        <snapshot>.pickle.summary                     its summary, as kprof saved it (JSON)
+        <worker>.oom.txt, <worker>.oom_snapshot.pickle    an out-of-memory report (oom_report), its snapshot
         PROFILE                                       a request for an on-demand capture
         .kprof-claim                                  which launch and session own the folder, and its processes
     <logdir>/compare.json                             a ``kprof.compare`` result
@@ -119,6 +121,16 @@ def scalar_files(folder: Path) -> list[tuple[str, Path]]:
 def snapshot_path(run_dir: Path, worker: str) -> Path:
     """The CUDA allocator history of one worker (open it at https://pytorch.org/memory_viz)."""
     return run_dir / f"{worker}.memory_snapshot{SNAPSHOT_SUFFIX}"
+
+
+def oom_report_path(run_dir: Path, worker: str) -> Path:
+    """The out-of-memory report of one worker (``oom_report=True``)."""
+    return run_dir / f"{worker}.oom.txt"
+
+
+def oom_snapshot_path(run_dir: Path, worker: str) -> Path:
+    """The CUDA allocator history saved at an out-of-memory error (``oom_snapshot=True``)."""
+    return run_dir / f"{worker}.oom_snapshot{SNAPSHOT_SUFFIX}"
 
 
 def check_name(what: str, name: str) -> str:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from . import layout, peaks, scalars, torch_compat
+from . import layout, memory_watch, peaks, scalars, torch_compat
 from .config import ProfileConfig, check_activities
 from .history import History
 from .timing import StepTimer
@@ -130,6 +130,7 @@ class Session:
         self._timer = StepTimer()
         self._steps = History(len(_STEP_COLUMNS))  # per step: samples, flops as step() got them; memory samples
         self._probe: scalars.MemoryProbe | None = None
+        self._memory: memory_watch.Watch | None = None  # the optimizers' note in traces, out-of-memory reports
         self.peak_tflops: float | None = None  # the dense peak MFU is measured against (None: unknown device)
         self._peak_noted = False
         self._scalar_times = self._timer.reader(own=True)
@@ -251,6 +252,7 @@ class Session:
         self._mark_steps_only_in_windows(self._prof.step_num + 1)
         windows = len(self.captures)
         self._prof.step()
+        self._memory.on_step(self.recording, self._plan.window_start)
         if len(self.captures) > windows:  # a window ended: its export forks now, inside kprof's time
             self._writer.wait_forked(_FORK_WAIT)
         else:  # an export that could not fork at its window's end (the writer was busy) forks here
@@ -411,6 +413,7 @@ class Session:
             self.peak_tflops = peaks.peak_tflops(torch.cuda.get_device_name(cuda_device), self.config.mfu_dtype)
         if self.config.memory_snapshot and torch.cuda.is_available():
             torch_compat.record_memory_history(True)
+        self._memory = memory_watch.Watch(self.config, self.run_dir, self._writer.worker)
         if self._trigger is not None:
             self._trigger.start()
         on_main_thread = threading.current_thread() is threading.main_thread()
@@ -436,6 +439,8 @@ class Session:
             self._writer.close(1.0)
         if self._probe is not None:
             self._probe.close()
+        if self._memory is not None:
+            self._memory.close()
         self._give_back_folder()
         Session._active = None
 
@@ -473,6 +478,7 @@ class Session:
         if self._prof is None:
             return
         exc_type = None if exception is None else type(exception)
+        self._memory.stop(exception, self.steps, self.recording)  # an out-of-memory report first, as memory is now
         try:
             self._prof.__exit__(exc_type, exception, None if exception is None else exception.__traceback__)
         finally:
@@ -542,7 +548,7 @@ class Session:
     def _dump_memory_snapshot(self) -> None:
         """Save the CUDA allocator history beside the traces (open it at https://pytorch.org/memory_viz)."""
         try:
-            torch_compat.dump_memory_snapshot(layout.snapshot_path(self.run_dir, self._writer.worker))
+            memory_watch.save_snapshot(layout.snapshot_path(self.run_dir, self._writer.worker))
         except Exception as exc:  # a snapshot is a bonus: never fail the run for it
             warnings.warn(f"kprof: could not save the memory snapshot: {exc}", RuntimeWarning, stacklevel=3)
         finally:

@@ -6,6 +6,7 @@ installed torch: torch 2.13 on the CPU in CI, 2.11+cu130 on the GPU machine.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -56,17 +57,50 @@ def first_to_store(key: str, value: str) -> str | None:
     return dist.distributed_c10d._get_default_store().compare_set(key, "", value).decode()
 
 
-def record_memory_history(enabled: bool) -> None:
-    """Start (100k entries) or stop recording the CUDA caching allocator's history."""
+def record_memory_history(enabled: bool, max_entries: int = 100_000) -> None:
+    """Start (keeping the last ``max_entries`` events) or stop recording the CUDA caching allocator's history."""
     if enabled:
-        torch.cuda.memory._record_memory_history(max_entries=100_000)
+        torch.cuda.memory._record_memory_history(max_entries=max_entries)
     else:
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
-def dump_memory_snapshot(path: Path) -> None:
-    """Save the recorded allocator history as a pickle that https://pytorch.org/memory_viz opens."""
-    torch.cuda.memory._dump_snapshot(str(path))
+def allocator_snapshot() -> dict:
+    """The CUDA caching allocator's state now: its segments and blocks, and the history recorded so far (plain
+    dicts and lists, as ``_dump_snapshot`` pickles them)."""
+    return torch.cuda.memory._snapshot()
+
+
+def dump_memory_snapshot(path: Path) -> dict:
+    """Save the allocator's snapshot (``allocator_snapshot``) as the pickle https://pytorch.org/memory_viz and kprof
+    read, as ``torch.cuda.memory._dump_snapshot`` does; the snapshot saved."""
+    snapshot = allocator_snapshot()
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+    return snapshot
+
+
+def add_trace_metadata(key: str, json_text: str) -> None:
+    """Put ``key`` with the JSON value ``json_text`` at the top of the trace of the window being recorded (torch
+    clears it for the next window)."""
+    torch.autograd._add_metadata_json(key, json_text)
+
+
+def attach_oom_observer(observer) -> None:
+    """Call ``observer(device, requested, device_allocated, device_free)`` when the CUDA caching allocator fails an
+    allocation, before the OutOfMemoryError is raised (torch keeps observers for the life of the process)."""
+    torch._C._cuda_attach_out_of_memory_observer(observer)
+
+
+def device_memory(device: int) -> dict[str, int]:
+    """The allocator's ``allocated`` and ``reserved`` bytes on ``device`` and the device's ``free`` and ``total``."""
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "allocated": torch.cuda.memory_allocated(device),
+        "reserved": torch.cuda.memory_reserved(device),
+        "free": free,
+        "total": total,
+    }
 
 
 def cuda_memory(device: int) -> tuple[int, int, int]:

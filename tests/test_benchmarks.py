@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -327,3 +328,29 @@ def test_real_model_quick_times_bare_loops_and_checks_training(tmp_path):
     assert record["rows"][0]["harness_x"] == record["rows"][0]["kprof_ms"] / record["rows"][0]["bare_ms"]
     assert record["training"]["tracks"] and len(record["training"]["loss"]["kprof"]) == 4
     assert record["command"].startswith("python benchmarks/real_model.py --quick")
+
+
+def test_memory_benchmark_quick_explains_the_peak_and_sees_checkpointing(tmp_path):
+    import memory
+
+    out = tmp_path / "memory.json"
+    assert memory.main(["--quick", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert {"commit", "date", "device", "command"} <= set(doc)
+    base, ckpt = doc["baseline"], doc["checkpointed"]
+    assert base["explained"] == base["highest_peak"] > 0 and base["within_tolerance"]
+    assert ckpt["shares"].get("activations", 0) < base["shares"]["activations"] / 2
+    assert doc["diff"]["activations_row"]["status"] == "decreased" and doc["diff"]["reverse_gate_5pct"]
+
+
+@pytest.mark.slow
+def test_memory_view_quick_draws_the_view_for_a_saved_and_a_foreign_snapshot(tmp_path):
+    import memory_view
+
+    out = tmp_path / "memory_view.json"
+    assert memory_view.main(["--quick", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"].split()[0] for r in rows] == ["saved", "from"]
+    assert all(r["reader_mb_per_s"] > 0 and r["entries"] > 1000 for r in rows)
+    if shutil.which("chromium"):
+        assert all(r["drawn"] for r in rows)

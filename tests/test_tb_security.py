@@ -129,6 +129,12 @@ def test_summary_names_links_out_of_the_logdir_and_reads_nothing_there(tb):
     assert SECRET not in json.dumps(data)
 
 
+def test_memory_reads_no_snapshot_outside_the_logdir(tb):
+    code, body = _status(tb, "memory", run="run")
+    memory = json.loads(body)["memory"]
+    assert code == 200 and SECRET not in body and (memory is None or memory["snapshots"] == [])
+
+
 def test_diff_reads_no_trace_outside_the_logdir(tb):
     code, body = _status(tb, "diff", a="run", b="leaky")
     assert code == 200 and SECRET not in body
@@ -176,6 +182,8 @@ def test_malformed_compare_json_is_a_4xx_with_a_message(tb, name):
         ("diff", {"a": "run", "b": "run", "a_steps": "9" * 5000}),
         ("diff", {"a": "run", "b": "run", "b_steps": "1-" + "9" * 40}),
         ("diff", {"a": "run", "b": "linked"}),
+        ("memory", {"run": "ru\0n"}),
+        ("memory", {"run": "r" * 5000}),
     ],
 )
 def test_nul_bytes_long_names_and_bad_numbers_are_4xx_with_a_message(tb, route, params):

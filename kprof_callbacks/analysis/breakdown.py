@@ -74,6 +74,23 @@ RANK_PARTS = (
 )
 """A rank's mean step as the ranks view stacks it: the four add up to the step."""
 
+MEMORY_KINDS = (
+    Part("parameters", "parameters", "#4e79a7", "the model's weights"),
+    Part("optimizer_state", "optimizer state", "#76b7b2", "what the optimizer keeps between steps (Adam's moments)"),
+    Part("gradients", "gradients", "#59a14f", "made in backward, kept until zero_grad"),
+    Part("activations", "activations", "#f28e2b", "made in forward and kept past it: saved for backward, outputs"),
+    Part("temporaries", "temporaries", "#e15759", "made and freed within one forward, backward or optimizer step"),
+    Part("inputs", "inputs", "#edc948", "batches copied from the host in forward"),
+    Part(
+        "persistent",
+        "persistent",
+        "#b07aa1",
+        "held from before the trace, not named (buffers, caches, the model without the session's note)",
+    ),
+    Part("other", "other", "#bab0ac", "made after backward outside the optimizer (clipping, logging)"),
+)
+"""What is alive at a step's memory peak, by kind (`analysis/memory.py`): the kinds add up to the peak."""
+
 CHANGE_COLORS = {"increased": "#e15759", "decreased": "#59a14f"}
 """A diff's rows that grew (red) and shrank (green): the HTML report's bars and the tab's."""
 
@@ -96,4 +113,5 @@ def legend() -> dict[str, Any]:
         "kinds": KIND_COLORS,
         "changes": CHANGE_COLORS,
         "rank_parts": [dataclasses.asdict(p) for p in RANK_PARTS],
+        "memory_kinds": [dataclasses.asdict(p) for p in MEMORY_KINDS],
     }

@@ -149,10 +149,12 @@ def run_diff(
     confidence: float = 0.95,
     jobs: int = 1,
     fail_if_slower: float | None = None,
+    fail_if_more_memory: float | None = None,
 ) -> int:
     """Run `kprof diff`; returns the exit status."""
     from .diff_inputs import load, split
     from .diff_report import gate
+    from .memory_diff import gate as memory_gate
     from .tracediff import diff
     from .workers import keep_freed_memory
 
@@ -178,7 +180,13 @@ def run_diff(
         try:
             regressed = result.regressed(fail_if_slower)
         except ValueError as exc:  # too few steps: the report says so too
-            no_verdict = str(exc)
+            no_verdict = f"--fail-if-slower: {exc}"
+    more_memory = None
+    if fail_if_more_memory is not None:
+        try:
+            more_memory = result.more_memory(fail_if_more_memory)
+        except ValueError as exc:  # no memory events: the report says so too
+            no_verdict = f"--fail-if-more-memory: {exc}"
     if as_json:
         doc = result.to_dict()
         if fail_if_slower is not None:
@@ -187,14 +195,20 @@ def run_diff(
                 "regressed": regressed,
                 "report": gate(result, fail_if_slower),
             }
+        if fail_if_more_memory is not None:
+            doc["memory_gate"] = {
+                "fail_if_more_memory_pct": fail_if_more_memory,
+                "regressed": more_memory,
+                "report": memory_gate(result, fail_if_more_memory),
+            }
         print(json.dumps(doc, indent=1))
     elif markdown:
-        print(result.to_markdown(top=top, fail_if_slower=fail_if_slower))
+        print(result.to_markdown(top=top, fail_if_slower=fail_if_slower, fail_if_more_memory=fail_if_more_memory))
     else:
-        print(result.render(top=top, fail_if_slower=fail_if_slower))
+        print(result.render(top=top, fail_if_slower=fail_if_slower, fail_if_more_memory=fail_if_more_memory))
     written = not html or _written(html, lambda out: result.to_html(out, top=max(top, 30)), "diff", "HTML report")
-    if regressed:
+    if regressed or more_memory:
         return REGRESSION
     if no_verdict:
-        print(f"kprof diff: --fail-if-slower: {no_verdict}", file=sys.stderr)
+        print(f"kprof diff: {no_verdict}", file=sys.stderr)
     return 0 if written and not no_verdict else 1

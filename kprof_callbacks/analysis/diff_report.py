@@ -15,6 +15,7 @@ from .breakdown import CHANGE_COLORS
 from .events import DEVICE_KINDS
 from .fmt import clip
 from .html import page, table
+from .memory_diff import memory_order
 from .report import NAME_WIDTH, Table, markdown_table, md_text, text_table
 
 if TYPE_CHECKING:
@@ -27,11 +28,17 @@ GROUPS = (  # title, kinds, what a row's value is
     ("Operators (self CPU time per step)", ("op",), "time"),
     ("Labels (wall time per step)", ("label",), "time"),
     ("Counts per step", ("count",), "count"),
+    ("Memory at the peak (bytes per step)", ("memory",), "bytes"),
 )
 
 
 def _count(x: float) -> str:
     return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+
+
+def _unit(kind: str) -> Callable[[float], str]:
+    """How a row of ``kind`` writes its values: bytes for memory, a number for counts, else a duration."""
+    return fmt.size if kind == "memory" else _count if kind == "count" else fmt.duration
 
 
 def _signed(value: float, unit: Callable[[float], str]) -> str:
@@ -74,10 +81,10 @@ def interval_header(d: Diff) -> str:
 
 
 def _table(d: Diff, title: str, kinds: Sequence[str], value: str, top: int, width: int) -> Table | None:
-    rows = [c for c in d.changes if c.kind in kinds]
+    rows = memory_order([c for c in d.changes if c.kind in kinds])
     if not rows:
         return None
-    unit = fmt.duration if value == "time" else _count
+    unit = _unit(kinds[0])
     shown = [c for c in rows if c.significant or c.presence_changed][:top]
     shown += [c for c in rows if c not in shown][: max(top - len(shown), 0)]
     body = []
@@ -138,7 +145,7 @@ def headline(d: Diff, top: int) -> str:
 
 def _change_word(c: Change) -> str:
     """How a row changed, in a word or a signed time per step."""
-    return f"({c.status})" if c.presence_changed else f"{_signed(c.change, fmt.duration)} per step"
+    return f"({c.status})" if c.presence_changed else f"{_signed(c.change, _unit(c.kind))} per step"
 
 
 def _grew(d: Diff, top: int) -> str:
@@ -262,7 +269,7 @@ def _signed_bars(rows: Sequence[Change], width: int = 900) -> str:
 
 def body(d: Diff, top: int) -> str:
     """The report's HTML without the page around it (the file's body, a notebook's view)."""
-    timed = [c for c in d.significant() if c.kind != "count"][:top]
+    timed = [c for c in d.significant() if c.kind not in ("count", "memory")][:top]
     parts = [
         f"<h1>kprof diff: B against A</h1><p>A: {escape(_side(d.a))}<br>B: {escape(_side(d.b))}</p>",
         f"<p><b>{escape(headline(d, HEADLINE_ROWS))}</b></p>",

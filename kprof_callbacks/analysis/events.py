@@ -113,6 +113,7 @@ class Host:
     corr: np.ndarray  # int64 correlation id of runtime calls, -1 if none
     shape: np.ndarray  # int32 ids into Events.shapes, -1 if not recorded
     types: np.ndarray  # int32 ids into Events.types (input types of matrix products), -1 elsewhere
+    seq: np.ndarray  # int64 autograd sequence number (a forward op and the backward node it made share it), -1 if none
 
 
 @dataclasses.dataclass
@@ -140,6 +141,8 @@ class Memory:
     device: np.ndarray  # c10::DeviceType of the memory
     allocated: np.ndarray  # total allocated on that device after the event
     addr: np.ndarray  # address of the block, which pairs an allocation with its free
+    reserved: np.ndarray  # total reserved by the allocator on that device after the event (0 where not written)
+    thread: np.ndarray  # int32 Host.thread of the allocating thread, -1 where it ran no host event
 
 
 @dataclasses.dataclass
@@ -230,6 +233,7 @@ def build(trace: TraceFile) -> Events:
         c.corr[host_rows],
         shape,
         types,
+        c.seq[host_rows],
     )
     device = Device(
         c.name[device_rows],
@@ -249,6 +253,8 @@ def build(trace: TraceFile) -> Events:
         c.mem_device[memory_rows],
         c.mem_total[memory_rows],
         c.mem_addr[memory_rows],
+        c.mem_reserved[memory_rows],
+        match(np.arange(thread_ids.size), thread_ids, c.lane[memory_rows]).astype(np.int32),
     )
     step_number = {k: int(m[1]) for k, n in enumerate(c.names) if (m := _STEP.match(n))}
     if any(number >= 2**62 for number in step_number.values()):

@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import breakdown, fmt, svgtimeline
+from . import breakdown, fmt, memory_report, svgtimeline
 from .ranktimeline import COLLAPSE_RANKS, RunSlices
 from .reader import TraceError
 from .report import MEMORY_VIEWER, first_worker_steps, op_sort, rank_label, tables
@@ -189,6 +189,8 @@ def _chart(s: Summary, key: str, top: int, sort: str) -> str:
         items = [(f"{rank_label(r.rank, r.worker)} compute", r.compute_us) for r in s.ranks]
         items += [(f"{rank_label(r.rank, r.worker)} exposed comm", r.exposed_comm_us) for r in s.ranks]
         return _bars(items, fmt.duration)
+    if key == "memory":
+        return _legend(memory_report.legend()) + memory_report.svg(s.memory)
     if key == "kernels":
         return _bars([(k.name, k.total_us) for k in s.kernels[:top]], fmt.duration)
     if key == "ops":

@@ -65,6 +65,8 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     group_desc: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Process Group Description")
     group_ranks: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Process Group Ranks")
     group_size: msgspec.Raw = msgspec.field(default=_NO_RAW, name="Group size")
+    total_reserved: Int64 = msgspec.field(default=0, name="Total Reserved")  # `[memory]`: held by the allocator
+    seq: Int64 = msgspec.field(default=-1, name="Sequence number")  # autograd: a forward op and its backward share it
 
 
 class _TypedArgs(Args, frozen=True, gc=False):
@@ -104,16 +106,28 @@ class _Device(msgspec.Struct):
     name: str = ""
 
 
+class MemoryNote(msgspec.Struct, frozen=True):
+    """What a kprof session measured at the first recorded step of a window (the trace's ``kprof_memory`` key): bytes
+    of the tensors the optimizers hold on the profiled device, which the trace's memory events cannot tell apart."""
+
+    device: str = ""
+    parameters: Int64 = 0
+    gradients: Int64 = 0
+    optimizer_state: Int64 = 0
+
+
 class _Around(msgspec.Struct):
     """The keys before and after ``traceEvents``, decoded on their own when the file is cut into pieces."""
 
     distributedInfo: _DistributedInfo | None = None  # noqa: N815 (the file's keys)
     deviceProperties: list[_Device] | None = None  # noqa: N815
+    kprof_memory: MemoryNote | None = None
 
     def update(self, other: _Around) -> None:
         """Take ``other``'s keys where this one lacks them."""
         self.distributedInfo = self.distributedInfo or other.distributedInfo
         self.deviceProperties = self.deviceProperties or other.deviceProperties
+        self.kprof_memory = self.kprof_memory or other.kprof_memory
 
 
 class _Trace(_Around):
@@ -165,6 +179,8 @@ class Columns:
     mem_device: np.ndarray  # int64 c10::DeviceType
     mem_total: np.ndarray  # int64 total allocated after the event
     mem_addr: np.ndarray  # int64 address of the block, which pairs an allocation with its free
+    mem_reserved: np.ndarray  # int64 total reserved by the allocator after the event (0 where not written)
+    seq: np.ndarray  # int64 autograd sequence number of an operator, -1 if none
     collective: np.ndarray  # int32 -> names: the c10d collective a GPU kernel runs (NCCL's), -1 where none is said
     group: np.ndarray  # int32 -> names: its process group (`group_text`), -1 where none is said
     names: list[str]
@@ -196,6 +212,8 @@ _ARGS = {
         "mem_device_type",
         "total_allocated",
         "addr",
+        "total_reserved",
+        "seq",
         "copy_bytes",
         "collective",
     )
@@ -302,7 +320,8 @@ def columns(events: list[Event]) -> Columns:
     new_dims = len(dims) > 1
     if not new_dims:
         dims_ids[ops] = _interned_raw(map(_ARGS["input_dims_old"], shaped), dims, len(shaped))
-    mem = {f: np.zeros(len(events), np.int64) for f in ("mem_bytes", "mem_device_type", "total_allocated", "addr")}
+    mem_fields = ("mem_bytes", "mem_device_type", "total_allocated", "addr", "total_reserved")
+    mem = {f: np.zeros(len(events), np.int64) for f in mem_fields}
     if instant.any():
         rows = np.flatnonzero(instant)
         picked = list(compress(args, instant.tolist()))
@@ -332,6 +351,8 @@ def columns(events: list[Event]) -> Columns:
         mem_device=mem["mem_device_type"],
         mem_total=mem["total_allocated"],
         mem_addr=mem["addr"],
+        mem_reserved=mem["total_reserved"],
+        seq=_column(args, _ARGS["seq"], np.int64),
         collective=collective,
         group=group,
         names=list(names),
@@ -387,6 +408,8 @@ def merge(parts: list[Columns]) -> Columns:
         mem_device=joined("mem_device"),
         mem_total=joined("mem_total"),
         mem_addr=joined("mem_addr"),
+        mem_reserved=joined("mem_reserved"),
+        seq=joined("seq"),
         collective=collective,
         group=group,
         names=list(names),
@@ -553,7 +576,9 @@ def decode_whole(path: Path) -> Columns:
     if events is None:
         raise TraceError("not a torch.profiler trace (no 'traceEvents')")
     decoded = columns(events)
-    decoded.around = None if isinstance(doc, list) else _Around(doc.distributedInfo, doc.deviceProperties)
+    decoded.around = (
+        None if isinstance(doc, list) else _Around(doc.distributedInfo, doc.deviceProperties, doc.kprof_memory)
+    )
     return decoded
 
 
@@ -576,6 +601,7 @@ class TraceFile:
     world_size: int | None
     columns: Columns
     device: str = ""  # the GPU's name where the trace lists GPUs of one kind (deviceProperties)
+    memory_note: MemoryNote | None = None  # the session's note on the optimizers' tensors (kprof_memory)
 
 
 def trace_file(path: Path, parts: list[Columns], around: _Around | None = None) -> TraceFile:
@@ -588,7 +614,7 @@ def trace_file(path: Path, parts: list[Columns], around: _Around | None = None) 
     rank = info.rank if info is not None and info.rank is not None else rank_of(worker)
     gpus = {d.name for d in around.deviceProperties or []}
     device = gpus.pop() if len(gpus) == 1 else ""
-    return TraceFile(path, worker, rank, info.world_size if info else None, merged, device)
+    return TraceFile(path, worker, rank, info.world_size if info else None, merged, device, around.kprof_memory)
 
 
 def read_trace(path: Path, progress: Callable[[int], None] | None = None) -> TraceFile:

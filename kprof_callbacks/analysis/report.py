@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from statistics import mean
 from typing import TYPE_CHECKING
 
-from . import breakdown, comm, fmt
+from . import breakdown, comm, fmt, memory_report
 from .fmt import clip
 from .tables import OpStats, StepStats
 
@@ -289,7 +289,7 @@ def tables(s: Summary, top: int, sort: str, width: int = NAME_WIDTH) -> list[Tab
         out.append(kernels_table(s, top, width))
     if s.labels:
         out.append(labels_table(s, top, width))
-    return out
+    return out + memory_report.tables(s.memory, top, width)
 
 
 def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -335,7 +335,8 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], code: 
     return "\n".join([line(headers, header=True), align, *(line(r) for r in rows)])
 
 
-_NAMED = {"ops": (0,), "ops_by_shape": (0, 1), "kernels": (0,), "labels": (0,)}  # tables whose first cells are names
+# tables whose first cells are names
+_NAMED = {"ops": (0,), "ops_by_shape": (0, 1), "kernels": (0,), "labels": (0,), "memory_modules": (0,)}
 
 
 def markdown(s: Summary, *, top: int, sort: str) -> str:

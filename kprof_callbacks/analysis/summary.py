@@ -22,6 +22,9 @@ from .. import layout
 from ..progress import Progress, ProgressArg
 from . import comm, diagnostics, html, ops, perstep, ranks, reader, report, saved, stacks, steps, trends
 from .events import PYTHON, build
+from .memory import MemorySummary, merge_memory
+from .memory_findings import memory_findings
+from .memory_trace import FileMemory, memory_of
 from .reader import TraceError, TraceFile
 from .series import Series, read_series
 from .tables import (
@@ -74,6 +77,7 @@ class Summary:
     series: dict[str, dict[str, Series]] = dataclasses.field(repr=False, default_factory=dict)  # scalars, all steps
     comm: list[CommStats] = dataclasses.field(default_factory=list)  # by rank, step, collective and FSDP phase
     fsdp: list[FsdpStep] = dataclasses.field(default_factory=list)  # FSDP's step edges and memory, by rank and step
+    memory: MemorySummary | None = None  # at each step's memory peak: by kind and module (memory.py)
     _stacks: list[stacks.StackSource] = dataclasses.field(repr=False, default_factory=list)
 
     @classmethod
@@ -138,6 +142,7 @@ class Summary:
             "problems": [{"path": str(p.path), "reason": p.reason} for p in self.problems],
             "memory_snapshots": [str(p) for p in self.memory_snapshots],
             "per_step": self.per_step.to_dict(self.steps),
+            "memory": None if self.memory is None else self.memory.to_dict(),
         }
 
     @classmethod
@@ -169,11 +174,12 @@ class Summary:
             per_step=perstep.PerStep.from_dict(data["per_step"], steps),
             comm=rows(CommStats, data["comm"]),
             fsdp=rows(FsdpStep, data["fsdp"]),
+            memory=MemorySummary.from_dict(data["memory"]) if data.get("memory") else None,
         )
 
     def to_pandas(self) -> dict[str, pandas.DataFrame]:
         """One DataFrame per table (steps, ops, ops_by_shape, kernels, labels, ranks, step_skew, comm, fsdp,
-        diagnostics)."""
+        diagnostics; memory, memory_blocks and memory_modules when memory was recorded)."""
         import pandas as pd
 
         tables = {
@@ -189,10 +195,11 @@ class Summary:
             "diagnostics": Diagnostic,
         }
         data = self.to_dict()
-        return {
+        frames = {
             key: pd.DataFrame(data[key], columns=[f.name for f in dataclasses.fields(row)] if not data[key] else None)
             for key, row in tables.items()
         }
+        return frames if self.memory is None else {**frames, **self.memory.to_pandas()}
 
     def to_markdown(self, top: int = 10, sort: str = "cuda") -> str:
         """The report as GitHub-flavoured Markdown (a pull-request comment): the findings and the tables of
@@ -245,6 +252,7 @@ class _FileResult:
     stack: stacks.StackSource
     per_step: perstep.PerStep
     comm: comm.FileComm
+    memory: FileMemory | None = None
 
 
 def _analyze(trace: TraceFile) -> _FileResult:
@@ -278,6 +286,7 @@ def _analyze(trace: TraceFile) -> _FileResult:
         ),
         per_step=perstep.from_timeline(tl, tree, costs, times),
         comm=comm.analyze(tl, times),
+        memory=memory_of(tl, tree, times.windows),
     )
 
 
@@ -453,6 +462,8 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     found_all = diagnostics.diagnose(step_rows, rank_rows, evidence, per_step, fsdp=bool(fsdp_rows))
     found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu) + ranks.findings(rank_rows, skew)
     found_all += ended
+    memory = merge_memory([r.memory for r in results], found.snapshots)
+    found_all += memory_findings(memory, series)
     ends: dict[str, list[int]] = {}
     for r in results:
         ends.setdefault(r.worker, []).extend(s.step for s in r.times.rows[-1:])
@@ -487,6 +498,7 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
         series=series,
         comm=comm_rows,
         fsdp=fsdp_rows,
+        memory=memory,
         _stacks=[r.stack for r in results],
     )
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from .. import stats
-from . import diff_report, fmt
+from . import diff_report, fmt, memory_diff
 from .diagnostics import SCALAR_READ, SYNC_CALLS
 from .diff_inputs import Source, load, select
 from .html import fragment
@@ -138,6 +138,7 @@ class Diff:
     confidence: float
     noise_threshold: float
     row_confidence: float  # the level of the rows' intervals: 1 - R q / m (false-coverage-adjusted), R of m rows
+    memory: memory_diff.MemoryChange | None = None  # each side's memory peak over its steps (profile_memory=True)
 
     def significant(self, kinds: Sequence[str] | None = None) -> list[Change]:
         """The significant rows (of `kinds` only, when given), largest change first."""
@@ -176,13 +177,21 @@ class Diff:
             )
         return stats.regressed(t.speedup, t.low, t.high, limit, threshold=self.noise_threshold)
 
-    def render(self, top: int = 10, fail_if_slower: float | None = None) -> str:
+    def more_memory(self, pct: float) -> bool:
+        """Whether B's peak allocated (the median over its steps) is above A's by more than `pct` percent.
+        ValueError when a side recorded no memory events."""
+        return memory_diff.more_memory(self, pct)
+
+    def render(
+        self, top: int = 10, fail_if_slower: float | None = None, fail_if_more_memory: float | None = None
+    ) -> str:
         """The report as text, `top` rows per table; with `fail_if_slower` (percent), the regression gate's answer
-        (`regressed`, and what grew when it failed) at the end."""
+        (`regressed`, and what grew when it failed) at the end, and with `fail_if_more_memory` the memory gate's."""
         if top < 1:
             raise ValueError(f"top must be >= 1, got {top}")
-        text = diff_report.render(self, top)
-        return text if fail_if_slower is None else f"{text}\n\n{diff_report.gate(self, fail_if_slower)}"
+        gates = [diff_report.gate(self, fail_if_slower)] if fail_if_slower is not None else []
+        gates += [memory_diff.gate(self, fail_if_more_memory)] if fail_if_more_memory is not None else []
+        return "\n\n".join([diff_report.render(self, top), *gates])
 
     def __str__(self) -> str:
         return self.render()
@@ -191,13 +200,16 @@ class Diff:
         """Print the text report (to stdout unless `file` is given)."""
         print(self.render(top=top), file=file or sys.stdout)
 
-    def to_markdown(self, top: int = 10, fail_if_slower: float | None = None) -> str:
-        """The report as GitHub-flavoured Markdown (a pull-request comment), with the regression gate's answer on
-        top when `fail_if_slower` (percent) is given."""
+    def to_markdown(
+        self, top: int = 10, fail_if_slower: float | None = None, fail_if_more_memory: float | None = None
+    ) -> str:
+        """The report as GitHub-flavoured Markdown (a pull-request comment), with the gates' answers on top when
+        `fail_if_slower` or `fail_if_more_memory` (percent) is given."""
         if top < 1:
             raise ValueError(f"top must be >= 1, got {top}")
-        gate = None if fail_if_slower is None else diff_report.gate(self, fail_if_slower)
-        return diff_report.markdown(self, top, gate)
+        gates = [diff_report.gate(self, fail_if_slower)] if fail_if_slower is not None else []
+        gates += [memory_diff.gate(self, fail_if_more_memory)] if fail_if_more_memory is not None else []
+        return diff_report.markdown(self, top, " ".join(gates) or None)
 
     def _repr_html_(self) -> str:
         """The HTML report as a notebook shows it: no page around it, no scripts, nothing fetched."""
@@ -218,6 +230,7 @@ class Diff:
                 for c in self.changes
             ],
             "diagnostics": [dataclasses.asdict(d) for d in self.diagnostics],
+            "memory": None if self.memory is None else dataclasses.asdict(self.memory),
             "notes": list(self.notes),
             "settings": {
                 "confidence": self.confidence,
@@ -264,13 +277,18 @@ def _counts(table: PerStep) -> tuple[list[str], np.ndarray]:
     return list(picks), np.stack([table.calls[rows].sum(axis=0) for rows in picks.values()]).reshape(len(picks), -1)
 
 
-def _rows(a: PerStep, b: PerStep, confidence: float, noise: float) -> tuple[list[Change], float]:
-    """Every row present on either side, tested together; and the level of their intervals."""
+def _rows(
+    a: PerStep, b: PerStep, confidence: float, noise: float, memory: tuple[list[str], np.ndarray, np.ndarray]
+) -> tuple[list[Change], float]:
+    """Every row present on either side (with the ``memory`` rows: names, bytes per step of A and B), tested
+    together; and the level of their intervals."""
     count_names, a_counts, b_counts = *_counts(a), _counts(b)[1]
-    kinds = a.kind + ["count"] * len(count_names)
-    names = a.name + count_names
-    xa, xb = np.concatenate([a.time_us, a_counts]), np.concatenate([b.time_us, b_counts])
-    ca, cb = np.concatenate([a.calls, a_counts]), np.concatenate([b.calls, b_counts])
+    memory_names, a_memory, b_memory = memory
+    kinds = a.kind + ["count"] * len(count_names) + ["memory"] * len(memory_names)
+    names = a.name + count_names + memory_names
+    xa, xb = np.concatenate([a.time_us, a_counts, a_memory]), np.concatenate([b.time_us, b_counts, b_memory])
+    ca = np.concatenate([a.calls, a_counts, a_memory > 0])
+    cb = np.concatenate([b.calls, b_counts, b_memory > 0])
     present = (ca.sum(axis=1) > 0) | (cb.sum(axis=1) > 0)
     kinds, names = [k for k, keep in zip(kinds, present) if keep], [n for n, keep in zip(names, present) if keep]
     xa, xb, ca, cb = xa[present], xb[present], ca[present], cb[present]
@@ -295,6 +313,7 @@ def _rows(a: PerStep, b: PerStep, confidence: float, noise: float) -> tuple[list
             else ((INCREASED if change[i] > 0 else DECREASED) if significant[i] else UNCHANGED)
         )
         words = _verdict(
+            kinds[i],
             status,
             bool(significant[i]),
             bool(above_noise[i]),
@@ -326,6 +345,7 @@ def _rows(a: PerStep, b: PerStep, confidence: float, noise: float) -> tuple[list
 
 
 def _verdict(
+    kind: str,
     status: str,
     significant: bool,
     above_noise: bool,
@@ -340,6 +360,8 @@ def _verdict(
     few = min(steps) < ROW_MIN_STEPS
     if status in (NEW, GONE):
         per_step = f"{calls.mean():.3g} calls/step, {'+' if change >= 0 else '-'}{fmt.duration(abs(change))} per step"
+        if kind == "memory":
+            per_step = f"{'+' if change >= 0 else '-'}{fmt.size(abs(change))} at the peak"
         if few:
             return f"{status}: {per_step} (too few steps to tell if it is steady)"
         if significant:
@@ -482,7 +504,7 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
         raise ValueError(f"noise_threshold must be a number >= 0, got {noise_threshold!r}")
     sides = load(a, b)
     tables = select(sides)
-    changes, row_confidence = _rows(*tables, confidence, noise_threshold)
+    changes, row_confidence = _rows(*tables, confidence, noise_threshold, memory_diff.rows(sides, tables))
     step_time = _step_time(tables, (sides[0].summary, sides[1].summary), confidence, noise_threshold)
     same_run = sides[0].summary is sides[1].summary
     notes = _steps_note(step_time, confidence) + _broad_shift(changes)
@@ -503,4 +525,5 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
         confidence=confidence,
         noise_threshold=noise_threshold,
         row_confidence=row_confidence,
+        memory=memory_diff.change(sides, tables),
     )

@@ -5,7 +5,6 @@ memory snapshot (``memory_snapshot=True``), a growth finding names the allocatio
 
 from __future__ import annotations
 
-import pickle
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from .. import layout, peaks
 from . import fmt
 from .growth import Growth, growth
 from .series import Series
+from .snapshot import summaries
 from .tables import Diagnostic
 
 _LEAK_HINT = (
@@ -22,7 +22,6 @@ _LEAK_HINT = (
     "or loss.detach()), a cache that never evicts"
 )
 _SITES = 3  # allocation sites named in a growth finding
-_LIBRARY = ("/site-packages/", "/dist-packages/", "/torch/", "/lib/python")
 
 
 def findings(
@@ -215,42 +214,19 @@ def _wrong_flops(what: str) -> Diagnostic:
     )
 
 
-def growing_sites(snapshots: list[Path], warmup_share: float = 0.2) -> str:
+def growing_sites(snapshots: list[Path]) -> str:
     """The allocation sites holding the most memory at the end of the snapshots' history among allocations made
-    after the first ``warmup_share`` of it, as ``file:line in function (n blocks, MB)``; "" when there are none."""
+    after its first fifth (`snapshot.GROWTH_AFTER`), as ``file:line in function (n blocks, MB)``; "" when there are
+    none. The snapshots are read by kprof's own reader (plain values only), never unpickled."""
     held: Counter = Counter()
     blocks: Counter = Counter()
-    for path in snapshots:
-        try:
-            with open(path, "rb") as f:
-                snapshot = pickle.load(f)
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
-            continue
-        for trace in snapshot.get("device_traces", []) if isinstance(snapshot, dict) else []:
-            alive: dict[int, tuple[int, str]] = {}
-            start = int(len(trace) * warmup_share)
-            for i, entry in enumerate(trace):
-                if entry.get("action") == "alloc":
-                    site = _site(entry.get("frames", [])) if i >= start else ""
-                    alive[entry.get("addr")] = (entry.get("size", 0), site)
-                elif entry.get("action") in ("free_requested", "free_completed"):
-                    alive.pop(entry.get("addr"), None)
-            for size, site in alive.values():
-                if site:
-                    held[site] += size
-                    blocks[site] += 1
+    for summary in summaries(snapshots):
+        for device in summary.get("devices", []):
+            for site in device.get("growing", []):
+                held[site["site"]] += site["bytes"]
+                blocks[site["site"]] += site["blocks"]
     top = [(site, size) for site, size in held.most_common(_SITES) if blocks[site] >= 3]
     return ", ".join(f"{site} ({blocks[site]} blocks, {size / 2**20:.1f} MB)" for site, size in top)
-
-
-def _site(frames: list[dict]) -> str:
-    """The innermost Python frame of the program's own code (not torch's or a library's), as
-    ``file:line in function``."""
-    for frame in frames:
-        filename = str(frame.get("filename", ""))
-        if filename.endswith(".py") and not any(part in filename for part in _LIBRARY):
-            return f"{Path(filename).name}:{frame.get('line')} in {frame.get('name')}"
-    return ""
 
 
 def _peak_text(tflops: float) -> str:

@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 PLUGIN_NAME = "kprof"
 STATIC = Path(__file__).parent / "static"
 _STATIC_TYPES = {
-    **{f"{name}.js": "text/javascript" for name in ("index", "dom", "charts", "timeline", "diff", "ranks")},
+    **{f"{name}.js": "text/javascript" for name in ("index", "dom", "charts", "timeline", "diff", "ranks", "memory")},
     "style.css": "text/css",
 }
 _MAX_POINTS = 10_000  # step-time points per run: TensorBoard keeps fewer by default, so this means "all it has"
@@ -154,6 +154,7 @@ class KprofPlugin(base_plugin.TBPlugin):
                 "/timeline": self._timeline_route,
                 "/ranktimeline": self._rank_timeline_route,
                 "/diff": self._diff_route,
+                "/memory": self._memory_route,
             }
         )
         return apps
@@ -198,6 +199,17 @@ class KprofPlugin(base_plugin.TBPlugin):
             return http_util.Respond(request, {"run": run.name, "pending": True, "done": done, "total": total}, _JSON)
         body = self._summary(run).body
         return http_util.Respond(request, dict(body, run=run.name, files=run.to_dict()), _JSON)
+
+    @wrappers.Request.application
+    def _memory_route(self, request: werkzeug.Request) -> werkzeug.Response:
+        """The run's memory at the peak and its allocator snapshots' summaries (`Summary.memory`, null when the traces
+        hold no memory events), from its stored summary; pending, as `/summary`, while a big run is read."""
+        run = self._run(request)
+        if self._in_background(run) is not None:
+            return http_util.Respond(request, {"run": run.name, "pending": True}, _JSON)
+        summary = self._summary(run).summary
+        memory = None if summary is None or summary.memory is None else summary.memory.to_dict()
+        return http_util.Respond(request, {"run": run.name, "memory": memory}, _JSON)
 
     @wrappers.Request.application
     def _steptime_route(self, request: werkzeug.Request) -> werkzeug.Response:
@@ -338,7 +350,7 @@ class KprofPlugin(base_plugin.TBPlugin):
         """For a run over PROGRESS_BYTES not summarized yet: start summarizing it on a thread of its own (once) and
         return (bytes done, bytes in all); None when the summary is stored (or the run is small: served at once)."""
         key = (run.name, run.fingerprint)
-        total = sum(f.bytes for f in run.traces)
+        total = sum(f.bytes for f in run.traces) + sum(f.bytes for f in run.snapshots)  # snapshots: read with it
         if total <= PROGRESS_BYTES or self._summaries.has(run.name, run.fingerprint):
             return None
         with self._busy_guard:

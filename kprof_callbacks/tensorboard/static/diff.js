@@ -2,7 +2,7 @@
 // Names, tables and colours are the reports' (diff_report.py, breakdown.py): what `kprof diff` prints, drawn.
 
 import {changeBars, num, rangeBars} from './charts.js';
-import {TOP, duration, getJSON, h, ms, note, query, section, shorten, table, windowsOf} from './dom.js';
+import {TOP, duration, getJSON, h, mb, ms, note, query, section, shorten, table, windowsOf} from './dom.js';
 
 const TIMELINE_KIND = {op: 'operator', nccl: 'communication'}; // a row's kind as the timeline colours it
 const CHART_ROWS = 20;
@@ -110,7 +110,7 @@ function nameCell(row) {
 }
 
 function changesSection(rows, legend) {
-  const timed = rows.filter((r) => r.significant && r.kind !== 'count');
+  const timed = rows.filter((r) => r.significant && r.kind !== 'count' && r.kind !== 'memory');
   if (!timed.length) return null;
   const items = timed.slice(0, CHART_ROWS).map((r) => ({
     label: r.kind === 'op' ? shorten(r.shown, 48) : `${r.kind} '${shorten(r.shown, 40)}'`, value: r.change,
@@ -125,7 +125,7 @@ function changesSection(rows, legend) {
 function groupSection(group, allRows, legend, ci) {
   const rows = allRows.filter((r) => group.kinds.includes(r.kind));
   if (!rows.length) return null;
-  const unit = group.value === 'time' ? duration : num;
+  const unit = {time: duration, bytes: mb}[group.value] || num;
   const color = (kind) => legend.kinds[TIMELINE_KIND[kind] || kind];
   const kind = (k) => [h('span', {class: 'swatch', style: `background:${color(k)}`}), k];
   const calls = (r) => (r.a_calls === r.b_calls ? num(r.a_calls) : `${num(r.a_calls)} → ${num(r.b_calls)}`);

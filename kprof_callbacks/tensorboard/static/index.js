@@ -5,6 +5,7 @@ import {PROFILER_COLOR, lineChart, median, num, rangeBars, stackedBars} from './
 import {diffPage, diffView} from './diff.js';
 import {getJSON, h, mb, ms, note, pct, query, section, shorten, table, windowsOf} from './dom.js';
 import {ranksSection, ranksTimelineSection} from './ranks.js';
+import {memorySection} from './memory.js';
 import {timelineView} from './timeline.js';
 
 const SLOW = 3; // a step slower than this times the median is marked slow (the slow-step trigger's default)
@@ -150,7 +151,8 @@ async function runPage(name) {
   parts.push(stepTimeSection(steptime, s ? s.steps : [], info && info.comparison));
   if (s) {
     const gpu = s.kernels.length > 0;
-    parts.push(stepsSection(s.steps, gpu), timelineSection(name, files, s.files), opsSection(s.ops, gpu));
+    parts.push(stepsSection(s.steps, gpu), timelineSection(name, files, s.files), memorySection(name, state.legend),
+      opsSection(s.ops, gpu));
     if (gpu) parts.push(kernelsSection(s.kernels));
     parts.push(labelsSection(s.labels, gpu));
     if (s.ranks.length > 1) {
@@ -348,7 +350,7 @@ function tracesSection(name, files, snapshots) {
     + 'your machine). chrome://tracing reads the same files.');
   const memory = snapshots.length
     ? note(`CUDA memory snapshots beside the traces: ${snapshots.map((p) => p.split('/').pop()).join(', ')} `
-      + '(drag one onto pytorch.org/memory_viz).')
+      + '(summarized under Memory above; pytorch.org/memory_viz opens them too).')
     : null;
   return section('Raw traces', h('ul', {class: 'files'}, rows), pending, perfetto, memory);
 }

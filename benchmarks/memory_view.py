@@ -1,0 +1,323 @@
+"""How fast does the kprof tab show the memory of a run with a big CUDA allocator snapshot? A synthetic snapshot of
+--gigabytes (1 by default) is written as torch writes one (a pickle of plain dicts: an allocation history whose
+entries each carry a new list of memoized frames), beside a small profiled run; TensorBoard serves the logdir, and
+headless Chromium opens the run's page until the memory view (its curve and the snapshot's summary) is drawn.
+
+Two cases: the snapshot as kprof saves it (its summary beside it, `snapshot.save_beside`), and a snapshot from
+elsewhere (no summary: the plugin reads it with kprof's streaming reader, once, then keeps the summary). Also the
+reader on its own: seconds and MB/s, and the resident memory of the process that read it.
+
+    python benchmarks/memory_view.py                      # 1 GB, ~2 min (writing the file, reading it twice)
+    python benchmarks/memory_view.py --quick              # 20 MB: the test
+    python benchmarks/memory_view.py --out benchmarks/results/memory_view-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+KEYS = ("action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata")
+SEGMENT_WORDS = ("device", "address", "total_size", "blocks", "state", "active_allocated", "inactive")
+FRAMES, DEPTH, POOL = 4000, 100, 512  # distinct frames, frames per entry, distinct stacks
+MB = 2**20
+
+
+def _str(text: str) -> bytes:
+    raw = text.encode()
+    return b"\x8c" + bytes([len(raw)]) + raw + b"\x94"  # SHORT_BINUNICODE, MEMOIZE
+
+
+def _ref(index: int) -> bytes:
+    return b"h" + bytes([index]) if index < 256 else b"j" + index.to_bytes(4, "little")
+
+
+def _long(value: int) -> bytes:
+    raw = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8a" + bytes([len(raw)]) + raw
+
+
+class _Pickle:
+    """Opcodes of a protocol-4 pickle written by hand, counting what is memoized (every string, dict and list)."""
+
+    def __init__(self) -> None:
+        self.out = bytearray(b"\x80\x04}\x94(")  # the top dict, and the mark of its items
+        self.memo = 1
+        self.refs: dict[str, bytes] = {}
+
+    def strings(self, *texts: str, keep: bool = False) -> None:
+        """Memoize each text (popped unless it is one of the top dict's keys); ``refs[text]`` refers to it."""
+        for text in texts:
+            self.out.extend(_str(text) + (b"" if keep else b"0"))
+            self.refs[text] = _ref(self.memo)
+            self.memo += 1
+
+    def entry(self, i: int, action: str, addr: int, size: int, frames: bytes) -> bytes:
+        """A history entry as torch writes it; ``frames``: the items of its new list of frames."""
+        r = self.refs
+        self.memo += 2  # the entry, its list of frames
+        numbers = r["addr"] + _long(addr) + r["size"] + _long(size) + r["stream"] + b"K\x00"
+        tail = r["compile_context"] + r[""] + r["user_metadata"] + r[""] + b"u"
+        return (
+            b"}\x94("
+            + r["action"]
+            + r[action]
+            + numbers
+            + r["time_us"]
+            + _long(1_700_000_000_000_000 + i)
+            + r["frames"]
+            + b"]\x94("
+            + frames
+            + b"e"
+            + tail
+        )
+
+    def frames(self) -> tuple[bytes, list[int]]:
+        """FRAMES new frame dicts (every 40th in the program's own train.py) and the memo index each will have, in the
+        list of the entry written next."""
+        made, ids, start = [], [], self.memo + 2  # after that entry and its list
+        for k in range(FRAMES):
+            file = "/home/me/train.py" if k % 40 == 0 else f"/usr/lib/python3/site-packages/torch/nn/mod{k % 97}.py"
+            r = self.refs
+            made.append(
+                b"}\x94("
+                + r["filename"]
+                + _str(file)
+                + r["line"]
+                + b"J"
+                + k.to_bytes(4, "little")
+                + r["name"]
+                + _str(f"fn{k}")
+                + b"u"
+            )
+            ids.append(start + 3 * k)
+        return b"".join(made), ids
+
+
+def synthetic_snapshot(path: Path, target_bytes: int, seed: int = 0) -> int:
+    """Write a protocol-4 snapshot of about ``target_bytes`` as torch's ``_dump_snapshot`` lays one out: a top dict
+    with ``device_traces`` and ``segments``, one device whose history allocates and frees blocks, each entry with a
+    new list of 100 memoized frames (the first entry makes them all). Returns the number of entries."""
+    rng = np.random.default_rng(seed)
+    p = _Pickle()
+    p.strings(*KEYS, "filename", "line", "name", "alloc", "free_requested", "", *SEGMENT_WORDS)
+    p.strings("device_traces", keep=True)
+    p.out.extend(b"]\x94]\x94(")  # the list of devices, device 0's history, the mark of its first batch
+    p.memo += 2
+    made, ids = p.frames()
+    p.out.extend(p.entry(0, "alloc", 0x7E0000000000, 512, made))
+    p.memo += 3 * FRAMES
+    stacks = [b"".join(_ref(ids[i]) for i in rng.choice(FRAMES, DEPTH, replace=False)) for _ in range(POOL)]
+    entries = max(2, (target_bytes - len(p.out)) // (80 + len(stacks[0])))
+    sizes = (rng.integers(1, 64, 4096) * 512 * 1024).tolist()
+    live: list[tuple[int, int]] = []
+    allocated = peak = 0
+    with path.open("wb") as f:
+        f.write(p.out)
+        for i in range(1, entries):
+            if not live or (len(live) < 256 and rng.random() < 0.5):
+                live.append((0x7F0000000000 + 4096 * i, sizes[i % 4096]))
+                action, (addr, size) = "alloc", live[-1]
+            else:
+                action, (addr, size) = "free_requested", live.pop(int(rng.integers(len(live))))
+            allocated += size if action == "alloc" else -size
+            peak = max(peak, allocated)
+            f.write(p.entry(i, action, addr, size, stacks[i % POOL]) + (b"e(" if i % 1000 == 999 else b""))
+        reserved = peak + peak // 4  # the allocator's cache: a quarter more than the history's peak
+        f.write(b"ea" + _segments(live, p.refs, reserved) + b"u.")  # the last batch, the history, the segments
+    return entries
+
+
+def _segments(live: list[tuple[int, int]], ref: dict[str, bytes], reserved: int) -> bytes:
+    """The ``segments`` key and its list: one segment of ``reserved`` bytes holding the blocks alive at the end, the
+    rest of it free (its words memoized before)."""
+    in_use = ref["state"] + ref["active_allocated"] + b"u"
+    blocks = b"".join(b"}(" + ref["size"] + _long(size) + in_use for _, size in live)
+    free = reserved - sum(size for _, size in live)
+    blocks += b"}(" + ref["size"] + _long(free) + ref["state"] + ref["inactive"] + b"u"
+    segment = (
+        b"}("
+        + ref["device"]
+        + b"K\x00"
+        + ref["address"]
+        + _long(0x7F0000000000)
+        + ref["total_size"]
+        + _long(reserved)
+        + ref["blocks"]
+        + b"]("
+        + blocks
+        + b"eu"
+    )
+    return _str("segments") + b"]" + segment + b"a"
+
+
+def _summarized(tb) -> float:
+    """Seconds until the plugin has the run summarized (its /memory route no longer pending): what a page waits
+    for, in real time (a headless page's timers run in virtual time)."""
+    started = time.perf_counter()
+    while tb.get_json("data/plugin/kprof/memory", run="run").get("pending"):
+        time.sleep(0.1)
+    return time.perf_counter() - started
+
+
+def _page_seconds(url: str, chromium: str, profile: Path) -> tuple[float, str]:
+    """Seconds from Chromium's start until it printed the page with the memory view drawn (the run summarized
+    already), and that page."""
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=600000",
+        "--dump-dom",
+    ]
+    started = time.perf_counter()
+    done = subprocess.run([chromium, *flags, url], capture_output=True, text=True, timeout=600)
+    return time.perf_counter() - started, done.stdout
+
+
+_READER = """
+import json, sys, threading, time
+from pathlib import Path
+from kprof_callbacks.analysis import snapshot
+
+peak = [0]
+def anon() -> int:  # the process's own memory, not the file's pages it maps (VmRSS counts both)
+    return int(next(l for l in open("/proc/self/status") if l.startswith("RssAnon")).split()[1]) * 1024
+def watch() -> None:
+    while True:
+        peak[0] = max(peak[0], anon())
+        time.sleep(0.05)
+threading.Thread(target=watch, daemon=True).start()
+t = time.perf_counter(); cpu = time.process_time()
+summary = snapshot.summarize(Path(sys.argv[1]))
+t, cpu = time.perf_counter() - t, time.process_time() - cpu
+print(json.dumps({"seconds": t, "cpu_seconds": cpu, "anon_mb": max(peak[0], anon()) / 2**20}))
+"""
+
+
+def _reader(path: Path) -> dict:
+    """kprof's reader on the snapshot, in a fresh process: seconds (wall and CPU), MB/s, and the peak of the
+    process's own memory (anonymous pages, sampled every 50 ms; the file itself is mapped, not copied)."""
+    done = subprocess.run([sys.executable, "-c", _READER, str(path)], capture_output=True, text=True, check=True)
+    found = json.loads(done.stdout)
+    found["mb_per_s"] = path.stat().st_size / MB / found["cpu_seconds"]
+    return found
+
+
+def _profiled_run(folder: Path) -> None:
+    """A few profiled steps of a small model with memory events: the run the snapshot sits beside."""
+    import torch
+
+    import kprof_callbacks as kprof
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with kprof.session(folder.parent, run=folder.name, wait=0, warmup=1, active=2, profile_memory=True) as s:
+        for _ in range(4):
+            model(torch.randn(32, 64)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            s.step()
+
+
+def measure(gigabytes: float, chromium: str | None) -> list[dict]:
+    """Each case's row: the snapshot's size, the reader's time, and the page's time to draw the memory view."""
+    from kprof_callbacks.analysis import snapshot
+    from kprof_callbacks.tensorboard.launch import TensorBoardServer
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        logdir = Path(tmp)
+        run = logdir / "run"
+        _profiled_run(run)
+        path = run / "w.memory_snapshot.pickle"
+        started = time.perf_counter()
+        entries = synthetic_snapshot(path, int(gigabytes * 2**30))
+        written = time.perf_counter() - started
+        reader = _reader(path)
+        for case in ("saved by kprof (summary beside it)", "from elsewhere (read by the plugin)"):
+            if case.startswith("saved"):
+                snapshot.save_beside(snapshot.summarize(path), path)
+            else:
+                path.with_name(path.name + snapshot.SUMMARY_SUFFIX).unlink()
+            row = {
+                "case": case,
+                "snapshot_mb": round(path.stat().st_size / MB, 1),
+                "entries": entries,
+                "write_s": round(written, 2),
+                "reader_s": round(reader["seconds"], 2),
+                "reader_cpu_s": round(reader["cpu_seconds"], 2),
+                "reader_mb_per_s": round(reader["mb_per_s"], 1),
+                "reader_memory_mb": round(reader["anon_mb"], 1),
+            }
+            if chromium:
+                with TensorBoardServer(logdir) as tb:
+                    summarized = _summarized(tb)
+                    url = f"{tb.url}data/plugin_entry.html?name=kprof#run=run"
+                    seconds, dom = _page_seconds(url, chromium, logdir / f"profile-{len(rows)}")
+                drawn = 'class="snapshot-curve"' in dom and 'id="memory-curve"' in dom
+                row.update(summary_s=round(summarized, 2), page_s=round(summarized + seconds, 2), drawn=drawn)
+            rows.append(row)
+            print(_line(row), flush=True)
+    return rows
+
+
+def _line(row: dict) -> str:
+    page = "no chromium"
+    if "page_s" in row:
+        page = f"{row['page_s']:.2f} s ({row['summary_s']:.2f} s summarizing){'' if row['drawn'] else ' NOT drawn'}"
+    return (
+        f"| {row['case']} | {row['snapshot_mb']:.0f} MB, {row['entries']:,} entries | {row['reader_s']:.2f} s "
+        f"({row['reader_cpu_s']:.2f} s CPU, {row['reader_mb_per_s']:.0f} MB/s; {row['reader_memory_mb']:.0f} MB "
+        f"of memory) | {page} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gigabytes", type=float, default=1.0, help="snapshot size (default 1)")
+    parser.add_argument("--quick", action="store_true", help="a 20 MB snapshot: the test")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    chromium = shutil.which("chromium")
+    print("| case | snapshot | kprof's reader | page until the memory view is drawn |")
+    print("|---|---:|---:|---:|")
+    rows = measure(0.02 if args.quick else args.gigabytes, chromium)
+    if args.out:
+        import msgspec
+        import torch
+
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        doc = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": f"CPU, {os.cpu_count()} cores ({platform.machine()}), load average {os.getloadavg()[0]:.1f}",
+            "versions": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "numpy": np.__version__,
+                "msgspec": msgspec.__version__,
+            },
+            "commit": commit,
+            "command": shlex.join(["python", "benchmarks/memory_view.py", *(sys.argv[1:] if argv is None else argv)]),
+            "rows": rows,
+        }
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""A CUDA allocator snapshot (``torch.cuda.memory._dump_snapshot``, ``memory_snapshot=True``) summarized: the peak of
+its history, the blocks alive then with the Python lines that allocated them, what the allocator reserved, the
+out-of-memory events it recorded. Read with `pickles` (plain values only, streamed, no torch), so a snapshot of a
+gigabyte is summarized without loading it whole; the summary is a few kilobytes of JSON, which is what the kprof tab
+and the reports show.
+
+The history is the allocator's last ``max_entries`` events per device. Allocated memory over it is replayed from
+the events (an allocation adds its size until its free is requested), anchored at the end to the blocks the snapshot
+lists as in use; a block alive at the peak was allocated in the history (its frames say where), or before it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from array import array
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import pickles
+
+FIELDS = ("action", "addr", "size", "time_us", "frames", "device_free")
+ACTIONS = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "oom",
+)
+_ALLOC, _FREE_REQUESTED, _FREE_COMPLETED, _SEG_ALLOC, _SEG_FREE, _SEG_MAP, _SEG_UNMAP, _OOM = range(len(ACTIONS))
+_CODE = {name: i for i, name in enumerate(ACTIONS)}
+TOP_BLOCKS, TOP_SITES, CURVE_POINTS, FRAMES = 20, 15, 400, 4
+GROWTH_AFTER = 0.2  # growing sites: blocks alive at the end allocated after this share of the history
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/torch/", "/lib/python", "<frozen", "<string>")
+SUMMARY_SUFFIX = ".summary"  # kprof writes the summary beside a snapshot it saves: <snapshot>.summary (JSON)
+
+
+class _History:
+    """One device's history as columns, filled entry by entry (numbers in arrays: no object kept per number)."""
+
+    def __init__(self) -> None:
+        self.action = array("b")
+        self.addr, self.size, self.time, self.free = array("q"), array("q"), array("q"), array("q")
+        self.frames: list[Any] = []
+
+    def add(self, values: tuple) -> None:
+        action, addr, size, time_us, frames, device_free = values
+        self.action.append(_CODE.get(action, -1))
+        self.addr.append(addr if isinstance(addr, int) else 0)
+        self.size.append(size if isinstance(size, int) else 0)
+        self.time.append(time_us if isinstance(time_us, int) else -1)
+        self.frames.append(frames)
+        self.free.append(device_free if isinstance(device_free, int) else -1)
+
+
+def site_of(frames: Iterable[Any]) -> str:
+    """The innermost frame of the program's own code (not torch's or a library's) as ``file:line in name``, else
+    the innermost frame, else ""."""
+    frames = [f for f in frames if isinstance(f, dict)]
+    own = [f for f in frames if str(f.get("filename", "")).endswith(".py") and not _library(f)]
+    f = (own or frames or [None])[0]
+    return "" if f is None else f"{Path(str(f.get('filename', ''))).name}:{f.get('line')} in {f.get('name')}"
+
+
+def _library(frame: dict) -> bool:
+    return any(part in str(frame.get("filename", "")) for part in _LIBRARY)
+
+
+def _frame_lines(frames: Iterable[Any]) -> list[str]:
+    return [f"{f.get('filename')}:{f.get('line')} in {f.get('name')}" for f in frames if isinstance(f, dict)][:FRAMES]
+
+
+def _ends(action: np.ndarray, addr: np.ndarray) -> np.ndarray:
+    """Per event: for an allocation, the index of the event that frees it (the next free, or reuse, at its address;
+    n: not in the history); for a free that ends no allocation of the history (a block from before it), -1; else
+    -2 (a free that ends one, the completion of a requested free, other actions)."""
+    n = action.size
+    out = np.full(n, -2, np.int64)
+    rows = np.flatnonzero(np.isin(action, (_ALLOC, _FREE_REQUESTED, _FREE_COMPLETED)))
+    order = rows[np.lexsort((rows, addr[rows]))]
+    kind = action[order]
+    same = addr[order][1:] == addr[order][:-1]
+    after, before = np.r_[same, False], np.r_[False, same]
+    next_row, prev_kind = np.r_[order[1:], -1], np.r_[-1, kind[:-1]]
+    alloc = kind == _ALLOC
+    out[order[alloc]] = np.where(after, next_row, n)[alloc]
+    ends_one = before & (prev_kind == _ALLOC)
+    completes = before & (kind == _FREE_COMPLETED) & (prev_kind == _FREE_REQUESTED)
+    out[order[~alloc & ~ends_one & ~completes]] = -1
+    return out
+
+
+def _curve(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> list[list[int]]:
+    """[[x, allocated, reserved], ...]: every point when few, else the lowest and the highest of each span."""
+    keep = np.arange(x.size)
+    if x.size > CURVE_POINTS:
+        bounds = np.linspace(0, x.size, CURVE_POINTS // 2 + 1).astype(np.int64)
+        picked = {int(np.argmax(y))}
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            picked |= {lo + int(np.argmin(y[lo:hi])), lo + int(np.argmax(y[lo:hi]))}
+        keep = np.array(sorted(picked))
+    return [[int(x[i]), int(y[i]), int(z[i])] for i in keep.tolist()]
+
+
+def _device(h: _History, end: _Segments, resolve: Any) -> dict[str, Any]:
+    """One device's summary: the peak of its history and what was alive then."""
+    action, addr, size = (
+        np.frombuffer(v, np.int8 if v.typecode == "b" else np.int64).astype(np.int64)
+        for v in (h.action, h.addr, h.size)
+    )
+    n = action.size
+    ends = _ends(action, addr)
+    delta = np.where(action == _ALLOC, size, np.where(ends == -1, -size, 0))
+    paired = ends[(action == _ALLOC) & (ends < n)]
+    delta[paired] -= size[paired]
+    running = np.cumsum(delta)
+    allocated = end.allocated - (running[-1] if n else 0) + running
+    growth = np.isin(action, (_SEG_ALLOC, _SEG_MAP)).astype(np.int64) - np.isin(action, (_SEG_FREE, _SEG_UNMAP))
+    seg_running = np.cumsum(growth * size)
+    reserved = end.reserved - (seg_running[-1] if n else 0) + seg_running
+    out: dict[str, Any] = {"entries": int(n), "allocated_end": end.allocated, "reserved_end": end.reserved}
+    if not n:
+        return out
+    peak = int(np.argmax(allocated))
+    idx = np.arange(n)
+    alive = np.flatnonzero(((action == _ALLOC) & (idx <= peak) & (ends > peak)) | ((ends == -1) & (idx > peak)))
+    alive = alive[np.argsort(-size[alive], kind="stable")]
+    time = np.frombuffer(h.time, np.int64)
+    timed = bool((time >= 0).all())
+    out.update(
+        peak=int(allocated[peak]),
+        peak_at=peak,
+        peak_time_us=int(time[peak]) if time[peak] >= 0 else None,
+        reserved_at_peak=int(reserved[peak]),
+        x="time_us" if timed else "entry",
+        curve=_curve(time if timed else idx, allocated, reserved),
+        unseen_at_peak=max(int(allocated[peak]) - int(size[alive].sum()), 0),
+        oom=[
+            {
+                "size": int(size[i]),
+                "device_free": h.free[i],
+                "time_us": int(time[i]) if time[i] >= 0 else None,
+                "site": site_of(resolve(h.frames[i])),
+            }
+            for i in np.flatnonzero(action == _OOM).tolist()
+        ],
+        growing=_growing(h, action, ends, size, resolve),
+        **_alive_detail(h, alive, size, action, resolve),
+    )
+    return out
+
+
+def _alive_detail(h: _History, alive: np.ndarray, size: np.ndarray, action: np.ndarray, resolve: Any) -> dict:
+    """The largest blocks alive at the peak and the allocation sites holding the most then."""
+    sites: dict[str, list[int]] = {}
+    blocks = []
+    for i in alive.tolist():
+        allocated_here = action[i] == _ALLOC
+        frames = resolve(h.frames[i]) if allocated_here else []
+        site = site_of(frames) if allocated_here else "(allocated before the history)"
+        held = sites.setdefault(site, [0, 0])
+        held[0] += int(size[i])
+        held[1] += 1
+        if len(blocks) < TOP_BLOCKS:
+            blocks.append({"size": int(size[i]), "site": site, "frames": _frame_lines(frames)})
+    ranked = sorted(sites.items(), key=lambda kv: -kv[1][0])[:TOP_SITES]
+    return {"blocks": blocks, "sites": [{"site": s, "bytes": b, "blocks": c} for s, (b, c) in ranked]}
+
+
+def _growing(h: _History, action: np.ndarray, ends: np.ndarray, size: np.ndarray, resolve: Any) -> list[dict]:
+    """Sites of blocks alive at the end of the history allocated after its first GROWTH_AFTER (leaks)."""
+    start = int(action.size * GROWTH_AFTER)
+    late = np.flatnonzero((action == _ALLOC) & (ends == action.size) & (np.arange(action.size) >= start))
+    held: dict[str, list[int]] = {}
+    for i in late.tolist():
+        site = site_of(resolve(h.frames[i]))
+        if site:
+            entry = held.setdefault(site, [0, 0])
+            entry[0] += int(size[i])
+            entry[1] += 1
+    return [{"site": s, "bytes": b, "blocks": c} for s, (b, c) in sorted(held.items(), key=lambda kv: -kv[1][0])][:5]
+
+
+class _Segments:
+    """One device's segments at the end of the history: bytes in use, bytes reserved, count, largest free block."""
+
+    def __init__(self) -> None:
+        self.allocated = self.reserved = self.count = self.largest_free = 0
+
+    def add(self, segment: dict) -> None:
+        self.count += 1
+        self.reserved += int(segment.get("total_size", 0) or 0)
+        for block in segment.get("blocks", []):
+            if isinstance(block, dict):
+                if block.get("state") == "active_allocated":
+                    self.allocated += int(block.get("size", 0) or 0)
+                elif block.get("state") == "inactive":
+                    self.largest_free = max(self.largest_free, int(block.get("size", 0) or 0))
+
+
+def _segments(value: Any) -> dict[int, _Segments]:
+    out: dict[int, _Segments] = {}
+    segments = value.get("segments", []) if isinstance(value, dict) else []
+    for seg in segments if isinstance(segments, list) else []:
+        if isinstance(seg, dict):
+            out.setdefault(int(seg.get("device", 0) or 0), _Segments()).add(seg)
+    return out
+
+
+def _summary(value: Any, histories: dict[int, _History], resolve: Any) -> dict[str, Any]:
+    """The summary of a snapshot whose value (its history streamed out) and histories are given."""
+    segments = _segments(value)
+    devices = []
+    for device in sorted(set(segments) | set(histories)):
+        end = segments.get(device, _Segments())
+        found = _device(histories.get(device, _History()), end, resolve)
+        devices.append({"device": device, "segments": end.count, "largest_free": end.largest_free, **found})
+    return {"devices": devices}
+
+
+def summarize(path: Path) -> dict[str, Any]:
+    """The summary of the snapshot at ``path``: kprof's own saved beside it when that is of this file, else read
+    (streamed). ValueError (a `pickles.PickleError`) for a file that is not a snapshot of plain values."""
+    stat = path.stat()
+    saved = _saved(path, stat)
+    if saved is not None:
+        return saved
+    histories: dict[int, _History] = {}
+
+    def add(device: int, values: tuple) -> None:
+        histories.setdefault(device, _History()).add(values)
+
+    value, reader = pickles.read(path, add, FIELDS)
+    return {"path": str(path), "bytes": stat.st_size, **_summary(value, histories, reader.resolve)}
+
+
+def summarize_value(value: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The summary of a snapshot held in memory (``torch.cuda.memory._snapshot()``) that is saved at ``path``."""
+    histories: dict[int, _History] = {}
+    for device, trace in enumerate(value.get("device_traces", [])):
+        history = histories.setdefault(device, _History())
+        for entry in trace:
+            history.add(tuple(entry.get(f) for f in FIELDS))
+    return {"path": str(path), "bytes": path.stat().st_size, **_summary(value, histories, lambda f: f or [])}
+
+
+def save_beside(summary: dict[str, Any], path: Path) -> Path:
+    """Write ``summary`` beside the snapshot at ``path`` (with the snapshot's size and time, so a changed snapshot
+    is read again); the file it wrote."""
+    stat = path.stat()
+    out = path.with_name(path.name + SUMMARY_SUFFIX)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps({**summary, "of": [stat.st_size, stat.st_mtime_ns]}), encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+def _saved(path: Path, stat: os.stat_result) -> dict[str, Any] | None:
+    """The summary kprof saved beside the snapshot, if it is of the file as it is now."""
+    try:
+        data = json.loads(path.with_name(path.name + SUMMARY_SUFFIX).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.pop("of", None) != [stat.st_size, stat.st_mtime_ns]:
+        return None
+    return data
+
+
+def summaries(paths: list[Path]) -> list[dict[str, Any]]:
+    """The summary of each snapshot that can be read; one that cannot becomes ``{"path", "error"}``."""
+    out = []
+    for path in paths:
+        try:
+            out.append(summarize(path))
+        except (OSError, ValueError) as exc:
+            out.append({"path": str(path), "error": f"{type(exc).__name__}: {exc}"})
+    return out
