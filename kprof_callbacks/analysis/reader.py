@@ -60,6 +60,8 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     label: msgspec.Raw = msgspec.field(default=_NO_RAW, name="name")  # `M` events: thread and process names
     collective: str = msgspec.field(default="", name="Collective name")  # NCCL kernels: the c10d collective they run
     addr: Int64 = msgspec.field(default=0, name="Addr")  # `[memory]` events: the block allocated or freed
+    seq: Int64 = msgspec.field(default=-1, name="Sequence number")  # autograd: a forward op and its backward node
+    fwd_tid: Int64 = msgspec.field(default=-1, name="Fwd thread id")  # backward nodes: their forward's thread (0: none)
 
 
 class _TypedArgs(Args, frozen=True, gc=False):
@@ -154,13 +156,17 @@ class Columns:
     ext: np.ndarray  # int64 external id, -1 if none
     corr: np.ndarray  # int64 correlation id, -1 if none
     dims: np.ndarray  # int32 -> dims_table; 0 (b"") where input shapes were not recorded
-    types: np.ndarray  # int32 -> types_table: input types of matrix products (flops.MATMULS); 0 (b"") elsewhere
+    types: (
+        np.ndarray
+    )  # int32 -> types_table: input types of matrix products (flops.MATMULS) and log_softmax; 0 elsewhere
     copy_bytes: np.ndarray  # int64 size of a copy or set
     mem_bytes: np.ndarray  # int64: `[memory]` instants' allocation (+) or free (-)
     mem_device: np.ndarray  # int64 c10::DeviceType
     mem_total: np.ndarray  # int64 total allocated after the event
     mem_addr: np.ndarray  # int64 address of the block, which pairs an allocation with its free
     collective: np.ndarray  # int32 -> names: the c10d collective a GPU kernel runs (NCCL's), -1 where none is said
+    seq: np.ndarray  # int64 autograd sequence number of operators, -1 where none
+    fwd_tid: np.ndarray  # int64 the forward thread (torch's own numbering) of backward nodes, 0 or -1 elsewhere
     names: list[str]
     cats: list[str]
     lanes: list[tuple[int | str, int | str]]  # (pid, tid): a host thread or a (device, stream)
@@ -192,10 +198,14 @@ _ARGS = {
         "addr",
         "copy_bytes",
         "collective",
+        "seq",
+        "fwd_tid",
     )
 }
 _PH_CODE = {"X": 0, "i": 1, "M": 2}
 _OPERATOR_CATEGORIES = ("cpu_op", "operator", "")  # "": pre-kineto traces, which name no category
+LOG_SOFTMAX = frozenset({"aten::_log_softmax", "aten::log_softmax"})  # a loss over logits: their dtype is read too
+_TYPED = frozenset(MATMULS) | LOG_SOFTMAX
 
 
 def _column(items: list, getter: attrgetter, dtype: type) -> np.ndarray:
@@ -262,6 +272,9 @@ def columns(events: list[Event]) -> Columns:
     new_dims = len(dims) > 1
     if not new_dims:
         dims_ids[ops] = _interned_raw(map(_ARGS["input_dims_old"], shaped), dims, len(shaped))
+    autograd = {f: np.full(len(events), -1, np.int64) for f in ("seq", "fwd_tid")}
+    for f, column in autograd.items():
+        column[ops] = _column(shaped, _ARGS[f], np.int64)
     mem = {f: np.zeros(len(events), np.int64) for f in ("mem_bytes", "mem_device_type", "total_allocated", "addr")}
     if instant.any():
         rows = np.flatnonzero(instant)
@@ -271,7 +284,7 @@ def columns(events: list[Event]) -> Columns:
     types = _Interner({b"": 0})
     type_ids = np.zeros(len(events), np.int32)
     if events and isinstance(events[0], _TypedEvent):  # the matrix products' dtype sets the peak their FLOPs run at
-        products = np.flatnonzero(ops & np.isin(name, [k for k, n in enumerate(names) if n in MATMULS]))
+        products = np.flatnonzero(ops & np.isin(name, [k for k, n in enumerate(names) if n in _TYPED]))
         type_ids[products] = _interned_raw((args[i].input_type for i in products.tolist()), types, products.size)
     collective = np.full(len(events), -1, np.int32)
     kernels = np.isin(cat, [k for k, c in enumerate(cats) if c.lower() == "kernel"])
@@ -295,6 +308,8 @@ def columns(events: list[Event]) -> Columns:
         mem_total=mem["total_allocated"],
         mem_addr=mem["addr"],
         collective=collective,
+        seq=autograd["seq"],
+        fwd_tid=autograd["fwd_tid"],
         names=list(names),
         cats=list(cats),
         lanes=list(lanes),
@@ -348,6 +363,8 @@ def merge(parts: list[Columns]) -> Columns:
         mem_total=joined("mem_total"),
         mem_addr=joined("mem_addr"),
         collective=collective,
+        seq=joined("seq"),
+        fwd_tid=joined("fwd_tid"),
         names=list(names),
         cats=list(cats),
         lanes=list(lanes),
