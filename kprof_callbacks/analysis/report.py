@@ -285,7 +285,9 @@ def tables(s: Summary, top: int, sort: str, width: int = NAME_WIDTH) -> list[Tab
         out.append(kernels_table(s, top, width))
     if s.labels:
         out.append(labels_table(s, top, width))
-    return out
+    from . import modules_report  # it builds on this module's Table
+
+    return out + modules_report.tables(s, top, width)
 
 
 def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -331,7 +333,15 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], code: 
     return "\n".join([line(headers, header=True), align, *(line(r) for r in rows)])
 
 
-_NAMED = {"ops": (0,), "ops_by_shape": (0, 1), "kernels": (0,), "labels": (0,)}  # tables whose first cells are names
+_NAMED = {  # tables whose first cells are names
+    "ops": (0,),
+    "ops_by_shape": (0, 1),
+    "kernels": (0,),
+    "labels": (0,),
+    "modules": (0,),
+    "lines": (0,),
+    "compiled": (0,),
+}
 
 
 def markdown(s: Summary, *, top: int, sort: str) -> str:
