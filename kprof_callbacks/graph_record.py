@@ -61,7 +61,7 @@ def module_path(raw: str) -> str:
         if unwrapped == text:
             break
         text = unwrapped
-    text = _ROOT.sub("", _INDEX.sub(r".\1", text))
+    text = _INDEX.sub(r".\1", _ROOT.sub("", text))
     return qualified_name(text.removeprefix("self"))
 
 

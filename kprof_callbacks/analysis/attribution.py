@@ -148,7 +148,8 @@ def eager_lines(tl: Events, owners: Owners, table: Table) -> np.ndarray:
         idx = idx[~is_user[idx]]
         p = parent[idx]
         user[idx] = user[p]
-        callee[idx] = np.where(python[idx] & (user[p] == p), idx, callee[p])
+        first = python[idx] & (user[p] >= 0) & (callee[p] < 0)  # the outermost frame below the user's
+        callee[idx] = np.where(first, idx, callee[p])
     has = user >= 0
     pairs = np.stack([host.name[np.maximum(user, 0)], np.where(callee >= 0, host.name[np.maximum(callee, 0)], -1)])
     keys, inverse = np.unique(pairs[:, has], axis=1, return_inverse=True)

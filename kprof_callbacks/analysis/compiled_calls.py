@@ -133,9 +133,7 @@ class CompiledCalls:
         return {
             "frames": {str(k): sorted(v) for k, v in frames.items()},
             "recompiled": sorted(f"{n}/{m}" for n, m in compiled_ids if m > 0),
-            "resumed": sorted(
-                {f"{n}/{m}" for n, m in compiled_ids if functions.get(f"{n}/{m}", "").startswith(_RESUME)}
-            ),
+            "resumed": sorted({f"{n}/{m}" for n, m in compiled_ids if _RESUME in functions.get(f"{n}/{m}", "")}),
             "functions": {f"{n}/{m}": functions.get(f"{n}/{m}", "") for n, m in sorted(compiled_ids)},
             "graphs": {k: v.tolist() for k, v in self.by_graph.items()},
             "note": self.record.note,

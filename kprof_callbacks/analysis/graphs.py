@@ -3,14 +3,15 @@
 A compiled graph runs as one ``## Call CompiledFxGraph <key> ##`` range (its CUDA graph replayed by a
 ``cudaGraphLaunch`` in it, under ``mode="reduce-overhead"``): the GPU kernels launched in one such call are one
 *instance*. An instance is matched to the recorded graph whose Triton kernels it shares most (a Triton kernel's name is
-unique within its graph, the same name can be in several graphs); then each of its Triton kernels to the recorded
-call of that name (the n-th launch of a name to its n-th call), and the kernels between two of them (cuBLAS,
+unique within its graph, the same name can be in several graphs); then each of its Triton kernels to the next
+recorded call of that name, and the kernels between two of them (cuBLAS,
 attention, aten fallbacks: *extern* calls, whose GPU kernels have other names) in order to the extern calls the
 record has between the same two. What matches nothing stays unattributed.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -140,24 +141,23 @@ def best_graph(record: Record, names: Sequence[str], compile_id: str = "") -> in
 def align(calls: Sequence[Call], names: Sequence[str]) -> np.ndarray:
     """For each kernel of an instance (``names``, in launch order), the index of its recorded call, -1 for none.
 
-    The n-th launch of a Triton name is the n-th call of that name (pairs out of order are dropped); the kernels
-    between two matched ones go, in order, to the extern calls recorded between their calls, spread evenly when
-    the counts differ (an extern call can launch several kernels)."""
+    A Triton kernel is the first call of its name after the last one matched (so a kernel missing from the trace
+    costs no more than itself); the kernels between two matched ones go, in order, to the extern calls recorded
+    between their calls, spread evenly when the counts differ (an extern call can launch several kernels)."""
     out = np.full(len(names), -1, np.int64)
     by_name: dict[str, list[int]] = {}
     for index, call in enumerate(calls):
         if not call.extern:
             by_name.setdefault(call.name, []).append(index)
-    seen: dict[str, int] = {}
     anchors = [(-1, -1)]
     for k, name in enumerate(names):
         candidates = by_name.get(name)
         if candidates is None:
             continue
-        n = seen[name] = seen.get(name, -1) + 1
-        if n < len(candidates) and candidates[n] > anchors[-1][1]:
-            anchors.append((k, candidates[n]))
-            out[k] = candidates[n]
+        at = bisect.bisect_right(candidates, anchors[-1][1])
+        if at < len(candidates):
+            anchors.append((k, candidates[at]))
+            out[k] = candidates[at]
     anchors.append((len(names), len(calls)))
     for (k0, c0), (k1, c1) in zip(anchors, anchors[1:]):
         kernels = [k for k in range(k0 + 1, k1) if out[k] < 0 and names[k] not in by_name]
