@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import warnings
 
 from torch import nn
 from torch.nn.modules import module as nn_module
@@ -34,6 +35,8 @@ def qualified_names(model: nn.Module) -> dict[int, str]:
 
 
 _ALWAYS_CALL = "always_call" in inspect.signature(nn_module.register_module_forward_hook).parameters
+# torch warns that a compiled wrapper's own hooks fire too while global hooks exist: these do nothing for it
+warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks on modules")
 
 
 class ModuleRanges:

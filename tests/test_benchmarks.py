@@ -246,3 +246,30 @@ def test_calibration_quick_rates_every_detector_on_noise_and_on_its_effect(tmp_p
     assert drop(json.loads(part.read_text())["rows"]) == drop(picked)
     with pytest.raises(SystemExit, match="no detector named"):
         calibration.main(["--quick", "--only", "slow stpe"])
+
+
+@pytest.mark.slow
+def test_module_overhead_quick_measures_the_module_view_in_and_after_a_window(tmp_path):
+    import module_overhead
+
+    out = tmp_path / "module_overhead.json"
+    result = module_overhead.main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    (row,) = result["rows"]
+    assert row["module_calls"] == 13 and row["step_ms"] > 0 and len(row["inside"]) == 3
+    assert {"date", "device", "versions", "command", "code"} <= set(result)
+
+
+@pytest.mark.slow
+def test_attribution_quick_runs_eager_compiled_and_a_graph_break_on_the_cpu(tmp_path):
+    import attribution
+
+    out = tmp_path / "attribution.json"
+    result = attribution.main(["--quick", "--out", str(out)])
+    rows = {r["mode"]: r for r in result["rows"]}
+    assert set(rows) == {"eager", "compiled", "graph break"}
+    assert rows["graph break"]["checks"]["graph break counted"] is True
+    assert rows["compiled"]["graphs_per_step"] == 1 and rows["eager"]["graphs_per_step"] == 0
+    names = {name for name, _, _ in rows["eager"]["top_modules"]}
+    assert {"", "blocks", "lm_head", "(optimizer)"} <= names
+    assert json.loads(out.read_text())["command"] == "python benchmarks/attribution.py --quick --out " + str(out)

@@ -13,6 +13,7 @@ from .owners import (
     BACKWARD,
     DIRECTIONS,
     FORWARD,
+    GRAPH,
     NEITHER,
     REGION,
     UNATTRIBUTED,
@@ -118,10 +119,12 @@ class CompiledCalls:
         return self._targets[key]
 
     def summary(self, steps: Windows) -> dict:
-        """What ran compiled: per recorded graph (by label) its calls; the Dynamo frames that ran in each step, the
-        recompiled ones (``N/M``, M > 0) and the frames that resume after a graph break; and the record's note."""
+        """What ran compiled: per recorded graph (by label) its calls; the Dynamo frames that ran a compiled graph in
+        each step (a frame Dynamo compiled to no graph, a function it only guards, is none), the recompiled ones
+        (``N/M``, M > 0) and the frames that resume after a graph break; and the record's note."""
         host, names = self.tl.host, self.tl.names
-        regions = np.flatnonzero(np.array([bool(REGION.match(n)) for n in names] or [False])[host.name])
+        calls = np.flatnonzero(self.owners.kind == GRAPH)
+        regions = np.unique(self.region[calls][self.region[calls] >= 0])
         step = steps.index_of(host.start[regions])
         frames: dict[int, set] = {}
         compiled_ids = set()
