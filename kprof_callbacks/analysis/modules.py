@@ -206,3 +206,38 @@ def assemble(parts: Sequence[Any], steps: Sequence[Any], gpu: bool) -> Assembled
         line_rows((p.lines for p in parts), total, gpu),
         compiled_facts(p.compiled for p in parts),
     )
+
+
+def tree(rows: Sequence[ModuleStats], gpu: bool) -> list[dict[str, Any]]:
+    """The module rows as a tree for the kprof tab: per module its forward, backward and total time (GPU time, or
+    host time without a GPU; children included), its own, its share and calls, and its children by time; the rows
+    that are no module after the model."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        node = nodes.setdefault(
+            r.name,
+            {
+                "name": r.name,
+                "label": label(r.name),
+                "forward_us": 0.0,
+                "backward_us": 0.0,
+                "total_us": 0.0,
+                "self_us": 0.0,
+                "share": 0.0,
+                "calls": 0,
+                "children": [],
+            },
+        )
+        time, own = (r.gpu_us, r.self_gpu_us) if gpu else (r.cpu_us, r.self_cpu_us)
+        node["backward_us" if r.direction == "backward" else "forward_us"] += time
+        node["total_us"] += time
+        node["self_us"] += own
+        node["share"] += r.share
+        node["calls"] += r.calls if r.direction != "backward" else 0
+    roots = []
+    for name, node in nodes.items():
+        parents = [p for p in ancestors(name) if p in nodes]
+        (nodes[parents[0]]["children"] if parents else roots).append(node)
+    for node in nodes.values():
+        node["children"].sort(key=lambda n: -n["total_us"])
+    return sorted(roots, key=lambda n: (not is_module(n["name"]), -n["total_us"]))

@@ -34,6 +34,7 @@ from werkzeug import wrappers
 
 from .. import layout
 from ..analysis import breakdown, diff_report, fmt
+from ..analysis import modules as by_module
 from ..analysis.diff_inputs import Input, parse_steps
 from ..analysis.reader import TraceError
 from ..analysis.slices import TraceSlices, median_step
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 PLUGIN_NAME = "kprof"
 STATIC = Path(__file__).parent / "static"
 _STATIC_TYPES = {
-    **{f"{name}.js": "text/javascript" for name in ("index", "dom", "charts", "timeline", "diff")},
+    **{f"{name}.js": "text/javascript" for name in ("index", "dom", "charts", "timeline", "diff", "modules")},
     "style.css": "text/css",
 }
 _MAX_POINTS = 10_000  # step-time points per run: TensorBoard keeps fewer by default, so this means "all it has"
@@ -57,6 +58,7 @@ _OUTSIDE = "a link to a file outside the logdir: not read"
 _DECODED_TRACES = 4  # decoded trace files kept for the timeline: 49 bytes per event, ~7 MB for a 50 MB trace
 _STEP = re.compile(r"-?[0-9]{1,18}")  # beyond 18 digits a step number would not fit the trace's int64
 _DIFFS = 16  # diffs kept, ~0.4 KB of JSON per row: under 1 MB each for 2,000 operators and kernels
+_LINES = 30  # source lines the module view lists
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +92,18 @@ def diff_body(d: Diff) -> dict[str, Any]:
     groups = [{"title": title, "kinds": list(kinds), "value": value} for title, kinds, value in diff_report.GROUPS]
     names = [fmt.row_name(c.kind, c.name) for c in d.changes]
     return {"diff": d.to_dict(), "headline": d.headline(), "names": names, "groups": groups}
+
+
+def module_body(s: Summary) -> dict[str, Any]:
+    """What `/modules` serves: the module tree (GPU time, or host time without a GPU), the top lines, what ran
+    compiled."""
+    lines = sorted(s.lines, key=lambda r: -(r.gpu_us if s.has_gpu else r.cpu_us))[:_LINES]
+    return {
+        "gpu": s.has_gpu,
+        "tree": by_module.tree(s.modules, s.has_gpu),
+        "lines": [dataclasses.asdict(r) for r in lines],
+        "compiled": s.compiled,
+    }
 
 
 def read_comparison(path: Path) -> dict[str, Any]:
@@ -145,6 +159,7 @@ class KprofPlugin(base_plugin.TBPlugin):
                 "/trace": self._trace_route,
                 "/timeline": self._timeline_route,
                 "/diff": self._diff_route,
+                "/modules": self._modules_route,
             }
         )
         return apps
@@ -264,6 +279,15 @@ class KprofPlugin(base_plugin.TBPlugin):
             raise errors.NotFoundError(exc.args[0]) from exc
         body = dict(piece.to_dict(), run=run.name, steps=[dataclasses.asdict(w) for w in windows])
         return http_util.Respond(request, msgspec.json.encode(body), _JSON)
+
+    @wrappers.Request.application
+    def _modules_route(self, request: werkzeug.Request) -> werkzeug.Response:
+        """The run's time by module as a tree (``modules.tree``), its top source lines and what ran compiled."""
+        run = self._run(request)
+        summarized = self._summary(run)
+        if summarized.summary is None:
+            return _unprocessable(request, f"run {run.name!r}: {summarized.body['error']}")
+        return http_util.Respond(request, module_body(summarized.summary), _JSON)
 
     @wrappers.Request.application
     def _diff_route(self, request: werkzeug.Request) -> werkzeug.Response:
