@@ -28,6 +28,8 @@ class ModelCapture:
             raise TypeError(
                 f"model must be a torch.nn.Module (the one being trained) or None, got {type(model).__name__}"
             )
+        while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module  # its modules' names, without the wrapper's "module." in front
         # a model compiled at its root runs no module of its own eagerly: its kernels are named by the record alone
         eager = model is not None and not torch_compat.compiled_at_root(model)
         self.ranges = ModuleRanges(model) if eager else None

@@ -227,3 +227,9 @@ def test_without_an_inductor_hook_the_record_says_why(tmp_path, monkeypatch):
     s = _train(tmp_path, Net(), steps=3)
     record = json.loads(graphs_path(s.run_dir, s._writer.worker).read_text())
     assert "no set_kernel_post_grad_provenance_tracing" in record["note"] and record["graphs"] == []
+
+
+def test_a_data_parallel_wrapper_is_seen_through(tmp_path):
+    s = _train(tmp_path, nn.DataParallel(Net()), steps=4)
+    names = {m.name for m in s.summary().modules}
+    assert {"", "fast", "spin", "head"} <= names and not any(n.startswith("module") for n in names)
