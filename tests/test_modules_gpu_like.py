@@ -286,3 +286,29 @@ def test_the_loss_head_of_compiled_code_is_found_from_the_record(tmp_path):
     (found,) = [d for d in s.diagnostics if d.kind == "loss_head"]
     assert found.message.startswith("The loss head takes 50% of GPU time") and "in lm_head" in found.message
     assert "[4096, 50304] in fp32 (786.0 MB) and bf16/fp16 (393.0 MB)" in found.message
+
+
+def test_host_time_of_a_lightning_step_is_counted_once(tmp_path):
+    """Lightning runs training_step and backward inside the optimizer's step (its closure): each range's host time
+    goes to its owner less the ranges in it, so the rows add up to the step's outermost range."""
+    t = Trace()
+    t.label("ProfilerStep#1", 0, 1000)
+    t.label("optimizer_step", 0, 500)
+    t.op("Optimizer.step#SGD.step", 10, 480, cat="user_annotation")
+    t.label("training_step", 20, 180)
+    t.label("kprof.module:", 30, 120)
+    t.op("aten::addmm", 40, 50, seq=7)
+    t.op("aten::mse_loss", 160, 30, seq=8)
+    t.label("backward", 210, 90)
+    t.op("autograd::engine::evaluate_function: AddmmBackward0", 220, 60, seq=7, fwd=1)
+    t.op("aten::add_", 310, 20)
+    rows = _rows(summarize(t.write(tmp_path / "run").parent))
+    cpu = {k: r.cpu_us for k, r in rows.items()}
+    assert cpu == {
+        ("", "forward"): 120,
+        ("", "backward"): 60,
+        ("(outside modules)", "forward"): 180 - 120,  # the loss and training_step's own code
+        ("(outside modules)", "backward"): 90 - 60,
+        ("(optimizer)", ""): 500 - 180 - 90,
+    }
+    assert rows[("(optimizer)", "")].calls == 1

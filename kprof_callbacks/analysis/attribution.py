@@ -33,10 +33,8 @@ from .events import OP, PYTHON, RUNTIME, Events, launch_times
 from .modules import rollup_steps
 from .ops import HostCosts, Totals
 from .owners import (
-    BACKWARD_LABEL,
     DATA_RANGE,
     DIRECTIONS,
-    FORWARD_LABEL,
     GRAPH,
     MODULE,
     NEITHER,
@@ -84,22 +82,22 @@ def _host_steps(tl: Events, times: StepTimes) -> Windows:
 
 def _cpu_shares(tl: Events, owners: Owners, costs: HostCosts, step: np.ndarray, shares: Shares) -> None:
     """Host time: module ranges (forward), autograd nodes (backward), compiled graph calls (the module around them),
-    optimizer and data-loading ranges, each less the ones of these in it; and the self time of the operators outside
-    all of them."""
-    host, kind, parent = tl.host, owners.kind, owners.tree.parent
-    timed = np.isin(kind, (MODULE, NODE, GRAPH, OPTIMIZER_RANGE, DATA_RANGE))
+    optimizer, data-loading and Lightning's step ranges, each less the ones of these in it; and the self time of the
+    operators outside all of them."""
+    kind, parent = owners.kind, owners.tree.parent
+    timed = kind != NONE
     rows = np.flatnonzero(timed)
     outer = np.where(parent[rows] >= 0, nearest(owners.tree, timed, owners.by_level)[np.maximum(parent[rows], 0)], -1)
     own = duration(tl, rows)
     target, direction = owners.cpu_target(rows)
     ranges = np.isin(kind[rows], (OPTIMIZER_RANGE, DATA_RANGE))  # one in another (Lightning's and torch's) is one call
     again = ranges & (outer >= 0) & (kind[np.maximum(outer, 0)] == kind[rows])
-    shares.add(target, direction, step[rows], cpu=own, calls=(~again & (kind[rows] != GRAPH)).astype(np.float64))
+    calls = np.isin(kind[rows], (MODULE, NODE)) | (ranges & ~again)
+    shares.add(target, direction, step[rows], cpu=own, calls=calls.astype(np.float64))
     nested = outer >= 0
     target, direction = owners.cpu_target(outer[nested])
     shares.add(target, direction, step[outer[nested]], cpu=-own[nested])
-    loose = np.isin(owners.owner_kind, (NONE, FORWARD_LABEL, BACKWARD_LABEL)) & np.isin(host.kind, (OP, RUNTIME))
-    loose = np.flatnonzero(loose)
+    loose = np.flatnonzero((owners.owner_kind == NONE) & np.isin(tl.host.kind, (OP, RUNTIME)))
     shares.add(owners.target[loose], owners.direction[loose], step[loose], cpu=costs.self_cpu[loose])
 
 

@@ -177,13 +177,6 @@ class Owners:
             self.direction[mine] = DIRECTIONS.index(direction)
         self.target[self.owner_kind == GRAPH] = -1  # per kernel, from the record
 
-    def outermost(self, kind: int) -> np.ndarray:
-        """Events of ``kind`` not inside another of their kind (nested optimizer ranges count once)."""
-        mine = np.flatnonzero(self.kind == kind)
-        above = self.owner[np.maximum(self.tree.parent[mine], 0)]
-        inside = (self.tree.parent[mine] >= 0) & (above >= 0) & (self.kind[np.maximum(above, 0)] == kind)
-        return mine[~inside]
-
     def context(self, event: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For compiled graph calls: the target of what encloses them (a module, or the node of their backward; -1
         for none) and whether they run in a backward."""
