@@ -312,3 +312,39 @@ def test_host_time_of_a_lightning_step_is_counted_once(tmp_path):
         ("(optimizer)", ""): 500 - 180 - 90,
     }
     assert rows[("(optimizer)", "")].calls == 1
+
+
+def test_kernels_of_no_module_go_to_the_model_or_to_what_runs_the_graph(tmp_path):
+    rec = record(
+        [
+            {
+                "compile_id": "0/0",
+                "function": "Net.forward",
+                "backward": False,
+                "kernels": [
+                    ("triton_poi_fused_emb_0", False, {0: 1}, {}),
+                    ("triton_red_fused_loss_1", False, {}, {}),  # the loss, computed in Net.forward itself
+                ],
+            },
+            {
+                "compile_id": "1/0",
+                "function": "AdamW.step",
+                "backward": False,
+                "kernels": [
+                    ("triton_for_fused_2", False, {}, {}),
+                ],
+            },
+        ],
+        ["emb"],
+    )
+    t = Trace()
+    t.label("ProfilerStep#1", 0, 2000)
+    t.op("## Call CompiledFxGraph a ##", 10, 100)
+    t.launch(20, "triton_poi_fused_emb_0", 500, 10)
+    t.launch(30, "triton_red_fused_loss_1", 600, 20)
+    t.label("Optimizer.step#AdamW.step", 300, 200)
+    t.op("## Call CompiledFxGraph b ##", 310, 100)
+    t.launch(320, "triton_for_fused_2", 700, 40)
+    rows = _rows(summarize(t.write(tmp_path / "run", rec).parent))
+    assert rows[("emb", "forward")].gpu_us == 10 and rows[("", "forward")].self_gpu_us == 20
+    assert rows[("(optimizer)", "")].gpu_us == 40 and rows[("(optimizer)", "")].cpu_us == 200

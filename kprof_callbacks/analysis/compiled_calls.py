@@ -11,10 +11,13 @@ from . import graphs as recorded
 from .events import Events
 from .owners import (
     BACKWARD,
+    DATA,
     DIRECTIONS,
     FORWARD,
     GRAPH,
     NEITHER,
+    OPTIMIZER,
+    OUTSIDE,
     REGION,
     UNATTRIBUTED,
     Owners,
@@ -39,6 +42,7 @@ class CompiledCalls:
         self.by_graph: dict[str, np.ndarray] = {}  # a graph's label -> [calls, GPU us, of which matched] in the steps
         self._matches: dict[tuple, tuple[int, np.ndarray]] = {}
         self._targets: dict[tuple, list[tuple[int, float]]] = {}
+        self._ranges = {table[OPTIMIZER], table[DATA]}  # rows of no pass
         names = tl.names
         regions = np.array([bool(REGION.match(n)) for n in names] or [False])[tl.host.name]
         self.region = nearest(owners.tree, regions, owners.by_level) if regions.any() else np.full(regions.size, -1)
@@ -100,22 +104,29 @@ class CompiledCalls:
         for c in np.unique(calls[~unmatched]).tolist():
             mine = calls == c
             for target, weight in self.targets_of(graph, c, context):
-                shares.add(target, direction, step[mine], gpu=dur[mine] * weight)
+                way = DIRECTIONS.index(NEITHER) if target in self._ranges else direction
+                shares.add(target, way, step[mine], gpu=dur[mine] * weight)
             for line, weight in self.record.graphs[graph].calls[c].lines:
                 where, code = self.record.lines[line]
                 lines.add(line_table[f"{short_path(where)} {code}"], direction, step[mine], gpu=dur[mine] * weight)
 
     def targets_of(self, graph: int, call: int, context: int) -> list[tuple[int, float]]:
-        """The targets (and weights) of one recorded call run inside ``context`` (a module, or none: the root)."""
+        """The targets (and weights) of one recorded call run inside ``context`` (the target around the graph call:
+        a module, an optimizer's step, ...; -1 for none). Paths relative to the compiled root join the module around
+        it. A call of no module is the compiled root's: the module around it, or the model; in a graph of no module at
+        all (a compiled optimizer step, a free function), what is around it."""
         key = (graph, call, context)
         if key not in self._targets:
             names = self.table.names
-            outer = names[context] if context >= 0 and not names[context].startswith("(") else ""
+            around = names[context] if context >= 0 else OUTSIDE
+            outer = "" if around.startswith("(") else around
             found = self.record.graphs[graph].calls[call].modules
+            free = not any(c.modules for c in self.record.graphs[graph].calls)
+            fallback = self.table[around if free else outer]
             self._targets[key] = [
                 (self.table[_joined(outer, name) if relative else name], w)
                 for (name, relative), w in ((self.record.modules[m], w) for m, w in found)
-            ] or [(self.table[outer], 1.0)]
+            ] or [(fallback, 1.0)]
         return self._targets[key]
 
     def summary(self, steps: Windows) -> dict:

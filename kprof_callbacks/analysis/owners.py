@@ -156,7 +156,7 @@ class Owners:
         self.owner_kind = np.where(self.owner >= 0, self.kind[np.maximum(self.owner, 0)], NONE)
         module_of = np.array([table[n[len(MODULE_PREFIX) :]] if n.startswith(MODULE_PREFIX) else -1 for n in tl.names])
         outside, optimizer, data = table[OUTSIDE], table[OPTIMIZER], table[DATA]
-        self.root, self.specials = table[""], [table[name] for name in SPECIAL]
+        self.root, self.outside, self.ranges = table[""], outside, [optimizer, data]
         eager = np.where(self.owner_kind == MODULE, module_of[host.name[np.maximum(self.owner, 0)]], outside)
         nodes = np.flatnonzero(self.kind == NODE)
         self.forward = np.full(host.name.size, -1, np.int64)  # an autograd node's forward operator
@@ -187,14 +187,17 @@ class Owners:
         return target, (kind == NODE) | (kind == BACKWARD_LABEL)
 
     def cpu_target(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The target and direction host time of ``rows`` goes to: their own, but for compiled graph calls the
-        module around them (the model where none is), forward or backward as where they run."""
+        """The target and direction host time of ``rows`` goes to: their own, but for compiled graph calls what is
+        around them (a module, an optimizer's step; the model where nothing is), forward or backward as where they
+        run."""
         target, direction = self.target[rows].copy(), self.direction[rows].copy()
         graph = self.kind[rows] == GRAPH
         around, backward = self.context(rows[graph])
-        special = np.isin(around, self.specials) | (around < 0)
-        target[graph] = np.where(special, self.root, around)
-        direction[graph] = np.where(backward, DIRECTIONS.index(BACKWARD), DIRECTIONS.index(FORWARD))
+        model = (around < 0) | (around == self.outside)  # a compiled model's call: the model's
+        target[graph] = np.where(model, self.root, around)
+        ranged = np.isin(target[graph], self.ranges)
+        pass_of = np.where(backward, DIRECTIONS.index(BACKWARD), DIRECTIONS.index(FORWARD))
+        direction[graph] = np.where(ranged, DIRECTIONS.index(NEITHER), pass_of)
         return target, direction
 
 
