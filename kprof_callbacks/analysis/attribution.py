@@ -182,11 +182,13 @@ def analyze(tl: Events, tree: Tree, costs: HostCosts, times: StepTimes) -> FileA
     ops = np.flatnonzero((tl.host.kind == OP) & (owners.owner_kind != GRAPH))  # compiled code: by the record
     lines.add(line_of[ops], owners.direction[ops], host_step[ops], cpu=costs.self_cpu[ops])
     compiled = CompiledCalls(tl, owners, table, record)
-    launcher, matched = _gpu_shares(tl, owners, compiled, steps, shares, lines, line_of, line_table)
+    launcher = launchers(tl)
+    dev_step = steps.index_of(launch_times(tl))  # a GPU activity is the step's that launched it (perstep.py)
+    matched = _gpu_shares(tl, owners, compiled, launcher, dev_step, shares, lines, line_of, line_table)
     n = steps.lo.size
     modules, grid = shares.totals(table.names, n)
     line_totals, _ = lines.totals(line_table.names, n)
-    head = _loss_head(tl, owners, compiled, launcher, matched, steps)
+    head = _loss_head(tl, owners, compiled, launcher, matched, dev_step, steps.number)
     step_names, step_time = rollup_steps(table.names, grid[1] if tl.device.start.size else grid[0])
     compiled.relabel()
     return FileAttribution(modules, line_totals, step_names, step_time, compiled.summary(steps), head)
@@ -196,20 +198,19 @@ def _gpu_shares(
     tl: Events,
     owners: Owners,
     compiled: CompiledCalls,
-    steps: Windows,
+    launcher: np.ndarray,
+    step: np.ndarray,
     shares: Shares,
     lines: Shares,
     line_of: np.ndarray,
     line_table: Table,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Share each GPU activity's time by its launcher's owner (compiled graph calls: by the record); returns each
-    activity's launcher and its matched recorded call (``CompiledCalls.kernels``; -1 elsewhere)."""
+) -> np.ndarray:
+    """Share each GPU activity's time (in ``step``, by ``launcher``) by its launcher's owner (compiled graph calls: by
+    the record); returns each activity's matched recorded call (``CompiledCalls.kernels``; -1 elsewhere)."""
     dev = tl.device
-    launcher = launchers(tl)
     matched = np.full(dev.start.size, -1, np.int64)
     if not dev.start.size:
-        return launcher, matched
-    step = steps.index_of(launch_times(tl))
+        return matched
     dur = (dev.end - dev.start) / 1000.0
     h = np.maximum(launcher, 0)
     in_graph = (launcher >= 0) & (owners.owner_kind[h] == GRAPH)
@@ -221,13 +222,20 @@ def _gpu_shares(
     graph = np.flatnonzero(in_graph)
     if graph.size:
         matched[graph] = compiled.kernels(graph, owners.owner[h[graph]], step[graph], shares, lines, line_table)
-    return launcher, matched
+    return matched
 
 
 def _loss_head(
-    tl: Events, owners: Owners, compiled: CompiledCalls, launcher: np.ndarray, matched: np.ndarray, steps: Windows
+    tl: Events,
+    owners: Owners,
+    compiled: CompiledCalls,
+    launcher: np.ndarray,
+    matched: np.ndarray,
+    step: np.ndarray,
+    numbers: np.ndarray,
 ) -> losshead.Evidence:
-    """GPU time on the logits per step (eager: from recorded shapes; compiled: from the record), and its rows."""
+    """GPU time on the logits by step (``step``: each GPU activity's, ``numbers``: their step numbers; eager: from
+    recorded shapes, compiled: from the record), and the rows it went to."""
     found, dev = losshead.Evidence(), tl.device
     if not dev.start.size:
         return found
@@ -242,15 +250,14 @@ def _loss_head(
     if calls:
         codes = np.array([g * 2**32 + c for g, c in calls], np.int64)
         weight = np.maximum(weight, np.isin(matched, codes))
-    head = np.flatnonzero(weight > 0)
+    head = np.flatnonzero((weight > 0) & (step >= 0))
     if not head.size:
         return found
-    step = steps.index_of(launch_times(tl))[head]
     dur = (dev.end - dev.start)[head] / 1000.0 * weight[head]
     who = (tl.source.rank, tl.source.worker)
-    for k, us in zip(step.tolist(), dur.tolist()):
+    for k, us in zip(step[head].tolist(), dur.tolist()):
         if k >= 0:
-            found.gpu_us[(*who, int(steps.number[k]))] += us
+            found.gpu_us[(*who, int(numbers[k]))] += us
     names = compiled.table.names
     for i, us in zip(head.tolist(), dur.tolist()):
         h = launcher[i]
