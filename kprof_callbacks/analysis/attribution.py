@@ -149,10 +149,11 @@ def eager_lines(tl: Events, owners: Owners, table: Table) -> np.ndarray:
         first = python[idx] & (user[p] >= 0) & (callee[p] < 0)  # the outermost frame below the user's
         callee[idx] = np.where(first, idx, callee[p])
     has = user >= 0
-    pairs = np.stack([host.name[np.maximum(user, 0)], np.where(callee >= 0, host.name[np.maximum(callee, 0)], -1)])
-    keys, inverse = np.unique(pairs[:, has], axis=1, return_inverse=True)
+    width = len(names) + 1
+    pairs = host.name[user[has]].astype(np.int64) * width + np.where(callee >= 0, host.name[callee], -1)[has] + 1
+    keys, inverse = np.unique(pairs, return_inverse=True)
     ids = []
-    for frame, call in keys.T.tolist():
+    for frame, call in zip((keys // width).tolist(), (keys % width - 1).tolist()):
         m = frames[frame]
         text = f"{short_path(m['file'] + ':' + m['line'])} {m['func']}"
         text += f" > {_callee(names[call])}" if call >= 0 else ""

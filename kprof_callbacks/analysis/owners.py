@@ -28,7 +28,7 @@ _SEQ_BITS = 40  # sequence numbers are per thread and count up from 0: below 2**
 
 def levels(tree: Tree) -> list[np.ndarray]:
     """Host event indices by depth, outermost first: a walk over them meets every parent before its children."""
-    order = np.argsort(tree.depth, kind="stable")
+    order = np.argsort(tree.depth.astype(np.int16), kind="stable")  # 16-bit keys: numpy's radix sort
     bounds = np.searchsorted(tree.depth[order], np.arange(int(tree.depth.max(initial=0)) + 2))
     return [order[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
 
