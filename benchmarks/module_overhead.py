@@ -5,6 +5,8 @@ host work, so the two hooks and the range each call gets weigh the most they can
 - In a window: one long recorded window in which the module ranges are switched on and off every other step
   (``ModelCapture.sync``, as a session does at a window's start and end). Each step is paired with the next, so the
   process's drift cancels; the cost is the median of the paired ratios, with their range.
+- The hooks alone: what a module call gains from them and its range while a profiler records (``hook_cost``: the
+  fastest of several repeats, which a busy machine cannot inflate), times the module calls of a step, against the step.
 - Outside windows the hooks are gone; what is left is the session's per-step call: ``s.step()`` is timed long after
   the window, with and without ``model=``, each in a fresh process, and its difference set against the step.
 
@@ -28,10 +30,11 @@ import torch
 from torch import nn
 
 import kprof_callbacks as kprof
+from kprof_callbacks.attribution import ModelCapture
 
 from _isolated import Isolated
 
-SIZES = {"full": (256, 24, 64, 200), "quick": (32, 4, 8, 20)}  # width, blocks, batch, paired steps
+SIZES = {"full": (256, 24, 64, 60), "quick": (32, 4, 8, 20)}  # width, blocks, batch, paired steps
 TARGETS = {"inside": 0.05, "outside": 0.01}
 
 
@@ -85,6 +88,25 @@ def inside(sizes: str) -> dict:
     }
 
 
+def hook_cost(calls: int = 5000, repeats: int = 7) -> float:
+    """Host µs one module call gains from the hooks and its range while a profiler records: an ``nn.Identity`` called
+    ``calls`` times with the ranges on and off, the fastest of ``repeats`` each (a figure a busy machine cannot
+    inflate, unlike a step's)."""
+    module, x = nn.Identity(), torch.zeros(1)
+    capture = ModelCapture(module)
+    best = {True: float("inf"), False: float("inf")}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        for _ in range(repeats):
+            for on in (True, False):
+                capture.sync(on)
+                start = time.perf_counter()
+                for _ in range(calls):
+                    module(x)
+                best[on] = min(best[on], time.perf_counter() - start)
+        capture.sync(False)
+    return (best[True] - best[False]) / calls * 1e6
+
+
 def step_call(sizes: str, with_model: bool) -> dict:
     """``s.step()``'s own time long after the window (median over the steps), and the step's."""
     width, blocks, batch, pairs = SIZES[sizes]
@@ -110,13 +132,16 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     sizes = "quick" if args.quick else "full"
     rounds = 1 if args.quick else args.rounds
-    isolated = Isolated(preload=("torch", "kprof_callbacks"))
+    isolated = Isolated(preload=("torch", "kprof_callbacks"), timeout=900)
     rows = []
     for k in range(rounds):
         got = isolated(inside, sizes)
         with_model, without = isolated(step_call, sizes, True), isolated(step_call, sizes, False)
         extra_us = with_model["call_us"] - without["call_us"]
+        hook_us = isolated(hook_cost)
+        estimated = hook_us * got["module_calls"] / 1e3 / without["step_ms"]
         rows.append(dict(got, round=k + 1, outside_us=extra_us, outside=extra_us / 1e3 / without["step_ms"]))
+        rows[-1].update(hook_us=hook_us, step_alone_ms=without["step_ms"], estimated_inside=estimated)
         print(f"  round {k + 1}: {rows[-1]}", file=sys.stderr, flush=True)
     result = _record(rows, sizes, isolated.cores)
     print(render(result))
@@ -144,6 +169,8 @@ def _record(rows: list[dict], sizes: str, cores: list[int]) -> dict:
                 "module_calls": r["module_calls"],
                 "per_call_us": round(r["per_call_us"], 2),
                 "inside": [round(x, 4) for x in r["inside"]],
+                "hook_us": round(r["hook_us"], 2),
+                "estimated_inside": round(r["estimated_inside"], 4),
                 "outside_us": round(r["outside_us"], 2),
                 "outside": round(r["outside"], 5),
             }
@@ -156,15 +183,15 @@ def render(result: dict) -> str:
     lines = [
         f"{result['device']}, torch {result['versions']['torch']}; {result['model']}",
         "",
-        "| round | step ms | module calls a step | per module call µs | in a window (median, range) | "
-        "outside: s.step() µs more | outside, of the step |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| round | step ms | module calls a step | in a window: paired steps (median, range) | hooks µs a call | "
+        "in a window: calls x hooks / step | outside: s.step() µs more | outside, of the step |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         mid, lo, hi = r["inside"]
         lines.append(
-            f"| {r['round']} | {r['step_ms']:.3f} | {r['module_calls']} | {r['per_call_us']:.2f} | "
-            f"{mid:+.1%} ({lo:+.1%} .. {hi:+.1%}) | {r['outside_us']:+.2f} | {r['outside']:+.3%} |"
+            f"| {r['round']} | {r['step_ms']:.3f} | {r['module_calls']} | {mid:+.1%} ({lo:+.1%} .. {hi:+.1%}) | "
+            f"{r['hook_us']:.2f} | {r['estimated_inside']:+.2%} | {r['outside_us']:+.2f} | {r['outside']:+.3%} |"
         )
     inside = statistics.median(r["inside"][0] for r in result["rows"])
     outside = statistics.median(r["outside"] for r in result["rows"])

@@ -35,6 +35,7 @@ def qualified_names(model: nn.Module) -> dict[int, str]:
 
 
 _ALWAYS_CALL = "always_call" in inspect.signature(nn_module.register_module_forward_hook).parameters
+_compiling, _Range = torch_compat.is_compiling, torch_compat.FastRange  # called on every module call: bound once
 # torch warns that a compiled wrapper's own hooks fire too while global hooks exist: these do nothing for it
 warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks on modules")
 
@@ -71,14 +72,16 @@ class ModuleRanges:
             stack.pop()[1].__exit__(None, None, None)
 
     def _enter(self, module: nn.Module, args: tuple) -> None:
-        if torch_compat.is_compiling():
+        if _compiling():
             return
         label = self._labels.get(id(module))
         if label is not None:
-            self._local.__dict__.setdefault("stack", []).append((id(module), torch_compat.fast_range(label)))
+            rng = _Range(label)
+            rng.__enter__()
+            self._local.__dict__.setdefault("stack", []).append((id(module), rng))
 
     def _leave(self, module: nn.Module, args: tuple, output: object) -> None:
-        if torch_compat.is_compiling():
+        if _compiling():
             return
         stack = getattr(self._local, "stack", None)
         if stack and stack[-1][0] == id(module):
