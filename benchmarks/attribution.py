@@ -151,7 +151,9 @@ def main(argv: list[str] | None = None) -> dict:
     for mode in QUICK_MODES if args.quick else MODES:
         started = time.monotonic()
         got = isolated(run, mode, args.quick)
-        rows.append(dict(mode=mode, seconds=round(time.monotonic() - started, 1), **got, checks=checks(mode, got, gpu)))
+        met = checks(mode, got, gpu)
+        verdict = ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in met.items() if v is not None) or "-"
+        rows.append(dict(mode=mode, seconds=round(time.monotonic() - started, 1), **got, checks=met, verdict=verdict))
         print(f"  {mode}: {rows[-1]['checks']} ({rows[-1]['seconds']} s)", file=sys.stderr, flush=True)
     result = {
         "date": time.strftime("%Y-%m-%d"),
@@ -182,12 +184,11 @@ def render(result: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in result["rows"]:
-        met = ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in r["checks"].items() if v is not None)
         lines.append(
             f"| {r['mode']} | {r['step_ms']:.1f} | {r['gpu_busy_ms']:.1f} | {r['modules_ms']:.1f} | "
             f"{_cell(r['modules_vs_busy'], '+.1%')} | {_cell(r['loss_head'], '.0%')} {r['loss_head_in']} | "
             f"{_cell(r['unattributed'], '.1%')} | {_cell(r['compiled_attributed'], '.1%')} | "
-            f"{r['graphs_per_step']:g} / {r['breaks_per_step']:g} | {met or '-'} |"
+            f"{r['graphs_per_step']:g} / {r['breaks_per_step']:g} | {r['verdict']} |"
         )
     lines += ["", f"all checks met: {result['met']}"]
     return "\n".join(lines)
