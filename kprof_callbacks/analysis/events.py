@@ -115,7 +115,7 @@ class Host:
     shape: np.ndarray  # int32 ids into Events.shapes, -1 if not recorded
     types: np.ndarray  # int32 ids into Events.types (input types of matrix products), -1 elsewhere
     seq: np.ndarray  # int64 autograd sequence number (a forward op and the backward node it made share it), -1 if none
-    fwd_tid: np.ndarray  # int64 a backward node's forward thread, in torch's own numbering (> 0); 0 or -1 elsewhere
+    fwd_tid: np.ndarray  # int64 an autograd node's forward thread, in torch's own numbering (> 0); -1 elsewhere
 
 
 @dataclasses.dataclass

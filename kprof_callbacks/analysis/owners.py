@@ -11,6 +11,7 @@ import numpy as np
 
 from .events import MODULE_PREFIX, RUNTIME, Events, match
 from .ops import Totals, launcher_of_device_events
+from .reader import AUTOGRAD_NODE
 from .steps import is_dataloader_name
 from .tree import Tree
 
@@ -19,7 +20,7 @@ SPECIAL = (OPTIMIZER, DATA, OUTSIDE, UNATTRIBUTED)  # rows that are no module, i
 FORWARD, BACKWARD, NEITHER = "forward", "backward", ""
 DIRECTIONS = (FORWARD, BACKWARD, NEITHER)
 NONE, MODULE, NODE, GRAPH, OPTIMIZER_RANGE, DATA_RANGE, FORWARD_LABEL, BACKWARD_LABEL = range(8)
-NODE_PREFIX = "autograd::engine::evaluate_function: "
+NODE_PREFIX = AUTOGRAD_NODE
 GRAPH_CALL = re.compile(r"^## Call CompiledFxGraph (.*) ##$")
 REGION = re.compile(r"^Torch-Compiled Region: (?:.*?)(\d+)/(\d+)$")
 _LIGHTNING_STEPS = ("training_step", "validation_step", "test_step", "predict_step")  # ProfilerCallback's labels
@@ -63,15 +64,16 @@ def classes(names: list[str]) -> np.ndarray:
     return np.array([kind(n) for n in names] or [NONE], np.int8)
 
 
-def forward_ops(tl: Events, node: np.ndarray) -> np.ndarray:
-    """For each autograd node event in ``node``: the forward operator that made it, -1 where none is found.
+def forward_ops(tl: Events, node: np.ndarray, forward: np.ndarray) -> np.ndarray:
+    """For each autograd node event in ``node``: the forward operator that made it (of the events ``forward`` allows:
+    none inside a node), -1 where none is found.
 
     A node carries the sequence number its forward operator had and that operator's thread in torch's own
     numbering (``Fwd thread id``); the trace names threads otherwise, so each such number is taken to be the trace
     thread whose forward operators hold most of its nodes' sequence numbers. Of the operators of a thread with one
     sequence number (a composite operator and those in it see it too), the node's maker is the last to start."""
     host = tl.host
-    fwd = np.flatnonzero((host.seq >= 0) & (host.fwd_tid <= 0))
+    fwd = np.flatnonzero((host.seq >= 0) & forward)
     out = np.full(node.size, -1, np.int64)
     if fwd.size == 0 or node.size == 0:
         return out
@@ -160,7 +162,7 @@ class Owners:
         eager = np.where(self.owner_kind == MODULE, module_of[host.name[np.maximum(self.owner, 0)]], outside)
         nodes = np.flatnonzero(self.kind == NODE)
         self.forward = np.full(host.name.size, -1, np.int64)  # an autograd node's forward operator
-        self.forward[nodes] = forward_ops(tl, nodes)
+        self.forward[nodes] = forward_ops(tl, nodes, self.owner_kind != NODE)
         made = self.forward[np.maximum(self.owner, 0)]
         by_kind = {
             MODULE: (eager, FORWARD),
