@@ -114,6 +114,7 @@ def figures(s) -> dict:
         "loss_head": float(share[1]) / 100 if share else None,
         "loss_head_in": head.partition("; in ")[2].partition("):")[0] if head else "",
         "graphs_per_step": s.compiled.get("graphs_per_step", 0),
+        "recompiled": s.compiled.get("recompiled", []),
         "breaks_per_step": s.compiled.get("breaks_per_step", 0),
         "findings": {d.kind: d.message for d in s.diagnostics},
         "top_modules": [(r.name, r.direction, round(r.share, 4)) for r in s.modules if r.depth <= 1],
@@ -129,6 +130,7 @@ def checks(mode: str, got: dict, gpu: bool) -> dict[str, bool | None]:
     }
     if mode in ("compiled", "reduce-overhead"):
         out[">= 95% of compiled GPU time attributed"] = (got["compiled_attributed"] or 0) >= ATTRIBUTED if gpu else None
+        out["no recompilation (module hooks come and go)"] = not got["recompiled"]
     if mode == "eager":
         out["advice: compile"] = "fuse ops with torch.compile" in advice if gpu else None
     if mode == "compiled":

@@ -270,6 +270,7 @@ def test_attribution_quick_runs_eager_compiled_and_a_graph_break_on_the_cpu(tmp_
     assert set(rows) == {"eager", "compiled", "graph break"}
     assert rows["graph break"]["checks"]["graph break counted"] is True
     assert rows["compiled"]["graphs_per_step"] == 1 and rows["eager"]["graphs_per_step"] == 0
+    assert rows["compiled"]["checks"]["no recompilation (module hooks come and go)"] is True
     names = {name for name, _, _ in rows["eager"]["top_modules"]}
     assert {"", "blocks", "lm_head", "(optimizer)"} <= names
     assert json.loads(out.read_text())["command"] == "python benchmarks/attribution.py --quick --out " + str(out)

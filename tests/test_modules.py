@@ -17,7 +17,7 @@ from torch import nn
 
 import kprof_callbacks as kprof
 from kprof_callbacks import graph_record, torch_compat
-from kprof_callbacks.analysis import Summary, summarize
+from kprof_callbacks.analysis import Summary, attribution, summarize
 from kprof_callbacks.layout import graphs_path
 
 SPIN_OPS = 400  # elementwise ops the slow module runs per call, against one matrix product in each other module
@@ -233,3 +233,17 @@ def test_a_data_parallel_wrapper_is_seen_through(tmp_path):
     s = _train(tmp_path, nn.DataParallel(Net()), steps=4)
     names = {m.name for m in s.summary().modules}
     assert {"", "fast", "spin", "head"} <= names and not any(n.startswith("module") for n in names)
+
+
+@pytest.mark.parametrize(
+    "frame, call",
+    [
+        ("<built-in method square of Tensor object at 0x7f51a929a530>", "square"),
+        ("<built-in function scaled_dot_product_attention>", "scaled_dot_product_attention"),
+        ("<built-in method _log_softmax of type object at 0x7f>", "_log_softmax"),
+        ("nn.Module: Linear_0", "Linear"),
+        ("torch/nn/functional.py(3462): cross_entropy", "cross_entropy"),
+    ],
+)
+def test_a_line_names_the_call_it_makes_as_the_user_wrote_it(frame, call):
+    assert attribution._callee(frame) == call

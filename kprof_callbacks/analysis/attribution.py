@@ -120,11 +120,11 @@ def _callee(name: str) -> str:
     found = _FRAME.match(name)
     if found:
         return found["func"]
-    for head in ("<built-in method ", "<built-in function ", "nn.Module: "):
+    if name.startswith("nn.Module: "):  # nn.Module: Linear_0
+        return name[len("nn.Module: ") :].rpartition("_")[0] or name
+    for head in ("<built-in method ", "<built-in function "):  # <built-in method square of Tensor object at 0x...>
         if name.startswith(head):
-            return (
-                name[len(head) :].split(" ")[0].rstrip(">").rpartition("_")[0 if head == "nn.Module: " else 2] or name
-            )
+            return name[len(head) :].split(" ")[0].rstrip(">")
     return name[:40]
 
 

@@ -2,11 +2,11 @@
 
 A compiled graph runs as one ``## Call CompiledFxGraph <key> ##`` range (its CUDA graph replayed by a
 ``cudaGraphLaunch`` in it, under ``mode="reduce-overhead"``): the GPU kernels launched in one such call are one
-*instance*. An instance is matched to the recorded graph whose Triton kernels it shares most (a Triton kernel's name is
-unique within its graph, the same name can be in several graphs); then each of its Triton kernels to the next
-recorded call of that name, and the kernels between two of them (cuBLAS,
-attention, aten fallbacks: *extern* calls, whose GPU kernels have other names) in order to the extern calls the
-record has between the same two. What matches nothing stays unattributed.
+*instance*. An instance is matched to the recorded graph whose Triton kernels it shares most (a Triton kernel's name
+names one kernel of its graph, which the graph may call more than once; other graphs can have a kernel of that name);
+then each of its Triton kernels to the next recorded call of that name, and the kernels between two of them (cuBLAS,
+attention, aten fallbacks: *extern* calls, whose GPU kernels have other names) in order to the extern calls the record
+has between the same two. What matches nothing stays unattributed.
 """
 
 from __future__ import annotations
