@@ -179,6 +179,19 @@ def memory_growth(rng: np.random.Generator, sigma: float, inject: bool, steps: i
     return growth.growth(at, mb) is not None
 
 
+def loss_head(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
+    """The loss head (GPU time on [tokens, vocabulary] logits) at 8% of each step's GPU busy time, as in a model whose
+    vocabulary is small next to its width, or at 20%."""
+    walls = _walls(rng, sigma, 2 * WINDOW)
+    busy = walls * 0.9
+    share = np.clip((0.20 if inject else 0.08) * rng.lognormal(0.0, sigma, walls.size), 0.0, 1.0)
+    steps = _steps(walls, gpu_busy_us=busy, gpu_idle_us=walls - busy, kernel_us=busy)
+    ev = diagnostics.Evidence(has_gpu=True)
+    ev.loss_head.gpu_us.update({(s.rank, s.worker, s.step): float(x * s.gpu_busy_us) for s, x in zip(steps, share)})
+    ev.loss_head.logits[(4096, 50304)] = Counter({4: 1, 2: 1})
+    return "loss_head" in _findings(steps, ev)
+
+
 OPS = np.geomspace(20, 2000, 30)
 KERNELS = np.geomspace(5, 500, 12)
 
@@ -428,6 +441,7 @@ DETECTORS = (
         for kind, effect in FSDP_EFFECTS.items()
     ),
     *(Detector(*row) for row in calibration_memory.ROWS),
+    Detector("loss head", "GPU steps, the loss head 8% of GPU time", "the loss head 20% of GPU time", loss_head),
 )
 
 

@@ -210,6 +210,17 @@ _HOST_OVERHEAD = (
     Col("kprof / torch (range)", "{ratio:.2f} ({ratio_min:.2f} .. {ratio_max:.2f})"),
 )
 
+_MODULE_OVERHEAD = (
+    Col("round", "{round}"),
+    Col("step ms", "{step_ms:.2f}"),
+    Col("module calls a step", "{module_calls}"),
+    Col("in a window: paired steps, median (range)", _range("inside")),
+    Col("hooks µs a call", "{hook_us:.2f}"),
+    Col("in a window: calls × hooks / step", "{estimated_inside:+.2%}"),
+    Col("outside: `s.step()` µs more", "{outside_us:+.2f}"),
+    Col("outside, of the step", "{outside:+.3%}"),
+)
+
 _FSDP2 = (
     _t("config", "{config}"),
     Col("step ms", "{step_ms:.1f}"),
@@ -403,6 +414,7 @@ TABLES: dict[str, Table] = {
     ),
     "fsdp2": Table("fsdp2-h100x2.json", _FSDP2),
     "fsdp2-h200": Table("fsdp2-h200x2.json", _FSDP2),
+    "module_overhead": Table("module_overhead-cpu.json", _MODULE_OVERHEAD),
     "calibration": _calibration("calibration-cpu.json", noise=True),
     "calibration-real": _calibration("calibration-real-cpu.json", noise=False),
     "calibration-real-gpu": _calibration("calibration-real-h200.json", noise=False),

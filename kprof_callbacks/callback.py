@@ -1,6 +1,7 @@
 """``kprof.ProfilerCallback``: profile a Lightning ``Trainer`` by adding one callback.
 
-A thin adapter over ``Session``: every training batch is one profiler step, the trainer's own profiler actions
+A thin adapter over ``Session``, given the LightningModule as its model (time by module needs no extra argument):
+every training batch is one profiler step, the trainer's own profiler actions
 (training_step, backward, zero_grad, data loading) and the optimizer update become ``record_function`` labels
 while a window records, traces land in the TensorBoard logger's version folder, and step time and throughput
 reach TensorBoard and the trainer's other loggers. It never talks to ``torch.profiler`` itself.
@@ -115,7 +116,7 @@ class ProfilerCallback(Callback):
             return
         self._call_stages = stages
         self._run_dir, self._tb_root, self._tb_logger = self._folders(trainer)
-        self._ready[stages[0]] = Session(self._stage_config(stages[0]))
+        self._ready[stages[0]] = Session(self._stage_config(stages[0]), model=pl_module)
         self._labels = _ActionLabels(trainer.profiler)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -198,7 +199,9 @@ class ProfilerCallback(Callback):
         """Enter a session for ``stage`` if it is profiled in this call and no other session is running."""
         if self._session is not None or stage not in self._call_stages:
             return False
-        session = self._ready.pop(stage, None) or Session(self._stage_config(stage), continues=self._used.get(stage))
+        session = self._ready.pop(stage, None) or Session(
+            self._stage_config(stage), continues=self._used.get(stage), model=trainer.lightning_module
+        )
         session.start()
         self._session, self._stage = session, stage
         self._used[stage] = session

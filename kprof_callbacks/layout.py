@@ -7,6 +7,7 @@
         <worker>.memory_snapshot.pickle               CUDA allocator history (memory_snapshot=True)
         <snapshot>.pickle.summary                     its summary, as kprof saved it (JSON)
         <worker>.oom.txt, <worker>.oom_snapshot.pickle    an out-of-memory report (oom_report), its snapshot
+        <worker>.kprof-graphs.json                    the kernels torch.compile generated, by module and line (model=)
         PROFILE                                       a request for an on-demand capture
         .kprof-claim                                  which launch and session own the folder, and its processes
     <logdir>/compare.json                             a ``kprof.compare`` result
@@ -35,6 +36,7 @@ PARTIAL = ".partial"
 COMPARE_FILE = "compare.json"
 PROFILE_FILE = "PROFILE"
 CLAIM_FILE = ".kprof-claim"
+GRAPHS_SUFFIX = ".kprof-graphs.json"  # a worker's record of compiled kernels (model=), not a trace
 SNAPSHOT_SUFFIX = ".pickle"  # readers take any pickle in a run folder as a memory snapshot, as the tab shows them
 SCALARS_PREFIX = "events.out.tfevents."  # TensorBoard finds event files by this prefix
 TAG_PREFIX = "kprof/"  # every scalar kprof writes
@@ -131,6 +133,11 @@ def oom_report_path(run_dir: Path, worker: str) -> Path:
 def oom_snapshot_path(run_dir: Path, worker: str) -> Path:
     """The CUDA allocator history saved at an out-of-memory error (``oom_snapshot=True``)."""
     return run_dir / f"{worker}.oom_snapshot{SNAPSHOT_SUFFIX}"
+
+
+def graphs_path(run_dir: Path, worker: str) -> Path:
+    """The record of the kernels ``worker``'s compiled graphs run, with their modules and source lines."""
+    return run_dir / f"{worker}{GRAPHS_SUFFIX}"
 
 
 def check_name(what: str, name: str) -> str:
@@ -350,7 +357,11 @@ def contents(folder: Path, *, any_json: bool = False) -> RunContents:
     entries = sorted(folder.iterdir())
     traces = [p for p in entries if _is_file(p, TRACE_SUFFIXES)]
     if not traces and any_json:
-        traces = [p for p in entries if _is_file(p, JSON_SUFFIXES) and p.name != COMPARE_FILE]
+        traces = [
+            p
+            for p in entries
+            if _is_file(p, JSON_SUFFIXES) and p.name != COMPARE_FILE and not p.name.endswith(GRAPHS_SUFFIX)
+        ]
     in_flight = {m["final"] for p in entries if (m := _PARTIAL.match(p.name))}
     compare = folder / COMPARE_FILE
     return RunContents(

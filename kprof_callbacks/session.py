@@ -26,6 +26,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from . import layout, memory_watch, peaks, scalars, torch_compat
+from .attribution import ModelCapture
 from .config import ProfileConfig, check_activities
 from .history import History
 from .timing import StepTimer
@@ -46,6 +47,7 @@ _STEP_COLUMNS = ("samples", "flops", *layout.MEMORY_TAGS.values())  # what the s
 _SAMPLES, _FLOPS = 0, 1
 _START = threading.Lock()  # makes "is another profiler running?" and "now this one is" one step
 _INTERRUPTED_WRITE_TIMEOUT = 10.0  # at most this long to finish trace writes after Ctrl-C or SIGTERM
+_RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)  # the steps module ranges are recorded in
 
 
 class _Plan:
@@ -115,7 +117,12 @@ class Session:
     _active: Session | None = None  # torch.profiler allows one profiler per process
 
     def __init__(
-        self, config: ProfileConfig, *, on_trace: Callable[[Path], None] | None = None, continues: Session | None = None
+        self,
+        config: ProfileConfig,
+        *,
+        on_trace: Callable[[Path], None] | None = None,
+        continues: Session | None = None,
+        model: torch.nn.Module | None = None,
     ) -> None:
         if not isinstance(config, ProfileConfig):
             raise TypeError(f"config must be a ProfileConfig (or use kprof.session(...)), got {type(config).__name__}")
@@ -125,6 +132,7 @@ class Session:
             raise TypeError(f"continues must be an earlier Session or None, got {type(continues).__name__}")
         self.config = config
         self.on_trace = on_trace
+        self._model = ModelCapture(model)  # module ranges and compiled kernels for the module view (model=)
         self.steps = 0
         self.captures: list[Capture] = []
         self._timer = StepTimer()
@@ -253,6 +261,7 @@ class Session:
         windows = len(self.captures)
         self._prof.step()
         self._memory.on_step(self.recording, self._plan.window_start)
+        self._model.sync(self._prof.current_action in _RECORDING)
         if len(self.captures) > windows:  # a window ended: its export forks now, inside kprof's time
             self._writer.wait_forked(_FORK_WAIT)
         else:  # an export that could not fork at its window's end (the writer was busy) forks here
@@ -422,6 +431,7 @@ class Session:
         self._mark_steps_only_in_windows(0)
         self._thread = threading.current_thread()
         self._prof.__enter__()
+        self._model.start(self._prof.current_action in _RECORDING)
 
     def _undo_start(self) -> None:
         """Leave nothing of a start that failed half-way: profiler, signal handlers, trigger, writer thread."""
@@ -435,6 +445,7 @@ class Session:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if self.config.memory_snapshot and torch.cuda.is_available():
             torch_compat.record_memory_history(False)
+        self._model.stop()
         if self._writer is not None:
             self._writer.close(1.0)
         if self._probe is not None:
@@ -489,6 +500,7 @@ class Session:
                 self._dump_memory_snapshot()
             if self._probe is not None:
                 self._probe.close()
+            self._model.stop(self._writer, self.run_dir)
             if self.config.scalars:
                 self._timer.drain()
                 self._send_scalars()
@@ -562,6 +574,7 @@ class Session:
             first = max(start + self.config.warmup, first)  # a window cut short recorded from its warm-up's end
         capture = Capture(first_step=first, last_step=last, reason=self._plan.reason)
         self.captures.append(capture)
+        self._model.save(self._writer, self.run_dir)  # the record of compiled kernels lands before the trace
         try:
             self._writer.submit(prof, capture)
         except KeyboardInterrupt as exc:  # Ctrl-C while waiting for the writer (which kept the capture)
@@ -617,12 +630,15 @@ def _usable_activities(requested: list[ProfilerActivity]) -> list[ProfilerActivi
     return requested
 
 
-def session(logdir: str | os.PathLike = "log", **options) -> Session:
+def session(logdir: str | os.PathLike = "log", *, model: torch.nn.Module | None = None, **options) -> Session:
     """Profile a training loop: ``with kprof.session("log", run="baseline") as s: ... s.step()``.
+
+    ``model``: the model being trained, for time by module (``Summary.modules``): its module calls are recorded while
+    a window records, and what torch.compile generates during the session is recorded by module and source line.
 
     Options mirror ``torch.profiler.schedule``/``profile`` (``skip_first=0, wait=1, warmup=1, active=3,
     repeat=1, record_shapes, profile_memory, with_stack, with_flops, activities``) plus kprof's own (``run``,
     ``enabled``, ``gzip``, ``scalars``, ``trigger``, budgets); see ``ProfileConfig``. Bad values raise here,
     before training starts. ``enabled=False`` or ``KPROF=0`` makes it a no-op with no profiler.
     """
-    return Session(ProfileConfig.from_kwargs(logdir=logdir, **options))
+    return Session(ProfileConfig.from_kwargs(logdir=logdir, **options), model=model)

@@ -6,10 +6,18 @@ installed torch: torch 2.13 on the CPU in CI, 2.11+cu130 on the GPU machine.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import inspect
+import logging
 import pickle
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def trace_only_config():
@@ -120,6 +128,21 @@ def is_compiled(module: torch.nn.Module) -> bool:
     return isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
 
 
+def compiled_at_root(module: torch.nn.Module) -> bool:
+    """Whether calling ``module`` runs compiled code from its root: ``torch.compile(module)``'s wrapper, or a module
+    compiled in place by ``module.compile()`` (its private ``_compiled_call_impl``)."""
+    return is_compiled(module) or getattr(module, "_compiled_call_impl", None) is not None
+
+
+# True while Dynamo traces the code that asks (a module hook must then do nothing, or it joins the graph); bound
+# directly, since module hooks call it twice per module call
+is_compiling = torch.compiler.is_compiling
+
+# A profiler range (enter and exit it): torch's C++ ``_RecordFunctionFast``, 0.5 us a range against 7 us for
+# ``record_function`` (its category is ``cpu_op``); ``record_function`` where this torch lacks it
+FastRange = getattr(torch._C._profiler, "_RecordFunctionFast", torch.profiler.record_function)
+
+
 def original_module(module: torch.nn.Module) -> torch.nn.Module:
     """The module under ``torch.compile``'s wrapper (its private ``_orig_mod``), or ``module`` when not compiled."""
     return module._orig_mod if is_compiled(module) else module
@@ -143,3 +166,127 @@ def is_fake(t: torch.Tensor) -> bool:
     """Whether ``t`` is a fake (shape-only) tensor, bare or functionalized: the Triton twins' bodies run as their own
     fake kernels under Triton's interpreter, and launch nothing then."""
     return torch._subclasses.fake_tensor.is_fake(t)
+
+
+# -- what inductor knows about each kernel it generates -------------------------------------------------------------
+# Inductor calls ``torch._inductor.debug.set_kernel_post_grad_provenance_tracing(node_schedule, kernel_name,
+# is_extern=False)`` once per kernel call it writes into a graph's wrapper, in call order, whatever
+# ``config.trace.provenance_tracking_level`` says (the function itself returns at once when it is 0). codegen/triton.py
+# and codegen/cpp.py bind it by name at import, ir.py and scheduler.py look it up at call time: the debug module and
+# every inductor module holding the name are patched once, and the patch routes each call to the active sink.
+_PROVENANCE = "set_kernel_post_grad_provenance_tracing"
+_SINK: list[Callable[[InductorKernel], None] | None] = [None]
+
+
+@dataclasses.dataclass(frozen=True)
+class InductorKernel:
+    """One kernel call inductor generated: the graph being generated (its identity groups calls), the kernel's name
+    (``triton_poi_fused_add_0``, ``extern_kernels.mm``), whether it is an extern call, and the FX nodes it computes."""
+
+    graph: object
+    name: str
+    extern: bool
+    origins: list
+
+
+def record_inductor_kernels(sink: Callable[[InductorKernel], None] | None) -> str | None:
+    """Send each kernel inductor generates from now on to ``sink`` (None: to nobody). Returns None when this torch
+    has the hook, else one line saying why nothing will be recorded."""
+    try:
+        import torch._inductor.debug as debug
+    except ImportError as exc:
+        return f"torch {torch.__version__} has no inductor ({exc})"
+    original = getattr(debug, _PROVENANCE, None)
+    if original is None or not {"node_schedule", "kernel_name", "is_extern"} <= set(_parameters(original)):
+        return f"torch {torch.__version__}'s inductor has no {_PROVENANCE}(node_schedule, kernel_name, is_extern)"
+    if not getattr(original, "_kprof", False):
+        _patch(debug, original)
+    _SINK[0] = sink
+    return None
+
+
+def _parameters(fn: Callable) -> list[str]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def _patch(debug, original: Callable) -> None:
+    def provenance(node_schedule, kernel_name, is_extern=False):
+        sink = _SINK[0]
+        if sink is not None and kernel_name:
+            try:
+                sink(InductorKernel(_current_graph(), kernel_name, bool(is_extern), _origins(node_schedule, is_extern)))
+            except Exception:  # recording is a bonus: it never breaks a compilation
+                log.debug("kprof: recording inductor kernel %s failed", kernel_name, exc_info=True)
+        return original(node_schedule, kernel_name, is_extern)
+
+    provenance._kprof = True
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch._inductor") and getattr(module, _PROVENANCE, None) is original:
+            setattr(module, _PROVENANCE, provenance)
+
+
+def _current_graph() -> object:
+    from torch._inductor.virtualized import V
+
+    return V.graph
+
+
+def _origins(node_schedule, is_extern: bool) -> list:
+    """The FX nodes a kernel computes: an extern kernel's origin node (else its origins), or the origins of each
+    scheduler node of a fused kernel's schedule (the reduction markers in it carry none)."""
+    if is_extern:
+        exact = getattr(node_schedule, "origin_node", None)
+        return [exact] if exact is not None else sorted(node_schedule.origins, key=lambda n: n.name)
+    found: dict = {}
+    for snode in node_schedule:
+        node = getattr(snode, "node", None)
+        for origin in sorted(getattr(node, "origins", ()) or (), key=lambda n: n.name):
+            found.setdefault(origin, None)
+    return list(found)
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphFacts:
+    """What is known of the graph inductor generates: backward or forward, Dynamo's compile id (``0/1``: frame 0,
+    its second compilation) and the compiled function (``GPT.forward``) with where it starts (``file:line``)."""
+
+    backward: bool
+    compile_id: str
+    function: str
+    where: str
+
+
+def graph_facts(graph: object) -> GraphFacts:
+    """The facts of ``graph`` (an inductor graph being generated), from inductor's and Dynamo's contexts."""
+    from torch._guards import CompileContext, TracingContext
+
+    compile_id = CompileContext.current_compile_id()
+    tracing = TracingContext.try_get()
+    code = tracing.traced_code[0] if tracing is not None and getattr(tracing, "traced_code", None) else None
+    function = getattr(code, "co_qualname", getattr(code, "co_name", "")) if code is not None else ""
+    where = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+    return GraphFacts(bool(getattr(graph, "is_backward", False)), str(compile_id or ""), function, where)
+
+
+@contextlib.contextmanager
+def compile_caches_bypassed() -> Iterator[None]:
+    """Inductor's FX graph cache and AOTAutograd's cache off for the block: a graph loaded from either skips code
+    generation, so its kernels would never be seen."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    saved = [
+        (c, k, getattr(c, k))
+        for c, k in ((inductor_config, "fx_graph_cache"), (functorch_config, "enable_autograd_cache"))
+        if hasattr(c, k)
+    ]
+    for config, key, _ in saved:
+        setattr(config, key, False)
+    try:
+        yield
+    finally:
+        for config, key, value in saved:
+            setattr(config, key, value)

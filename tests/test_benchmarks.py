@@ -354,3 +354,30 @@ def test_memory_view_quick_draws_the_view_for_a_saved_and_a_foreign_snapshot(tmp
     assert all(r["reader_mb_per_s"] > 0 and r["entries"] > 1000 for r in rows)
     if shutil.which("chromium"):
         assert all(r["drawn"] for r in rows)
+
+
+def test_module_overhead_quick_measures_the_module_view_in_and_after_a_window(tmp_path):
+    import module_overhead
+
+    out = tmp_path / "module_overhead.json"
+    result = module_overhead.main(["--quick", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    (row,) = result["rows"]
+    assert row["module_calls"] == 13 and row["step_ms"] > 0 and len(row["inside"]) == 3
+    assert {"date", "device", "versions", "command", "code"} <= set(result)
+
+
+@pytest.mark.slow
+def test_attribution_quick_runs_eager_compiled_and_a_graph_break_on_the_cpu(tmp_path):
+    import attribution
+
+    out = tmp_path / "attribution.json"
+    result = attribution.main(["--quick", "--out", str(out)])
+    rows = {r["mode"]: r for r in result["rows"]}
+    assert set(rows) == {"eager", "compiled", "graph break"}
+    assert rows["graph break"]["checks"]["graph break counted"] is True
+    assert rows["compiled"]["graphs_per_step"] == 1 and rows["eager"]["graphs_per_step"] == 0
+    assert rows["compiled"]["checks"]["no recompilation (module hooks come and go)"] is True
+    names = {name for name, _, _ in rows["eager"]["top_modules"]}
+    assert {"", "blocks", "lm_head", "(optimizer)"} <= names
+    assert json.loads(out.read_text())["command"] == "python benchmarks/attribution.py --quick --out " + str(out)

@@ -143,3 +143,46 @@ def test_the_overlap_finding_gives_fsdp_advice_on_fsdp_runs():
     for fsdp, advice in ((False, "DDP overlaps gradient all-reduce"), (True, "FSDP hides a block's all-gather")):
         found = diagnostics.diagnose(steps, ranked, diagnostics.Evidence(has_gpu=False), per_step, fsdp=fsdp)
         assert advice in next(d.message for d in found if d.kind == "overlap")
+
+
+def _launch_bound(**evidence) -> str:
+    steps = [
+        dataclasses.replace(s, gpu_busy_us=s.wall_us / 2, gpu_idle_us=s.wall_us / 2, cpu_only_us=0.0)
+        for s in _steps([20.0] * 4, [0.0] * 4)
+    ]
+    per_step = PerStep([], [], np.zeros((0, 4)), np.zeros((0, 4)), steps)
+    ev = diagnostics.Evidence(has_gpu=True, kernels=400, small_kernels=300, small_kernel_us=1200.0, **evidence)
+    return {d.kind: d.message for d in diagnostics.diagnose(steps, [], ev, per_step)}["launch_bound"]
+
+
+def test_launch_bound_advice_follows_how_the_model_runs():
+    eager = _launch_bound(device_us=40_000.0)
+    assert "fuse ops with torch.compile" in eager and "10.0 ms a step" in eager
+    compiled = _launch_bound(device_us=40_000.0, compiled_calls=12)
+    assert "the model is compiled (3 compiled regions and graph calls a step)" in compiled
+    assert 'torch.compile(mode="reduce-overhead")' in compiled and "10.0 ms a step" in compiled
+    graphs = _launch_bound(device_us=40_000.0, graph_us=36_000.0, compiled_calls=12)
+    assert "already replay from CUDA graphs (90% of GPU time)" in graphs
+    assert "reduce-overhead" not in graphs and "torch.compile" not in graphs
+
+
+def _loss_head(share: float) -> dict[str, str]:
+    steps = [
+        dataclasses.replace(s, gpu_busy_us=s.wall_us, gpu_idle_us=0.0, cpu_only_us=0.0)
+        for s in _steps([10.0] * 5, [0.0] * 5)
+    ]
+    ev = diagnostics.Evidence(has_gpu=True)
+    ev.loss_head.gpu_us.update({(s.rank, s.worker, s.step): share * s.gpu_busy_us for s in steps})
+    ev.loss_head.logits[(4096, 50304)] = Counter({4: 1, 2: 1})
+    ev.loss_head.rows.update({"lm_head": 2.0, "": 1.0})
+    per_step = PerStep([], [], np.zeros((0, 5)), np.zeros((0, 5)), steps)
+    return {d.kind: d.message for d in diagnostics.diagnose(steps, [], ev, per_step)}
+
+
+def test_the_loss_head_is_a_finding_when_it_holds_a_large_share_of_the_gpu_time():
+    assert "loss_head" not in _loss_head(0.08)
+    message = _loss_head(0.31)["loss_head"]
+    assert message.startswith("The loss head takes 31% of GPU time (median over 5 steps; 3.10 ms of 10.0 ms a step")
+    assert "in lm_head, (model)" in message
+    assert "[4096, 50304] in fp32 (786.0 MB) and bf16/fp16 (393.0 MB)" in message
+    assert "kprof.kernels.linear_cross_entropy" in message

@@ -42,7 +42,7 @@ def _profile(logdir: Path, run: str, steps: int = 5, continues: kprof.Session | 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     config = kprof.ProfileConfig.from_kwargs(logdir=logdir, run=run, wait=1, warmup=1, active=2, repeat=1)
-    with kprof.Session(config, continues=continues) as s:
+    with kprof.Session(config, continues=continues, model=model) as s:
         for _ in range(steps):
             with s.region("forward"):
                 loss = model(torch.randn(8, 16)).pow(2).mean()
@@ -213,6 +213,8 @@ def test_trace_download_is_the_file_on_disk(tb, sessions):
         ("trace", {"run": "baseline", "file": "../live/x.pt.trace.json"}),
         ("trace", {"run": "baseline", "file": "events.out.tfevents.0"}),
         ("compare", {"dir": "baseline"}),
+        ("modules", {"run": "nope"}),
+        ("modules", {"run": "../.."}),
     ],
 )
 def test_unknown_runs_and_files_are_404(tb, route, params):
@@ -254,6 +256,28 @@ def test_timeline_refuses_unknown_steps_bad_numbers_and_broken_files(tb, session
 
 def test_missing_run_parameter_is_400(tb):
     assert _http_error(tb, "summary") == 400
+    assert _http_error(tb, "modules") == 400
+
+
+def test_modules_route_is_the_module_tree_of_kprof_summarize(tb, logdir):
+    data = _get(tb, "modules", run="baseline")
+    summary = kprof.summarize(logdir / "baseline")
+    (model, *others) = data["tree"]
+    assert model["label"] == "(model)" and {c["name"] for c in model["children"]} == {"0", "1", "2"}
+    assert {o["name"] for o in others} <= {"(optimizer)", "(outside modules)"}
+    rows = {(r.name, r.direction): r for r in summary.modules}
+    first = next(c for c in model["children"] if c["name"] == "0")
+    assert first["forward_us"] == pytest.approx(rows[("0", "forward")].cpu_us)
+    assert first["backward_us"] == pytest.approx(rows[("0", "backward")].cpu_us)
+    assert data["gpu"] is False and data["lines"] == []  # no Python stacks were recorded
+
+
+def test_tab_renders_the_module_tree(tb, chromium):
+    dom = chromium(f"{tb.url}data/plugin_entry.html?name=kprof#run=baseline", "--dump-dom")
+    view = dom[dom.index("Time by module") :]
+    assert '<details open="" data-module="">' in view  # the model, open; its children closed
+    assert all(f'data-module="{name}"' in view for name in ("0", "1", "2", "(optimizer)"))
+    assert "No source lines: profile with with_stack=True" in view
 
 
 # -- the page ------------------------------------------------------------------------------------------------

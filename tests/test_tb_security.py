@@ -184,6 +184,8 @@ def test_malformed_compare_json_is_a_4xx_with_a_message(tb, name):
         ("diff", {"a": "run", "b": "linked"}),
         ("memory", {"run": "ru\0n"}),
         ("memory", {"run": "r" * 5000}),
+        ("modules", {"run": "ru\0n"}),
+        ("modules", {"run": "r" * 5000}),
     ],
 )
 def test_nul_bytes_long_names_and_bad_numbers_are_4xx_with_a_message(tb, route, params):

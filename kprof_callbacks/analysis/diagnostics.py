@@ -15,7 +15,7 @@ from statistics import median
 
 import numpy as np
 
-from . import flops, fmt
+from . import flops, fmt, losshead, model_findings
 from .events import ANNOTATION, KERNEL, MEMCPY, OP, RUNTIME, Events
 from .perstep import PerStep
 from .steps import WHOLE_TRACE, Windows
@@ -74,17 +74,24 @@ class Evidence:
     eval_calls: Counter = dataclasses.field(default_factory=Counter)  # (rank, worker, step) -> eval-loop labels in it
     matmul_flops: Counter = dataclasses.field(default_factory=Counter)  # of the steps' matrix products, by dtype
     gpus: Counter = dataclasses.field(default_factory=Counter)  # the GPU each file's trace names -> files
+    compiled_calls: int = 0  # calls of compiled graphs (torch.compile) in the steps
+    device_us: float = 0.0  # GPU activity in the steps
+    graph_us: float = 0.0  # of which replayed from CUDA graphs (launched by cudaGraphLaunch)
+    loss_head: losshead.Evidence = dataclasses.field(default_factory=losshead.Evidence)
 
     def add(self, other: Evidence) -> None:
         for f in dataclasses.fields(self):
             if f.name == "has_gpu":
                 self.has_gpu |= other.has_gpu
+            elif f.name == "loss_head":
+                self.loss_head.add(other.loss_head)
             else:
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
-def gather(tl: Events, win: Windows, tree: Tree) -> Evidence:
-    """Evidence from one trace's events that fall inside its steps (`tree`: their host call tree)."""
+def gather(tl: Events, win: Windows, tree: Tree, attributed: object = None) -> Evidence:
+    """Evidence from one trace's events that fall inside its steps (`tree`: their host call tree; `attributed`: its
+    ``attribution.FileAttribution``, for the loss head)."""
     host, dev = tl.host, tl.device
     names = tl.names
     ev = Evidence(has_gpu=bool(dev.start.size))
@@ -117,6 +124,9 @@ def gather(tl: Events, win: Windows, tree: Tree) -> Evidence:
         )
     if ev.has_gpu and tl.source.device:
         ev.gpus[tl.source.device] += 1
+    model_findings.gather(tl, win, ev)
+    if attributed is not None:
+        ev.loss_head = attributed.loss_head
     return ev
 
 
@@ -129,6 +139,7 @@ def diagnose(
     wall = sum(s.wall_us for s in steps)
     if ev.has_gpu and steps:
         found += _gpu_findings(steps, wall, ev, per_step)
+    found += model_findings.loss_head(steps, ev) if ev.has_gpu else []
     found += _data_loading(steps)
     found += _slow_steps(steps, per_step, ev.eval_calls)
     if len(ranks) > 1 and all(r.rank is not None for r in ranks):
@@ -213,8 +224,7 @@ def _gpu_findings(steps: list[StepStats], wall: float, ev: Evidence, per_step: P
                     f"{SMALL_KERNEL_US:.0f} us (mean {fmt.duration(ev.small_kernel_us / max(ev.small_kernels, 1))}) "
                     "and the GPU "
                     f"is idle {fmt.share(idle_share)} of a step between them: the host cannot launch kernels fast "
-                    "enough; fuse ops "
-                    "(torch.compile), capture CUDA graphs, or use larger batches."
+                    f"enough; {model_findings.launch_advice(ev, steps)}"
                 ),
             )
         )

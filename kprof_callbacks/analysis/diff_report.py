@@ -27,6 +27,7 @@ GROUPS = (  # title, kinds, what a row's value is
     ("GPU activities (GPU time per step)", DEVICE_KINDS, "time"),
     ("Operators (self CPU time per step)", ("op",), "time"),
     ("Labels (wall time per step)", ("label",), "time"),
+    ("Modules (GPU time per step, children included; host time without a GPU)", ("module",), "time"),
     ("Counts per step", ("count",), "count"),
     ("Memory at the peak (bytes per step)", ("memory",), "bytes"),
 )

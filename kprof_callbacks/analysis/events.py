@@ -43,6 +43,7 @@ _HIDDEN = (
     "aten::_version",
 )
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+MODULE_PREFIX = "kprof.module:"  # a module call's range (module_ranges.py): the qualified name follows
 CPU_MEMORY = (0, 12, 13)  # c10::DeviceType CPU, MKLDNN, IDEEP: key_averages' "CPU Mem"
 CUDA_MEMORY = (1, 6)  # CUDA, HIP: key_averages' "CUDA Mem"
 
@@ -114,6 +115,7 @@ class Host:
     shape: np.ndarray  # int32 ids into Events.shapes, -1 if not recorded
     types: np.ndarray  # int32 ids into Events.types (input types of matrix products), -1 elsewhere
     seq: np.ndarray  # int64 autograd sequence number (a forward op and the backward node it made share it), -1 if none
+    fwd_tid: np.ndarray  # int64 an autograd node's forward thread, in torch's own numbering (> 0); -1 elsewhere
 
 
 @dataclasses.dataclass
@@ -171,6 +173,8 @@ def _codes(c: Columns) -> np.ndarray:
         on_gpu = np.array([isinstance(pid, str) and "CUDA" in pid for pid, _ in c.lanes], bool)
         code[untyped] = np.where(on_gpu[c.lane[untyped]], _DEVICE_CODE + KERNEL, OP)
     code[np.isin(c.name, [k for k, n in enumerate(c.names) if n in _HIDDEN])] = _OTHER
+    # the module view's ranges are labels, whatever category torch's fast ranges give them
+    code[np.isin(c.name, [k for k, n in enumerate(c.names) if n.startswith(MODULE_PREFIX)]) & (code >= 0)] = ANNOTATION
     nccl = [k for k, n in enumerate(c.names) if is_nccl_kernel(n)]
     code[(code == _DEVICE_CODE + KERNEL) & np.isin(c.name, nccl)] = _DEVICE_CODE + COMM
     return code
@@ -234,6 +238,7 @@ def build(trace: TraceFile) -> Events:
         shape,
         types,
         c.seq[host_rows],
+        c.fwd_tid[host_rows],
     )
     device = Device(
         c.name[device_rows],

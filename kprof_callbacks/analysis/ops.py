@@ -18,6 +18,7 @@ from .events import (
     CPU_MEMORY,
     CUDA_MEMORY,
     DEVICE_KINDS,
+    MODULE_PREFIX,
     OP,
     RUNTIME,
     Events,
@@ -102,12 +103,15 @@ def op_events(tl: Events, tree: Tree) -> np.ndarray:
 
 
 def label_events(tl: Events, tree: Tree) -> np.ndarray:
-    """Indices of the record_function labels (not ProfilerStep#N, not c10d's own collective ranges)."""
+    """Indices of the record_function labels (not ProfilerStep#N, not c10d's own collective ranges, not the module
+    view's ranges)."""
     host, names = tl.host, tl.names
     labels = np.flatnonzero(tree.keep & (host.kind == ANNOTATION))
     if labels.size == 0:
         return labels
-    is_label = np.array([not (n.startswith("ProfilerStep#") or is_collective_name(n)) for n in names], bool)
+    is_label = np.array(
+        [not (n.startswith(("ProfilerStep#", MODULE_PREFIX)) or is_collective_name(n)) for n in names], bool
+    )
     return labels[is_label[host.name[labels]]]
 
 

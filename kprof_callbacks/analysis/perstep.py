@@ -21,8 +21,10 @@ from .steps import StepTimes, Windows
 from .tables import StepStats
 from .tree import Tree
 
-ROW_KINDS = ("op", "label", *DEVICE_KINDS)
-"""What a row measures: op = self CPU time, label = wall time of the range, device kinds = GPU time."""
+ROW_KINDS = ("op", "label", *DEVICE_KINDS, "module")
+"""What a row measures: op = self CPU time, label = wall time of the range, device kinds = GPU time, module = the GPU
+time of a module (forward and backward, its children included; without a GPU its host time), ``blocks.*`` for
+repeated instances summed."""
 
 
 @dataclasses.dataclass
@@ -111,6 +113,20 @@ def from_timeline(tl: Events, tree: Tree, costs: HostCosts, times: StepTimes) ->
         blocks.append((time, calls))
     return PerStep(
         kind, name, np.concatenate([t for t, _ in blocks]), np.concatenate([c for _, c in blocks]), list(times.rows)
+    )
+
+
+def with_modules(table: PerStep, attributed: Any) -> PerStep:
+    """``table`` with the module rows of one file's ``attribution.FileAttribution`` (None: no rows to add)."""
+    if attributed is None or not attributed.step_names:
+        return table
+    time = attributed.step_time
+    return PerStep(
+        table.kind + ["module"] * len(attributed.step_names),
+        table.name + list(attributed.step_names),
+        np.concatenate([table.time_us, time]),
+        np.concatenate([table.calls, (time > 0).astype(np.float64)]),
+        table.steps,
     )
 
 

@@ -289,7 +289,9 @@ def tables(s: Summary, top: int, sort: str, width: int = NAME_WIDTH) -> list[Tab
         out.append(kernels_table(s, top, width))
     if s.labels:
         out.append(labels_table(s, top, width))
-    return out + memory_report.tables(s.memory, top, width)
+    from . import modules_report  # it builds on this module's Table
+
+    return out + modules_report.tables(s, top, width) + memory_report.tables(s.memory, top, width)
 
 
 def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -335,8 +337,16 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], code: 
     return "\n".join([line(headers, header=True), align, *(line(r) for r in rows)])
 
 
-# tables whose first cells are names
-_NAMED = {"ops": (0,), "ops_by_shape": (0, 1), "kernels": (0,), "labels": (0,), "memory_modules": (0,)}
+_NAMED = {  # tables whose first cells are names
+    "ops": (0,),
+    "ops_by_shape": (0, 1),
+    "kernels": (0,),
+    "labels": (0,),
+    "modules": (0,),
+    "lines": (0,),
+    "compiled": (0,),
+    "memory_modules": (0,),
+}
 
 
 def markdown(s: Summary, *, top: int, sort: str) -> str:

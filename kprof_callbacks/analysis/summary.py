@@ -20,7 +20,8 @@ import numpy as np
 
 from .. import layout
 from ..progress import Progress, ProgressArg
-from . import comm, diagnostics, html, ops, perstep, ranks, reader, report, saved, stacks, steps, trends
+from . import attribution, comm, diagnostics, html, ops, perstep, ranks, reader, report, saved, stacks, steps, trends
+from . import modules as by_module
 from .events import PYTHON, build
 from .memory import MemorySummary, merge_memory
 from .memory_findings import memory_findings
@@ -79,6 +80,10 @@ class Summary:
     fsdp: list[FsdpStep] = dataclasses.field(default_factory=list)  # FSDP's step edges and memory, by rank and step
     memory: MemorySummary | None = None  # at each step's memory peak: by kind and module (memory.py)
     _stacks: list[stacks.StackSource] = dataclasses.field(repr=False, default_factory=list)
+    # time by module and by source line (kprof.session(model=...), with_stack=True, torch.compile): modules.py
+    modules: list[by_module.ModuleStats] = dataclasses.field(default_factory=list)
+    lines: list[by_module.LineStats] = dataclasses.field(default_factory=list)
+    compiled: dict[str, Any] = dataclasses.field(default_factory=dict)  # graphs, graph breaks, recompiles per step
 
     @classmethod
     def empty(cls, name: str, why: str) -> Summary:
@@ -142,6 +147,9 @@ class Summary:
             "problems": [{"path": str(p.path), "reason": p.reason} for p in self.problems],
             "memory_snapshots": [str(p) for p in self.memory_snapshots],
             "per_step": self.per_step.to_dict(self.steps),
+            "modules": rows(self.modules),
+            "lines": rows(self.lines),
+            "compiled": self.compiled,
             "memory": None if self.memory is None else self.memory.to_dict(),
         }
 
@@ -174,12 +182,15 @@ class Summary:
             per_step=perstep.PerStep.from_dict(data["per_step"], steps),
             comm=rows(CommStats, data["comm"]),
             fsdp=rows(FsdpStep, data["fsdp"]),
+            modules=rows(by_module.ModuleStats, data.get("modules", [])),
+            lines=rows(by_module.LineStats, data.get("lines", [])),
+            compiled=data.get("compiled", {}),
             memory=MemorySummary.from_dict(data["memory"]) if data.get("memory") else None,
         )
 
     def to_pandas(self) -> dict[str, pandas.DataFrame]:
         """One DataFrame per table (steps, ops, ops_by_shape, kernels, labels, ranks, step_skew, comm, fsdp,
-        diagnostics; memory, memory_blocks and memory_modules when memory was recorded)."""
+        diagnostics, modules, lines; memory, memory_blocks and memory_modules when memory was recorded)."""
         import pandas as pd
 
         tables = {
@@ -193,6 +204,8 @@ class Summary:
             "comm": CommStats,
             "fsdp": FsdpStep,
             "diagnostics": Diagnostic,
+            "modules": by_module.ModuleStats,
+            "lines": by_module.LineStats,
         }
         data = self.to_dict()
         frames = {
@@ -252,6 +265,7 @@ class _FileResult:
     stack: stacks.StackSource
     per_step: perstep.PerStep
     comm: comm.FileComm
+    modules: attribution.FileAttribution | None
     memory: FileMemory | None = None
 
 
@@ -262,6 +276,7 @@ def _analyze(trace: TraceFile) -> _FileResult:
     costs = ops.host_costs(tl, tree)
     times = steps.step_times(tl, trace.rank, tree)
     launcher = tree.kept(ops.launcher_of_device_events(tl))
+    attributed = attribution.analyze(tl, tree, costs, times)  # names the compiled graph calls: before the op totals
     return _FileResult(
         rank=trace.rank,
         worker=trace.worker,
@@ -271,7 +286,7 @@ def _analyze(trace: TraceFile) -> _FileResult:
         labels=ops.label_totals(tl, tree, costs),
         label_nesting=ops.label_nesting(tl, tree),
         kernels=ops.kernel_totals(tl),
-        evidence=diagnostics.gather(tl, times.windows, tree),
+        evidence=diagnostics.gather(tl, times.windows, tree, attributed),
         stack=stacks.StackSource(
             names=tl.names,
             name=host.name,
@@ -284,8 +299,9 @@ def _analyze(trace: TraceFile) -> _FileResult:
             kernel_us=(tl.device.end - tl.device.start) / 1000.0,
             has_python=bool((host.kind == PYTHON).any()),
         ),
-        per_step=perstep.from_timeline(tl, tree, costs, times),
+        per_step=perstep.with_modules(perstep.from_timeline(tl, tree, costs, times), attributed),
         comm=comm.analyze(tl, times),
+        modules=attributed,
         memory=memory_of(tl, tree, times.windows),
     )
 
@@ -467,6 +483,7 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     ends: dict[str, list[int]] = {}
     for r in results:
         ends.setdefault(r.worker, []).extend(s.step for s in r.times.rows[-1:])
+    attributed = by_module.assemble([r.modules for r in results if r.modules is not None], step_rows, evidence.has_gpu)
     gpus = list(evidence.gpus)
     found_all += trends.findings(
         series,
@@ -500,6 +517,9 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
         fsdp=fsdp_rows,
         memory=memory,
         _stacks=[r.stack for r in results],
+        modules=attributed.modules,
+        lines=attributed.lines,
+        compiled=attributed.compiled,
     )
 
 

@@ -35,6 +35,7 @@ from werkzeug import wrappers
 
 from .. import layout
 from ..analysis import breakdown, diff_report, fmt
+from ..analysis import modules as by_module
 from ..analysis.diff_inputs import Input, parse_steps
 from ..analysis.ranktimeline import COLLAPSE_RANKS, RunSlices
 from ..analysis.reader import TraceError
@@ -50,7 +51,10 @@ log = logging.getLogger(__name__)
 PLUGIN_NAME = "kprof"
 STATIC = Path(__file__).parent / "static"
 _STATIC_TYPES = {
-    **{f"{name}.js": "text/javascript" for name in ("index", "dom", "charts", "timeline", "diff", "ranks", "memory")},
+    **{
+        f"{name}.js": "text/javascript"
+        for name in ("index", "dom", "charts", "timeline", "diff", "ranks", "memory", "modules")
+    },
     "style.css": "text/css",
 }
 _MAX_POINTS = 10_000  # step-time points per run: TensorBoard keeps fewer by default, so this means "all it has"
@@ -60,6 +64,7 @@ _DECODED_TRACES = 4  # decoded trace files kept for the timeline: 49 bytes per e
 _STEP = re.compile(r"-?[0-9]{1,18}")  # beyond 18 digits a step number would not fit the trace's int64
 _RANK_RUNS = 2  # runs whose every rank's traces are kept decoded for the timeline of all ranks
 _DIFFS = 16  # diffs kept, ~0.4 KB of JSON per row: under 1 MB each for 2,000 operators and kernels
+_LINES = 30  # source lines the module view lists
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +102,18 @@ def diff_body(d: Diff) -> dict[str, Any]:
     groups = [{"title": title, "kinds": list(kinds), "value": value} for title, kinds, value in diff_report.GROUPS]
     names = [fmt.row_name(c.kind, c.name) for c in d.changes]
     return {"diff": d.to_dict(), "headline": d.headline(), "names": names, "groups": groups}
+
+
+def module_body(s: Summary) -> dict[str, Any]:
+    """What `/modules` serves: the module tree (GPU time, or host time without a GPU), the top lines, what ran
+    compiled."""
+    lines = sorted(s.lines, key=lambda r: -(r.gpu_us if s.has_gpu else r.cpu_us))[:_LINES]
+    return {
+        "gpu": s.has_gpu,
+        "tree": by_module.tree(s.modules, s.has_gpu),
+        "lines": [dataclasses.asdict(r) for r in lines],
+        "compiled": s.compiled,
+    }
 
 
 def read_comparison(path: Path) -> dict[str, Any]:
@@ -155,6 +172,7 @@ class KprofPlugin(base_plugin.TBPlugin):
                 "/ranktimeline": self._rank_timeline_route,
                 "/diff": self._diff_route,
                 "/memory": self._memory_route,
+                "/modules": self._modules_route,
             }
         )
         return apps
@@ -314,6 +332,14 @@ class KprofPlugin(base_plugin.TBPlugin):
         return http_util.Respond(
             request, msgspec.json.encode(dict(body, run=run.name, steps=steps, collapsed=collapsed)), _JSON
         )
+
+    def _modules_route(self, request: werkzeug.Request) -> werkzeug.Response:
+        """The run's time by module as a tree (``modules.tree``), its top source lines and what ran compiled."""
+        run = self._run(request)
+        summarized = self._summary(run)
+        if summarized.summary is None:
+            return _unprocessable(request, f"run {run.name!r}: {summarized.body['error']}")
+        return http_util.Respond(request, module_body(summarized.summary), _JSON)
 
     @wrappers.Request.application
     def _diff_route(self, request: werkzeug.Request) -> werkzeug.Response:

@@ -6,6 +6,7 @@ import {diffPage, diffView} from './diff.js';
 import {getJSON, h, mb, ms, note, pct, query, section, shorten, table, windowsOf} from './dom.js';
 import {ranksSection, ranksTimelineSection} from './ranks.js';
 import {memorySection} from './memory.js';
+import {modulesSection} from './modules.js';
 import {timelineView} from './timeline.js';
 
 const SLOW = 3; // a step slower than this times the median is marked slow (the slow-step trigger's default)
@@ -151,8 +152,9 @@ async function runPage(name) {
   parts.push(stepTimeSection(steptime, s ? s.steps : [], info && info.comparison));
   if (s) {
     const gpu = s.kernels.length > 0;
-    parts.push(stepsSection(s.steps, gpu), timelineSection(name, files, s.files), memorySection(name, state.legend),
-      opsSection(s.ops, gpu));
+    parts.push(stepsSection(s.steps, gpu), timelineSection(name, files, s.files), memorySection(name, state.legend));
+    if (s.modules && s.modules.length) parts.push(modulesSection(name));
+    parts.push(opsSection(s.ops, gpu));
     if (gpu) parts.push(kernelsSection(s.kernels));
     parts.push(labelsSection(s.labels, gpu));
     if (s.ranks.length > 1) {

@@ -1,0 +1,88 @@
+"""Profiler ranges around the model's module calls, while a window records: ``kprof.module:<qualified name>``.
+
+Two global forward hooks (``register_module_forward_pre_hook`` / ``register_module_forward_hook``) open and close a
+range per call of a module of the model, named after ``model.named_modules()`` (``blocks.3.attn``; the root is ``""``;
+``torch.compile``'s ``_orig_mod.`` left out); modules outside the model cost one dict lookup. The hooks exist only
+while a window records, so a step outside windows runs no hook at all. Code that Dynamo traces sees hooks that do
+nothing (``is_compiling``), so a compiled region records no range and puts none in its graph: inductor's own record
+of each kernel (``graph_record``) names its modules instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import warnings
+
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+from . import torch_compat
+from .analysis.events import MODULE_PREFIX as PREFIX  # every range's name starts so; the qualified name follows
+
+
+def qualified_name(name: str) -> str:
+    """A ``named_modules()`` name without ``torch.compile``'s ``_orig_mod`` parts."""
+    return ".".join(part for part in name.split(".") if part and part != "_orig_mod")
+
+
+def qualified_names(model: nn.Module) -> dict[int, str]:
+    """``id(module)`` -> qualified name, for every module of ``model`` (a shared module keeps its first name)."""
+    names: dict[int, str] = {}
+    for name, module in model.named_modules():
+        names.setdefault(id(module), qualified_name(name))
+    return names
+
+
+_ALWAYS_CALL = "always_call" in inspect.signature(nn_module.register_module_forward_hook).parameters
+_compiling, _Range = torch_compat.is_compiling, torch_compat.FastRange  # called on every module call: bound once
+# torch warns that a compiled wrapper's own hooks fire too while global hooks exist: these do nothing for it
+warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks on modules")
+
+
+class ModuleRanges:
+    """The hooks of one model: ``start()`` at a window's start, ``stop()`` at its end."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._labels = {key: PREFIX + name for key, name in qualified_names(model).items()}
+        self._handles: list = []
+        self._local = threading.local()  # each thread's open ranges: [(id(module), range), ...]
+
+    @property
+    def active(self) -> bool:
+        return bool(self._handles)
+
+    def start(self) -> None:
+        """Register the hooks (once)."""
+        if self._handles:
+            return
+        post = {"always_call": True} if _ALWAYS_CALL else {}  # a forward that raises still closes its range
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._enter),
+            nn_module.register_module_forward_hook(self._leave, **post),
+        ]
+
+    def stop(self) -> None:
+        """Remove the hooks; ranges a forward left open (it raised, without ``always_call``) are closed."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        stack = getattr(self._local, "stack", None)
+        while stack:
+            stack.pop()[1].__exit__(None, None, None)
+
+    def _enter(self, module: nn.Module, args: tuple) -> None:
+        if _compiling():
+            return
+        label = self._labels.get(id(module))
+        if label is not None:
+            rng = _Range(label)
+            rng.__enter__()
+            self._local.__dict__.setdefault("stack", []).append((id(module), rng))
+
+    def _leave(self, module: nn.Module, args: tuple, output: object) -> None:
+        if _compiling():
+            return
+        stack = getattr(self._local, "stack", None)
+        if stack and stack[-1][0] == id(module):
+            stack.pop()[1].__exit__(None, None, None)
