@@ -333,6 +333,7 @@ class KprofPlugin(base_plugin.TBPlugin):
             request, msgspec.json.encode(dict(body, run=run.name, steps=steps, collapsed=collapsed)), _JSON
         )
 
+    @wrappers.Request.application
     def _modules_route(self, request: werkzeug.Request) -> werkzeug.Response:
         """The run's time by module as a tree (``modules.tree``), its top source lines and what ran compiled."""
         run = self._run(request)
