@@ -23,9 +23,8 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
 
-from kprof_callbacks.analysis import Summary, reader, summarize
+from kprof_callbacks.analysis import Summary, reader, reading, summarize
 from kprof_callbacks.analysis import intervals as iv
-from kprof_callbacks.analysis import summary as summary_module
 from kprof_callbacks.analysis.tree import nest
 from kprof_callbacks.cli import main
 
@@ -627,8 +626,8 @@ def test_pieces_and_workers_read_what_one_whole_decode_reads(tmp_path, monkeypat
     gz.write_bytes(gzip.compress(path.read_bytes()))
     whole = _whole_file_summary(path, monkeypatch)
     monkeypatch.setattr(reader, "CHUNK_BYTES", 40_000)
-    monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
-    monkeypatch.setattr(summary_module, "_JOB_BYTES", 1)
+    monkeypatch.setattr(reading, "_POOL_BYTES", 0)
+    monkeypatch.setattr(reading, "_JOB_BYTES", 1)
     assert len(reader.plan(path).pieces) > 30 and len(reader.plan(gz).pieces) > 30
     for source in (path, gz):
         for jobs in (1, 3):
@@ -647,31 +646,31 @@ def test_two_files_in_workers_are_analyzed_like_in_one_process(tmp_path, monkeyp
     shutil.copy(path, other)
     here = summarize(path.parent).to_dict()
     monkeypatch.setattr(reader, "CHUNK_BYTES", 100_000)
-    monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
-    monkeypatch.setattr(summary_module, "_JOB_BYTES", 1)
+    monkeypatch.setattr(reading, "_POOL_BYTES", 0)
+    monkeypatch.setattr(reading, "_JOB_BYTES", 1)
     submitted = []
-    submit = summary_module.Workers.submit
+    submit = reading.Workers.submit
 
     def recorded(self, fn, *args):
         submitted.append(fn)
         return submit(self, fn, *args)
 
-    monkeypatch.setattr(summary_module.Workers, "submit", recorded)
+    monkeypatch.setattr(reading.Workers, "submit", recorded)
     assert summarize(path.parent, jobs=jobs).to_dict() == here
-    assert (summary_module._read_whole in submitted) == (jobs == 4)
+    assert (reading._read_whole in submitted) == (jobs == 4)
 
 
 def test_a_whole_file_task_with_helpers_reads_what_it_reads_alone(tmp_path, monkeypatch):
     """A process that reads a whole file (a rank's, say) with a helper process of its own decodes its pieces in both
     and analyzes the file as it does alone."""
     path = _scaled(tmp_path, mb=0.5)
-    alone = summary_module._read_whole(path, 1)
+    alone = reading._read_whole(path, 1)
     monkeypatch.setattr(reader, "CHUNK_BYTES", 50_000)
-    monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
-    monkeypatch.setattr(summary_module, "_JOB_BYTES", 1)
-    pieces = mock.Mock(wraps=summary_module._read_in)
-    monkeypatch.setattr(summary_module, "_read_in", pieces)
-    helped = summary_module._read_whole(path, 2)
+    monkeypatch.setattr(reading, "_POOL_BYTES", 0)
+    monkeypatch.setattr(reading, "_JOB_BYTES", 1)
+    pieces = mock.Mock(wraps=reading._read_in)
+    monkeypatch.setattr(reading, "_read_in", pieces)
+    helped = reading._read_whole(path, 2)
     assert pieces.called and pickle.dumps(helped) == pickle.dumps(alone)
 
 
@@ -777,7 +776,7 @@ def test_a_run_over_100_mb_shows_a_progress_bar_on_stderr(tmp_path, monkeypatch,
     monkeypatch.setattr(reader, "CHUNK_BYTES", 50_000)
     summarize(path, progress=True)
     assert capsys.readouterr().err == ""  # under PROGRESS_BYTES: no bar
-    monkeypatch.setattr(summary_module, "PROGRESS_BYTES", 100_000)
+    monkeypatch.setattr(reading, "PROGRESS_BYTES", 100_000)
     summarize(path, progress=True)
     err = capsys.readouterr().err
     assert f"summarizing {path.name}" in err and "100%" in err and f"{path.stat().st_size / 1024:.0f}k" in err

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kprof_callbacks.analysis import model_findings, reader, summarize
-from kprof_callbacks.analysis import summary as summary_module
+from kprof_callbacks.analysis import file_analysis, model_findings, reader, summarize
 
 FIXTURES = Path(__file__).parent / "fixtures" / "attribution"
 MODES = ("eager", "compiled", "reduce-overhead")
@@ -45,6 +44,6 @@ def test_compiled_kernels_are_attributed_and_the_mode_is_read_from_the_trace(run
         assert matched >= 0.95 and s.compiled["graphs_per_step"] == 1 and s.compiled["breaks_per_step"] == 0
         assert any("models.py:" in r.line and "x = self.drop(self.wte(idx) + self.wpe(pos))" in r.line for r in s.lines)
     (trace,) = s.files
-    evidence = summary_module._analyze(reader.read_trace(trace)).evidence
+    evidence = file_analysis.analyze(reader.read_trace(trace)).evidence
     assert model_findings.mode(evidence) == HOW[mode]
     assert evidence.loss_head.gpu_us  # from recorded shapes (eager) or from the record (compiled)

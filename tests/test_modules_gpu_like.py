@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from gpu_like import Trace, record
 
-from kprof_callbacks.analysis import Summary, diff, graphs, model_findings, reader, summarize
-from kprof_callbacks.analysis import summary as summary_module
+from kprof_callbacks.analysis import Summary, diff, file_analysis, graphs, model_findings, reader, summarize
 from kprof_callbacks.analysis.modules import ModuleStats
 
 
@@ -154,7 +153,7 @@ def test_compiled_kernels_go_to_the_modules_and_lines_of_their_recorded_calls(tm
     graphs_seen = s.compiled["graphs"]
     assert graphs_seen["Net.forward (forward)"] == {"calls": 1, "gpu_us": 143.0, "matched_us": 136.0}
     assert "## Call CompiledFxGraph def ## Net.forward (backward)" in {o.name for o in s.ops}
-    evidence = summary_module._analyze(reader.read_trace(s.files[0])).evidence
+    evidence = file_analysis.analyze(reader.read_trace(s.files[0])).evidence
     assert model_findings.mode(evidence) == ("CUDA graphs" if replay else "compiled")
 
 

@@ -460,8 +460,7 @@ def test_a_big_run_is_summarized_in_the_background_with_progress_while_other_req
     from werkzeug.test import Client
     from werkzeug.wrappers import Response
 
-    from kprof_callbacks.analysis import reader
-    from kprof_callbacks.analysis import summary as summary_module
+    from kprof_callbacks.analysis import reader, reading
     from kprof_callbacks.tensorboard import plugin as plugin_module
 
     (tmp_path / "log").mkdir()
@@ -471,7 +470,7 @@ def test_a_big_run_is_summarized_in_the_background_with_progress_while_other_req
     shutil.copy(FIXTURES / "gpu_small.pt.trace.json.gz", small / "gpuhost_7.1.pt.trace.json.gz")
     monkeypatch.setattr(plugin_module, "PROGRESS_BYTES", 500_000)
     monkeypatch.setattr(reader, "CHUNK_BYTES", 100_000)
-    monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)
+    monkeypatch.setattr(reading, "_POOL_BYTES", 0)
     release, real = threading.Event(), plugin_module.summarize_run
 
     def held_back(run, progress=None):

@@ -162,13 +162,13 @@ def test_the_tab_keeps_no_summary_that_a_dead_worker_spoiled(tmp_path, monkeypat
     from werkzeug.test import Client
     from werkzeug.wrappers import Response
 
-    from kprof_callbacks.analysis import summary as summary_module
+    from kprof_callbacks.analysis import reading
     from kprof_callbacks.tensorboard import plugin as plugin_module
 
     (tmp_path / "log" / "run").mkdir(parents=True)
     write_trace(tmp_path / "log" / "run" / "w.1.pt.trace.json", [{"aten::mm": 10.0}] * 4)
-    monkeypatch.setattr(summary_module, "_POOL_BYTES", 0)  # worker processes read even this small run
-    monkeypatch.setattr(summary_module, "_JOB_BYTES", 1)
+    monkeypatch.setattr(reading, "_POOL_BYTES", 0)  # worker processes read even this small run
+    monkeypatch.setattr(reading, "_JOB_BYTES", 1)
     monkeypatch.setattr(plugin_module, "default_jobs", lambda: 2)
     deaths = [WorkerError("a worker process ended (exit status -9) while running decode, on each of 2 tries")]
 
@@ -180,7 +180,7 @@ def test_the_tab_keeps_no_summary_that_a_dead_worker_spoiled(tmp_path, monkeypat
             future.set_exception(deaths.pop())
             return future
 
-    monkeypatch.setattr(summary_module, "Workers", Dying)
+    monkeypatch.setattr(reading, "Workers", Dying)
     routes = plugin_module.KprofPlugin(base_plugin.TBContext(logdir=str(tmp_path / "log"), data_provider=None))
     summary = Client(routes.get_plugin_apps()["/summary"], Response)
     first = summary.get("/summary", query_string={"run": "run"}).get_json()

@@ -39,6 +39,18 @@ class Worker:
     transfers: list[Transfers] = dataclasses.field(default_factory=list)
 
 
+def workers_of(files: list[tuple[int | None, str, StepTimes, Transfers]]) -> list[Worker]:
+    """The run's ranks (or processes) from its files' (rank, worker, step times, transfers), rank by rank: the files
+    of a rank (one per profiling cycle) go together."""
+    workers: dict[tuple, Worker] = {}
+    for rank, name, times, transfers in files:
+        key = ("rank", rank) if rank is not None else ("worker", name)
+        worker = workers.setdefault(key, Worker(rank, name, []))
+        worker.times.append(times)
+        worker.transfers.append(transfers)
+    return sorted(workers.values(), key=lambda w: (w.rank is None, w.rank or 0, w.worker))
+
+
 def rank_stats(workers: list[Worker]) -> list[RankStats]:
     """Means per step for each worker, with its arrivals at the collectives it shares with other ranks."""
     arrived = arrivals(workers)

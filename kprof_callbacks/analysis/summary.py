@@ -1,32 +1,28 @@
-"""`summarize(path)`: trace files on disk -> `Summary` (tables, diagnostics, exports).
+"""`summarize(path)`: trace files on disk -> `Summary` (tables, findings, exports).
 
-One pass per file: decode (reader), columns (timeline), call tree (tree), then per-step
-breakdown, operator/label/kernel totals and diagnostic evidence; files of one run are then
-merged, with one entry per rank (or worker) for the multi-rank view.
+Each file is analyzed alone (``file_analysis``, in this process or in workers: ``reading``); the files of one run are
+then added up here, with one entry per rank (or worker) for the multi-rank view, and the run's findings drawn.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
 from .. import layout
-from ..progress import Progress, ProgressArg
-from . import attribution, comm, diagnostics, html, ops, perstep, ranks, reader, report, saved, stacks, steps, trends
+from ..progress import ProgressArg
+from . import comm, diagnostics, html, ops, perstep, ranks, reading, report, saved, stacks, trends
 from . import modules as by_module
-from .events import PYTHON, build
+from .file_analysis import FileResult, without_last_step
 from .memory import MemorySummary, merge_memory
 from .memory_findings import memory_findings
-from .memory_trace import FileMemory, memory_of
-from .reader import TraceError, TraceFile
 from .series import Series, read_series
 from .tables import (
     SORT_KEYS,
@@ -41,8 +37,6 @@ from .tables import (
     StepSkew,
     StepStats,
 )
-from .tree import nest
-from .workers import WorkerError, Workers
 
 if TYPE_CHECKING:
     import pandas
@@ -251,183 +245,13 @@ def _check_report_options(top: int, sort: str) -> None:
         raise ValueError(f"top must be >= 1, got {top}")
 
 
-@dataclasses.dataclass
-class _FileResult:
-    rank: int | None
-    worker: str
-    times: steps.StepTimes
-    ops: ops.Totals
-    ops_by_shape: ops.Totals
-    labels: ops.Totals
-    label_nesting: set[tuple[str, str]]
-    kernels: ops.Totals
-    evidence: diagnostics.Evidence
-    stack: stacks.StackSource
-    per_step: perstep.PerStep
-    comm: comm.FileComm
-    modules: attribution.FileAttribution | None
-    memory: FileMemory | None = None
-
-
-def _analyze(trace: TraceFile) -> _FileResult:
-    tl = build(trace)
-    host = tl.host
-    tree = nest(host.thread, host.start, host.end, host.name)
-    costs = ops.host_costs(tl, tree)
-    times = steps.step_times(tl, trace.rank, tree)
-    launcher = tree.kept(ops.launcher_of_device_events(tl))
-    attributed = attribution.analyze(tl, tree, costs, times)  # names the compiled graph calls: before the op totals
-    return _FileResult(
-        rank=trace.rank,
-        worker=trace.worker,
-        times=times,
-        ops=ops.op_totals(tl, tree, costs, by_shape=False),
-        ops_by_shape=ops.op_totals(tl, tree, costs, by_shape=True) if tl.shapes else {},
-        labels=ops.label_totals(tl, tree, costs),
-        label_nesting=ops.label_nesting(tl, tree),
-        kernels=ops.kernel_totals(tl),
-        evidence=diagnostics.gather(tl, times.windows, tree, attributed),
-        stack=stacks.StackSource(
-            names=tl.names,
-            name=host.name,
-            parent=tree.parent,
-            depth=tree.depth,
-            keep=tree.keep,
-            self_cpu_us=costs.self_cpu,
-            kernel_name=tl.device.name,
-            kernel_launcher=launcher,
-            kernel_us=(tl.device.end - tl.device.start) / 1000.0,
-            has_python=bool((host.kind == PYTHON).any()),
-        ),
-        per_step=perstep.with_modules(perstep.from_timeline(tl, tree, costs, times), attributed),
-        comm=comm.analyze(tl, times),
-        modules=attributed,
-        memory=memory_of(tl, tree, times.windows),
-    )
-
-
-PROGRESS_BYTES = 100 << 20  # runs bigger than this show a progress bar (summarize(progress=True), kprof summary)
-# Runs smaller than _POOL_BYTES are read in this process, and a pool gets a process per _JOB_BYTES at most: a worker
-# is a fresh interpreter (0.1-0.2 s to start, 16 at once, on a 16-core GPU host), and the columns it decodes come
-# back pickled. There a 102 MB GPT trace was summarized in 0.54 s with 16 processes against 0.80 s in one, while a
-# 53 MB CPU trace took 0.49 s against 0.43 s: the start-up eats what 16 processes save on half as much decoding.
-_POOL_BYTES = 64 << 20
-_JOB_BYTES = 4 << 20
-
-
-def _guarded(path: Path, work: Callable[[], _FileResult]) -> _FileResult | Problem:
-    """``work()``, or the Problem that says why the file could not be used."""
-    try:
-        return work()
-    except TraceError as exc:
-        return Problem(path, str(exc))
-    except WorkerError as exc:
-        return Problem(path, str(exc), transient=True)
-    except Exception as exc:  # a file no check foresaw: it is a problem of that file, never of the whole run
-        log.debug("analyzing %s failed", path, exc_info=True)
-        return Problem(path, f"could not be analyzed ({type(exc).__name__}: {exc}); please report it")
-
-
-def _read_here(path: Path, progress: Progress) -> _FileResult:
-    return _analyze(reader.read_trace(path, progress.add))
-
-
-def _read_whole(path: Path, jobs: int) -> _FileResult:
-    """A worker's task: read and analyze one whole file, its pieces decoded by up to ``jobs`` processes (this one and
-    helpers of its own) where the file is big enough to pay for them."""
-    quiet = Progress(False, 0, "")
-    with _workers(jobs, [path]) as helpers:
-        return _read_here(path, quiet) if helpers is None else _analyze(_read_in(helpers, path, quiet)())
-
-
-def _read_in(workers: Workers, path: Path, progress: Progress) -> Callable[[], TraceFile]:
-    """Start decoding ``path``'s pieces in the workers; returns the call that waits for them and merges them."""
-    found = reader.plan(path)
-    futures = []
-    for piece in found.pieces:
-        futures.append(workers.submit(reader.Piece.decode, piece))
-        futures[-1].add_done_callback(lambda _, weight=piece.weight: progress.add(weight))
-
-    def merged() -> TraceFile:
-        workers.wait(futures)
-        try:
-            parts = [f.result() for f in futures]
-        except reader.Uncut:
-            parts = [found.whole().decode()]
-        return reader.trace_file(path, parts, found.around)
-
-    return merged
-
-
-def _analyze_files(paths: list[Path], workers: Workers | None, progress: Progress) -> list[_FileResult | Problem]:
-    """Each file's analysis, or the Problem that kept it out. With workers and at least half as many files as
-    processes, each process reads and analyzes whole files (with a helper of its own for files big enough, when there
-    are twice as many processes as files); with fewer (a few big files), every file's pieces are decoded in parallel,
-    then each file is analyzed (in a worker when there are several) as soon as its pieces are in."""
-    if workers is None:
-        return [_guarded(path, lambda path=path: _read_here(path, progress)) for path in paths]
-    if len(paths) > 1 and 2 * len(paths) >= workers.jobs:
-        # files enough to keep the processes busy: each process reads and analyzes whole files, so only a file's
-        # result crosses a pipe, not its columns twice (the decoded pieces back, then the merged trace out again);
-        # where there are cores to spare (8 files, 16 jobs), each file's process gets helpers of its own
-        share = workers.jobs // len(paths)
-        tasks = {path: workers.submit(_read_whole, path, share) for path in paths}
-        for path, task in tasks.items():
-            size = _size(path)
-            task.add_done_callback(lambda _, size=size: progress.add(size))
-        workers.wait(tasks.values())
-        return [_guarded(path, task.result) for path, task in tasks.items()]
-    reads = {path: _guarded(path, lambda path=path: _read_in(workers, path, progress)) for path in paths}
-    if len(paths) == 1:
-        ((path, read),) = reads.items()
-        return [read if isinstance(read, Problem) else _guarded(path, lambda: _analyze(read()))]
-    analyses = {
-        path: read if isinstance(read, Problem) else _guarded(path, lambda read=read: workers.submit(_analyze, read()))
-        for path, read in reads.items()
-    }
-    workers.wait(a for a in analyses.values() if not isinstance(a, Problem))
-    return [a if isinstance(a, Problem) else _guarded(path, a.result) for path, a in analyses.items()]
-
-
-@contextlib.contextmanager
-def _workers(jobs: int, paths: list[Path]) -> Iterator[Workers | None]:
-    """Worker processes for reading ``paths``, or None when one process does it faster."""
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
-    total = sum(_size(p) for p in paths)
-    jobs = min(jobs, total // _JOB_BYTES + 1)
-    if jobs == 1 or total < _POOL_BYTES:
-        yield None
-        return
-    with Workers(jobs) as workers:
-        yield workers
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
 def summarize_runs(
     runs: list[tuple[str, layout.RunContents]], *, progress: ProgressArg = False, jobs: int = 1
 ) -> list[Summary | ValueError]:
     """One Summary per (name, files) pair, in order, all runs' files read together: ``jobs`` worker processes decode
     and analyze them in parallel. A run with nothing readable gives the ValueError that says why."""
     paths = [p for _, found in runs for p in found.traces]
-    meter = Progress(
-        progress,
-        sum(_size(p) for p in paths),
-        f"summarizing {', '.join(n for n, _ in runs)}"[:60],
-        in_bytes=True,
-        min_total=PROGRESS_BYTES,
-    )
-    try:
-        with _workers(jobs, paths) as workers:
-            results = dict(zip(paths, _analyze_files(paths, workers, meter)))
-    finally:
-        meter.close()
+    results = reading.read_files(paths, jobs, progress, f"summarizing {', '.join(n for n, _ in runs)}")
     out: list[Summary | ValueError] = []
     for name, found in runs:
         try:
@@ -445,55 +269,24 @@ def summarize_contents(name: str, found: layout.RunContents, progress: ProgressA
     return result
 
 
-def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult | Problem]) -> Summary:
+def _assemble(name: str, found: layout.RunContents, analyzed: list[FileResult | Problem]) -> Summary:
     """The run's Summary from its files' analyses; ValueError when none could be read."""
-    problems = [Problem(p, f"skipped, still being written (*{layout.PARTIAL})") for p in found.partial]
-    problems += [r for r in analyzed if isinstance(r, Problem)]
-    results = [r for r in analyzed if not isinstance(r, Problem)]
-    files = [p for p, r in zip(found.traces, analyzed) if not isinstance(r, Problem)]
-    cut, ended = ranks.ended_early([(r.rank, r.times) for r in results])
-    results = [_without_last_step(r) if i in cut else r for i, r in enumerate(results)]
-    for problem in problems:
-        log.warning("%s", problem)
-    if not results:
-        why = "; ".join(map(str, problems)) or "no trace files"
-        raise Unreadable(f"nothing readable in {name}: {why}", problems)
-
-    workers: dict[tuple, ranks.Worker] = {}
-    for r in results:
-        key = ("rank", r.rank) if r.rank is not None else ("worker", r.worker)
-        worker = workers.setdefault(key, ranks.Worker(r.rank, r.worker, []))
-        worker.times.append(r.times)
-        worker.transfers.append(r.comm.transfers)
-    ordered = sorted(workers.values(), key=lambda w: (w.rank is None, w.rank or 0, w.worker))
+    files, results, problems, ended = _readable(name, found, analyzed)
+    ordered = ranks.workers_of([(r.rank, r.worker, r.times, r.comm.transfers) for r in results])
     step_rows = [row for w in ordered for t in w.times for row in t.rows]
     evidence = diagnostics.Evidence()
     for r in results:
         evidence.add(r.evidence)
-    rank_rows = ranks.rank_stats(ordered)
-    skew = ranks.step_skew(ordered)
+    rank_rows, skew = ranks.rank_stats(ordered), ranks.step_skew(ordered)
     per_step = perstep.merge([r.per_step for r in results])
     series = read_series(files[0].parent)
     comm_rows, fsdp_rows = [c for r in results for c in r.comm.rows], [f for r in results for f in r.comm.fsdp]
+    memory = merge_memory([r.memory for r in results], found.snapshots)
+    attributed = by_module.assemble([r.modules for r in results if r.modules is not None], step_rows, evidence.has_gpu)
     found_all = diagnostics.diagnose(step_rows, rank_rows, evidence, per_step, fsdp=bool(fsdp_rows))
     found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu) + ranks.findings(rank_rows, skew)
-    found_all += ended
-    memory = merge_memory([r.memory for r in results], found.snapshots)
-    found_all += memory_findings(memory, series)
-    ends: dict[str, list[int]] = {}
-    for r in results:
-        ends.setdefault(r.worker, []).extend(s.step for s in r.times.rows[-1:])
-    attributed = by_module.assemble([r.modules for r in results if r.modules is not None], step_rows, evidence.has_gpu)
-    gpus = list(evidence.gpus)
-    found_all += trends.findings(
-        series,
-        found.snapshots,
-        evidence.matmul_flops,
-        sum(s.wall_us for s in step_rows),
-        len(step_rows),
-        ends,
-        gpus[0] if len(gpus) == 1 else "",
-    )
+    found_all += ended + memory_findings(memory, series) + _trend_findings(results, step_rows, evidence, series, found)
+    wall = sum(s.wall_us for s in step_rows)
     return Summary(
         name=name,
         files=files,
@@ -501,11 +294,7 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
         ops=ops.op_rows(r.ops for r in results),
         ops_by_shape=ops.op_rows(r.ops_by_shape for r in results),
         kernels=ops.kernel_rows(r.kernels for r in results),
-        labels=ops.label_rows(
-            (r.labels for r in results),
-            sum(s.wall_us for s in step_rows),
-            set().union(*(r.label_nesting for r in results)),
-        ),
+        labels=ops.label_rows((r.labels for r in results), wall, set().union(*(r.label_nesting for r in results))),
         ranks=rank_rows,
         step_skew=skew,
         diagnostics=sorted(found_all, key=lambda d: d.severity != "warning"),
@@ -523,11 +312,40 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     )
 
 
-def _without_last_step(r: _FileResult) -> _FileResult:
-    """``r`` less its last step (one cut in mid-step) in the step tables and the per-step rows."""
-    cut = r.times.rows[-1]
-    keep = [i for i, s in enumerate(r.per_step.steps) if s is not cut]
-    return dataclasses.replace(r, times=r.times.without_last(), per_step=r.per_step.take(keep))
+def _readable(
+    name: str, found: layout.RunContents, analyzed: list[FileResult | Problem]
+) -> tuple[list[Path], list[FileResult], list[Problem], list[Diagnostic]]:
+    """The files that could be read and their analyses (a rank that ended early less its cut step), the problems of
+    the others (each logged), and the findings of the ranks that ended early; Unreadable when no file could be."""
+    problems = [Problem(p, f"skipped, still being written (*{layout.PARTIAL})") for p in found.partial]
+    problems += [r for r in analyzed if isinstance(r, Problem)]
+    results = [r for r in analyzed if not isinstance(r, Problem)]
+    files = [p for p, r in zip(found.traces, analyzed) if not isinstance(r, Problem)]
+    cut, ended = ranks.ended_early([(r.rank, r.times) for r in results])
+    results = [without_last_step(r) if i in cut else r for i, r in enumerate(results)]
+    for problem in problems:
+        log.warning("%s", problem)
+    if not results:
+        why = "; ".join(map(str, problems)) or "no trace files"
+        raise Unreadable(f"nothing readable in {name}: {why}", problems)
+    return files, results, problems, ended
+
+
+def _trend_findings(
+    results: list[FileResult],
+    step_rows: list[StepStats],
+    evidence: diagnostics.Evidence,
+    series: dict[str, dict[str, Series]],
+    found: layout.RunContents,
+) -> list[Diagnostic]:
+    """The findings of the per-step scalars (kprof's cost, MFU, memory growth) beside the profiled steps."""
+    ends: dict[str, list[int]] = {}
+    for r in results:
+        ends.setdefault(r.worker, []).extend(s.step for s in r.times.rows[-1:])
+    gpus = list(evidence.gpus)
+    wall = sum(s.wall_us for s in step_rows)
+    device = gpus[0] if len(gpus) == 1 else ""
+    return trends.findings(series, found.snapshots, evidence.matmul_flops, wall, len(step_rows), ends, device)
 
 
 def runs_of(path: str | Path) -> tuple[bool, dict[str, layout.RunContents]]:

@@ -39,8 +39,9 @@ from ..analysis import modules as by_module
 from ..analysis.diff_inputs import Input, parse_steps
 from ..analysis.ranktimeline import COLLAPSE_RANKS, RunSlices
 from ..analysis.reader import TraceError
+from ..analysis.reading import PROGRESS_BYTES
 from ..analysis.slices import TraceSlices, median_step
-from ..analysis.summary import PROGRESS_BYTES, Summary, Unreadable, summarize_contents
+from ..analysis.summary import Summary, Unreadable, summarize_contents
 from ..analysis.tracediff import Diff, diff
 from ..analysis.workers import default_jobs
 from . import logdir
