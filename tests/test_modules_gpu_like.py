@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpu_like import Trace, record
+from gpu_like import HOST_PID, Trace, record
 
 from kprof_callbacks.analysis import Summary, diff, graphs, model_findings, reader, summarize
 from kprof_callbacks.analysis import summary as summary_module
@@ -19,15 +19,22 @@ def _rows(s: Summary) -> dict[tuple[str, str], ModuleStats]:
     return {(m.name, m.direction): m for m in s.modules}
 
 
-def _eager(t: Trace, at: float, spin_us: float = 30.0) -> None:
+# How traces lay out module ranges and runtime calls: the CPU build (torch 2.13) writes the ranges as user
+# annotations; torch 2.11 on a GPU as operators (cpu_op), and its runtime calls under the pid of the process that
+# exported the trace (kprof exports in a forked child), not under the pid of the operators that made them.
+LAYOUTS = {"cpu-build": ("user_annotation", HOST_PID), "torch-2.11-gpu": ("cpu_op", HOST_PID + 35)}
+
+
+def _eager(t: Trace, at: float, spin_us: float = 30.0, ranges: str = "user_annotation") -> None:
     """One step at ``at``: module ``a`` (a 50 us GEMM) and ``b`` (``spin_us`` of a kernel) inside the model, their
-    backward on the autograd thread (tid 2, naming forward thread 1), an optimizer step and a stray fill."""
+    backward on the autograd thread (tid 2, naming forward thread 1), an optimizer step and a stray fill; module
+    ranges of category ``ranges``."""
     t.label(f"ProfilerStep#{int(at // 1000)}", at, 1000)
-    t.label("kprof.module:", at + 10, 390)
-    t.label("kprof.module:a", at + 20, 180)
+    t.op("kprof.module:", at + 10, 390, cat=ranges)
+    t.op("kprof.module:a", at + 20, 180, cat=ranges)
     t.op("aten::addmm", at + 30, 30, seq=int(at) + 5)
     t.launch(at + 40, "gemm_a", at + 100, 50)
-    t.label("kprof.module:b", at + 210, 180)
+    t.op("kprof.module:b", at + 210, 180, cat=ranges)
     t.op("aten::mul", at + 220, 20, seq=int(at) + 6)
     t.launch(at + 225, "spin_kernel", at + 230, spin_us)
     t.op("autograd::engine::evaluate_function: MulBackward0", at + 500, 60, tid=2, seq=int(at) + 6, fwd=1)
@@ -43,9 +50,11 @@ def _eager(t: Trace, at: float, spin_us: float = 30.0) -> None:
     t.launch(at + 851, "fill_kernel", at + 860, 5)
 
 
-def test_eager_modules_forward_and_backward_add_up_to_the_gpu_time(tmp_path):
-    t = Trace()
-    _eager(t, 1000.0)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_eager_modules_forward_and_backward_add_up_to_the_gpu_time(tmp_path, layout):
+    ranges, runtime_pid = LAYOUTS[layout]
+    t = Trace(runtime_pid)
+    _eager(t, 1000.0, ranges=ranges)
     s = summarize(t.write(tmp_path / "run").parent)
     rows = _rows(s)
     expected = {
@@ -113,10 +122,11 @@ BACKWARD = [("triton_poi_fused_2", 10), ("sm90_gemm_a", 60), ("sm90_gemm_b", 60)
 BACKWARD += [("triton_red_fused_3", 8)]
 
 
-def _compiled(replay: bool, steps: int = 1) -> Trace:
+def _compiled(replay: bool, steps: int = 1, runtime_pid: int = HOST_PID) -> Trace:
     """Steps of a compiled Net: its forward graph call in a Torch-Compiled Region, its backward in the autograd
-    node CompiledFunctionBackward; kernels launched one by one, or (``replay``) replayed from a CUDA graph."""
-    t = Trace()
+    node CompiledFunctionBackward; kernels launched one by one, or (``replay``) replayed from a CUDA graph; runtime
+    calls under ``runtime_pid``."""
+    t = Trace(runtime_pid)
     for n in range(steps):
         at = 10_000.0 * (n + 1)
         t.label(f"ProfilerStep#{n + 1}", at, 5000)
@@ -136,9 +146,10 @@ def _compiled(replay: bool, steps: int = 1) -> Trace:
     return t
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("replay", [False, True], ids=["launched", "cuda-graph"])
-def test_compiled_kernels_go_to_the_modules_and_lines_of_their_recorded_calls(tmp_path, replay):
-    s = summarize(_compiled(replay).write(tmp_path / "run", RECORD).parent)
+def test_compiled_kernels_go_to_the_modules_and_lines_of_their_recorded_calls(tmp_path, replay, layout):
+    s = summarize(_compiled(replay, runtime_pid=LAYOUTS[layout][1]).write(tmp_path / "run", RECORD).parent)
     rows = _rows(s)
     # forward: the first triton_poi_fused_0 (10 us) is emb's, the GEMM between it and triton_per_fused_1 is the
     # extern mm call (proj), triton_per_fused_1 half proj half head, the second triton_poi_fused_0 head's
