@@ -339,6 +339,7 @@ def test_memory_benchmark_quick_explains_the_peak_and_sees_checkpointing(tmp_pat
     assert {"commit", "date", "device", "command"} <= set(doc)
     base, ckpt = doc["baseline"], doc["checkpointed"]
     assert base["explained"] == base["highest_peak"] > 0 and base["within_tolerance"]
+    assert list(base["measured_by_step"]) == [str(s) for s in base["steps"]]  # the allocator read in the same steps
     assert ckpt["shares"].get("activations", 0) < base["shares"]["activations"] / 2
     assert doc["diff"]["activations_row"]["status"] == "decreased" and doc["diff"]["reverse_gate_5pct"]
 
