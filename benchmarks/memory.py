@@ -38,7 +38,6 @@ import torch
 import kprof_callbacks as kprof
 from kprof_callbacks import models
 from kprof_callbacks.analysis import fmt
-from kprof_callbacks.config import ProfileConfig
 
 WINDOW = {"wait": 1, "warmup": 1, "active": 3}
 TOLERANCE = 0.05
@@ -65,11 +64,6 @@ def _model(setup: Setup, checkpoint: bool) -> tuple[models.GPT, torch.optim.Opti
     return model, opt
 
 
-def _options(model: torch.nn.Module) -> dict:
-    """The session's module view where this kprof has it (``model=``: kprof.module ranges in the traces)."""
-    return {"model": model} if "model" in {f.name for f in dataclasses.fields(ProfileConfig)} else {}
-
-
 def _step(setup: Setup, model, opt, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
     with setup.autocast():
         loss = model(*batch)
@@ -94,7 +88,7 @@ def profiled(logdir: Path, run: str, setup: Setup, checkpoint: bool) -> tuple[kp
     model, opt = _model(setup, checkpoint)
     batches = models.random_batches(setup.cfg, n=sum(WINDOW.values()), batch=setup.batch, device=setup.device)
     peaks: dict[int, int | None] = {}
-    with kprof.session(logdir, run=run, profile_memory=True, record_shapes=True, **WINDOW, **_options(model)) as s:
+    with kprof.session(logdir, run=run, model=model, profile_memory=True, record_shapes=True, **WINDOW) as s:
         for i, batch in enumerate(batches):  # step i runs in the trace's ProfilerStep#i
             _allocator_peak(setup, reset=True)
             _step(setup, model, opt, batch)

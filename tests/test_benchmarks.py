@@ -340,6 +340,7 @@ def test_memory_benchmark_quick_explains_the_peak_and_sees_checkpointing(tmp_pat
     base, ckpt = doc["baseline"], doc["checkpointed"]
     assert base["explained"] == base["highest_peak"] > 0 and base["within_tolerance"]
     assert list(base["measured_by_step"]) == [str(s) for s in base["steps"]]  # the allocator read in the same steps
+    assert base["where"].split(".")[0] in {"blocks", "lm_head", "wte", "wpe", "ln_f"}  # the model's modules named
     assert ckpt["shares"].get("activations", 0) < base["shares"]["activations"] / 2
     assert doc["diff"]["activations_row"]["status"] == "decreased" and doc["diff"]["reverse_gate_5pct"]
 
