@@ -222,6 +222,21 @@ def test_kernels_between_triton_ones_take_the_extern_calls_between_them_in_order
     names = ["triton_x", "k1", "k2", "k3", "triton_y", "triton_x", "k4", "k5"]
     assert graphs.align(calls, names).tolist() == [0, 1, 1, 2, 3, 4, 5, 5]
     assert graphs.align(calls, ["triton_y", "triton_x", "triton_x"]).tolist() == [3, 4, -1]  # no third call of it
+    # the trace holds the end of an instance (launched before it), or its start: the calls next to the match
+    assert graphs.align(calls, ["k5", "triton_y"]).tolist() == [2, 3]
+    calls = [c("triton_x"), c("a", True), c("b", True), c("c", True), c("d", True)]
+    assert graphs.align(calls, ["triton_x", "k1", "k2"]).tolist() == [0, 1, 2]
+
+
+def test_kernels_launched_before_the_trace_go_by_the_record(tmp_path):
+    """On a busy GPU a window opens while kernels launched before it still run (the rest of a CUDA graph's replay):
+    no launch in the trace names them, and they go by the record to their modules, not to "(unattributed)"."""
+    t = _compiled(True)
+    for k, (name, us) in enumerate(BACKWARD[2:]):  # sm90_gemm_b, splitk_reduce, triton_red_fused_3
+        t.launch(0.0, name, 10_100.0 + 100 * k, us, corr=10_000 + k)
+    rows = _rows(summarize(t.write(tmp_path / "run", RECORD).parent))
+    assert rows[("proj", "backward")].gpu_us == 124 + 60 + 4 and rows[("emb", "backward")].gpu_us == 8 + 8
+    assert rows[("(unattributed)", "")].gpu_us == 7
 
 
 def test_a_record_that_cannot_be_read_is_a_note_not_a_failure(tmp_path):
