@@ -369,6 +369,19 @@ def test_module_overhead_quick_measures_the_module_view_in_and_after_a_window(tm
     assert {"date", "device", "versions", "command", "code"} <= set(result)
 
 
+@pytest.mark.parametrize("mode", ["eager", "compiled", "reduce-overhead"])
+def test_attribution_checks_are_met_on_the_runs_recorded_on_an_h100(mode):
+    """The benchmark's own figures and checks, on the small GPT of tests/fixtures/attribution recorded on an H100."""
+    import attribution
+
+    from kprof_callbacks.analysis import summarize
+
+    got = attribution.figures(summarize(Path(__file__).parent / "fixtures" / "attribution" / mode))
+    met = attribution.checks(mode, got, gpu=True)
+    assert all(met.values()) and len(met) == (3 if mode == "eager" else 5), met
+    assert got["loss_head_in"] == "lm_head" and abs(got["modules_vs_busy"]) < 0.02
+
+
 @pytest.mark.slow
 def test_attribution_quick_runs_eager_compiled_and_a_graph_break_on_the_cpu(tmp_path):
     import attribution
