@@ -137,8 +137,8 @@ def launch_bound(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
     walls = _walls(rng, sigma, 2 * WINDOW)
     idle_share = np.clip((0.5 if inject else 0.15) * rng.lognormal(0.0, sigma, walls.size), 0, 0.95)
     kernels = 40 * walls.size
-    small = rng.binomial(kernels, 0.7 if inject else 0.3)
-    ev = diagnostics.Evidence(has_gpu=True, kernels=kernels, small_kernels=small, small_kernel_us=small * 5.0)
+    waited = rng.binomial(kernels, 0.7 if inject else 0.3)
+    ev = diagnostics.Evidence(has_gpu=True, kernels=kernels, kernel_us=kernels * 20.0, waited_kernels=waited)
     busy = walls * (1 - idle_share)
     steps = _steps(walls, gpu_busy_us=busy, gpu_idle_us=walls - busy, kernel_us=busy)
     return "launch_bound" in _findings(steps, ev)
@@ -406,8 +406,8 @@ DETECTORS = (
     ),
     Detector(
         "launch-bound",
-        "GPU steps, 30% of kernels under 10 us, GPU idle 15%",
-        "70% of kernels under 10 us, GPU idle 50%",
+        "GPU steps, 30% of kernels started on an idle GPU, GPU idle 15%",
+        "70% of kernels started on an idle GPU, GPU idle 50%",
         launch_bound,
     ),
     Detector("syncs", "GPU steps, half the runs read a loss once", "a .item() every step", syncs),

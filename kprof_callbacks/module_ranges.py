@@ -5,7 +5,8 @@ range per call of a module of the model, named after ``model.named_modules()`` (
 ``torch.compile``'s ``_orig_mod.`` left out); modules outside the model cost one dict lookup. The hooks exist only
 while a window records, so a step outside windows runs no hook at all. Code that Dynamo traces sees hooks that do
 nothing (``is_compiling``), so a compiled region records no range and puts none in its graph: inductor's own record
-of each kernel (``graph_record``) names its modules instead.
+of each kernel (``graph_record``) names its modules instead. Around a compiled module's call (``torch.compile(model)``,
+``block.compile()``) the hooks run as they are: Dynamo compiles no frame of theirs.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class ModuleRanges:
         """Register the hooks (once)."""
         if self._handles:
             return
+        torch_compat.never_compiled_as_frames(ModuleRanges._enter, ModuleRanges._leave)
         post = {"always_call": True} if _ALWAYS_CALL else {}  # a forward that raises still closes its range
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._enter),

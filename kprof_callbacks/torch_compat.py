@@ -143,6 +143,17 @@ is_compiling = torch.compiler.is_compiling
 FastRange = getattr(torch._C._profiler, "_RecordFunctionFast", torch.profiler.record_function)
 
 
+def never_compiled_as_frames(*functions: Callable) -> None:
+    """Dynamo compiles no frame of its own for ``functions`` (module hooks), yet still traces through them where
+    compiled code calls them. Hooks around a compiled module's call run under Dynamo's frame callback: it would
+    compile each into code that does nothing (``is_compiling`` was true while it traced them), in the user's step
+    (55 ms of guards on an H100), and the module would lose its range. Only once Dynamo is imported (importing it
+    takes a second; torch.compile does), through its private ``skip_code``; without it, nothing."""
+    skip = getattr(sys.modules.get("torch._dynamo.eval_frame"), "skip_code", None)
+    for fn in functions if skip is not None else ():
+        skip(fn.__code__)
+
+
 def original_module(module: torch.nn.Module) -> torch.nn.Module:
     """The module under ``torch.compile``'s wrapper (its private ``_orig_mod``), or ``module`` when not compiled."""
     return module._orig_mod if is_compiled(module) else module

@@ -11,21 +11,24 @@ HOST_PID, DEVICE_PID, STREAM = 100, 0, 7
 
 
 class Trace:
-    """Events of one trace file: ``op``/``label`` are host ranges, ``launch`` a runtime call and its kernel."""
+    """Events of one trace file: ``op``/``label`` are host ranges, ``launch`` a runtime call and its kernel;
+    ``runtime_pid``: the pid written on runtime calls (kineto writes the exporting process's, which can differ)."""
 
-    def __init__(self) -> None:
+    def __init__(self, runtime_pid: int = HOST_PID) -> None:
         self.events: list[dict] = []
         self._corr = 0
+        self.runtime_pid = runtime_pid
 
     def op(self, name: str, ts: float, dur: float, tid: int = 1, cat: str = "cpu_op", **args) -> None:
         """A host range; ``seq``/``fwd`` become the autograd ``Sequence number``/``Fwd thread id``."""
+        pid = self.runtime_pid if cat == "cuda_runtime" else HOST_PID
         fields = {"External id": len(self.events) + 1}
         if "seq" in args:
             fields["Sequence number"] = args.pop("seq")
             fields["Fwd thread id"] = args.pop("fwd", 0)
         fields.update(args)
         self.events.append(
-            {"ph": "X", "cat": cat, "name": name, "pid": HOST_PID, "tid": tid, "ts": ts, "dur": dur, "args": fields}
+            {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": fields}
         )
 
     def label(self, name: str, ts: float, dur: float, tid: int = 1) -> None:

@@ -339,6 +339,8 @@ def test_memory_benchmark_quick_explains_the_peak_and_sees_checkpointing(tmp_pat
     assert {"commit", "date", "device", "command"} <= set(doc)
     base, ckpt = doc["baseline"], doc["checkpointed"]
     assert base["explained"] == base["highest_peak"] > 0 and base["within_tolerance"]
+    assert list(base["measured_by_step"]) == [str(s) for s in base["steps"]]  # the allocator read in the same steps
+    assert base["where"].split(".")[0] in {"blocks", "lm_head", "wte", "wpe", "ln_f"}  # the model's modules named
     assert ckpt["shares"].get("activations", 0) < base["shares"]["activations"] / 2
     assert doc["diff"]["activations_row"]["status"] == "decreased" and doc["diff"]["reverse_gate_5pct"]
 
@@ -365,6 +367,19 @@ def test_module_overhead_quick_measures_the_module_view_in_and_after_a_window(tm
     (row,) = result["rows"]
     assert row["module_calls"] == 13 and row["step_ms"] > 0 and len(row["inside"]) == 3
     assert {"date", "device", "versions", "command", "code"} <= set(result)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled", "reduce-overhead"])
+def test_attribution_checks_are_met_on_the_runs_recorded_on_an_h100(mode):
+    """The benchmark's own figures and checks, on the small GPT of tests/fixtures/attribution recorded on an H100."""
+    import attribution
+
+    from kprof_callbacks.analysis import summarize
+
+    got = attribution.figures(summarize(Path(__file__).parent / "fixtures" / "attribution" / mode))
+    met = attribution.checks(mode, got, gpu=True)
+    assert all(met.values()) and len(met) == (3 if mode == "eager" else 5), met
+    assert got["loss_head_in"] == "lm_head" and abs(got["modules_vs_busy"]) < 0.02
 
 
 @pytest.mark.slow

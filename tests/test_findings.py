@@ -7,8 +7,9 @@ import dataclasses
 from collections import Counter
 
 import numpy as np
+from gpu_like import Trace
 
-from kprof_callbacks.analysis import Summary, diagnostics, ranks, report
+from kprof_callbacks.analysis import Summary, diagnostics, ranks, report, summarize
 from kprof_callbacks.analysis.perstep import PerStep
 from kprof_callbacks.analysis.tables import RankStats, StepSkew, StepStats
 
@@ -151,7 +152,7 @@ def _launch_bound(**evidence) -> str:
         for s in _steps([20.0] * 4, [0.0] * 4)
     ]
     per_step = PerStep([], [], np.zeros((0, 4)), np.zeros((0, 4)), steps)
-    ev = diagnostics.Evidence(has_gpu=True, kernels=400, small_kernels=300, small_kernel_us=1200.0, **evidence)
+    ev = diagnostics.Evidence(has_gpu=True, kernels=400, kernel_us=1600.0, waited_kernels=300, **evidence)
     return {d.kind: d.message for d in diagnostics.diagnose(steps, [], ev, per_step)}["launch_bound"]
 
 
@@ -164,6 +165,35 @@ def test_launch_bound_advice_follows_how_the_model_runs():
     graphs = _launch_bound(device_us=40_000.0, graph_us=36_000.0, compiled_calls=12)
     assert "already replay from CUDA graphs (90% of GPU time)" in graphs
     assert "reduce-overhead" not in graphs and "torch.compile" not in graphs
+
+
+def _kernels(kernel_us: float, launch_every_us: float, loader_us: float = 0.0) -> Trace:
+    """3 steps of 60 kernels of ``kernel_us``, one launched every ``launch_every_us`` (each starts 5 us after its
+    launch, or when the one before it ends), after ``loader_us`` of data loading."""
+    t, step = Trace(), 60 * max(launch_every_us, kernel_us) + loader_us + 100
+    for n in range(3):
+        at = 1000.0 + n * step
+        t.label(f"ProfilerStep#{n + 1}", at, step)
+        free = at + loader_us
+        for k in range(60):
+            launched = at + loader_us + 10 + k * launch_every_us
+            t.op("aten::mul", launched, 2)
+            free = max(launched + 5, free) + 1
+            t.launch(launched + 1, "elementwise_kernel", free, kernel_us)
+            free += kernel_us
+    return t
+
+
+def test_kernels_started_on_an_idle_gpu_are_launch_bound_whatever_their_length(tmp_path):
+    """An eager GPT-2 on an H100: its kernels run 20 us and more, yet each waits for its launch (the GPU idle 70% of
+    a step) and compile is the advice; tiny kernels queued back to back behind a long wait for data are no launches
+    the GPU waits for."""
+    host_bound = {d.kind: d.message for d in summarize(_kernels(30.0, 100.0).write(tmp_path / "a").parent).diagnostics}
+    assert host_bound["launch_bound"].startswith("Launch-bound: 99% of 180 kernels started on an idle GPU")
+    assert "fuse ops with torch.compile" in host_bound["launch_bound"]
+    queued = summarize(_kernels(3.0, 1.0, loader_us=300.0).write(tmp_path / "b").parent)
+    assert "gpu_idle" in {d.kind for d in queued.diagnostics}
+    assert "launch_bound" not in {d.kind for d in queued.diagnostics}
 
 
 def _loss_head(share: float) -> dict[str, str]:

@@ -219,6 +219,34 @@ def test_a_graph_break_is_counted_and_a_compiled_root_gets_no_module_ranges(comp
     assert not any(n.startswith("kprof.module:") for n in names)
 
 
+class Stack(nn.Module):
+    """Two blocks, each to be compiled in place (``block.compile()``), as a transformer's often are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return x
+
+
+def test_modules_compiled_in_place_keep_their_ranges_and_no_hook_is_compiled(tmp_path):
+    """The hooks around a compiled module's call run under Dynamo's frame callback: Dynamo compiles none of them
+    (it would make each a no-op, compiled in the window's first step), so each compiled block keeps its range."""
+    torch._dynamo.reset()
+    model = Stack()
+    for block in model.blocks:
+        block.compile(backend="eager")
+    model(torch.randn(4, 8)).sum().backward()  # compiled before the window
+    torch._dynamo.utils.counters.clear()
+    session = _train(tmp_path, model, steps=4)
+    assert dict(torch._dynamo.utils.counters["frames"]) == {}
+    names = {e.get("name", "") for e in json.loads(session.trace_files[0].read_text())["traceEvents"]}
+    assert {"kprof.module:", "kprof.module:blocks.0", "kprof.module:blocks.1"} <= names
+
+
 def test_without_an_inductor_hook_the_record_says_why(tmp_path, monkeypatch):
     import torch._inductor.debug as debug
 

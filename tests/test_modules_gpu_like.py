@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpu_like import Trace, record
+from gpu_like import HOST_PID, Trace, record
 
 from kprof_callbacks.analysis import Summary, diff, file_analysis, graphs, model_findings, reader, summarize
 from kprof_callbacks.analysis.modules import ModuleStats
@@ -18,15 +18,22 @@ def _rows(s: Summary) -> dict[tuple[str, str], ModuleStats]:
     return {(m.name, m.direction): m for m in s.modules}
 
 
-def _eager(t: Trace, at: float, spin_us: float = 30.0) -> None:
+# How traces lay out module ranges and runtime calls: the CPU build (torch 2.13) writes the ranges as user
+# annotations; torch 2.11 on a GPU as operators (cpu_op), and its runtime calls under the pid of the process that
+# exported the trace (kprof exports in a forked child), not under the pid of the operators that made them.
+LAYOUTS = {"cpu-build": ("user_annotation", HOST_PID), "torch-2.11-gpu": ("cpu_op", HOST_PID + 35)}
+
+
+def _eager(t: Trace, at: float, spin_us: float = 30.0, ranges: str = "user_annotation") -> None:
     """One step at ``at``: module ``a`` (a 50 us GEMM) and ``b`` (``spin_us`` of a kernel) inside the model, their
-    backward on the autograd thread (tid 2, naming forward thread 1), an optimizer step and a stray fill."""
+    backward on the autograd thread (tid 2, naming forward thread 1), an optimizer step and a stray fill; module
+    ranges of category ``ranges``."""
     t.label(f"ProfilerStep#{int(at // 1000)}", at, 1000)
-    t.label("kprof.module:", at + 10, 390)
-    t.label("kprof.module:a", at + 20, 180)
+    t.op("kprof.module:", at + 10, 390, cat=ranges)
+    t.op("kprof.module:a", at + 20, 180, cat=ranges)
     t.op("aten::addmm", at + 30, 30, seq=int(at) + 5)
     t.launch(at + 40, "gemm_a", at + 100, 50)
-    t.label("kprof.module:b", at + 210, 180)
+    t.op("kprof.module:b", at + 210, 180, cat=ranges)
     t.op("aten::mul", at + 220, 20, seq=int(at) + 6)
     t.launch(at + 225, "spin_kernel", at + 230, spin_us)
     t.op("autograd::engine::evaluate_function: MulBackward0", at + 500, 60, tid=2, seq=int(at) + 6, fwd=1)
@@ -42,9 +49,11 @@ def _eager(t: Trace, at: float, spin_us: float = 30.0) -> None:
     t.launch(at + 851, "fill_kernel", at + 860, 5)
 
 
-def test_eager_modules_forward_and_backward_add_up_to_the_gpu_time(tmp_path):
-    t = Trace()
-    _eager(t, 1000.0)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_eager_modules_forward_and_backward_add_up_to_the_gpu_time(tmp_path, layout):
+    ranges, runtime_pid = LAYOUTS[layout]
+    t = Trace(runtime_pid)
+    _eager(t, 1000.0, ranges=ranges)
     s = summarize(t.write(tmp_path / "run").parent)
     rows = _rows(s)
     expected = {
@@ -112,10 +121,11 @@ BACKWARD = [("triton_poi_fused_2", 10), ("sm90_gemm_a", 60), ("sm90_gemm_b", 60)
 BACKWARD += [("triton_red_fused_3", 8)]
 
 
-def _compiled(replay: bool, steps: int = 1) -> Trace:
+def _compiled(replay: bool, steps: int = 1, runtime_pid: int = HOST_PID) -> Trace:
     """Steps of a compiled Net: its forward graph call in a Torch-Compiled Region, its backward in the autograd
-    node CompiledFunctionBackward; kernels launched one by one, or (``replay``) replayed from a CUDA graph."""
-    t = Trace()
+    node CompiledFunctionBackward; kernels launched one by one, or (``replay``) replayed from a CUDA graph; runtime
+    calls under ``runtime_pid``."""
+    t = Trace(runtime_pid)
     for n in range(steps):
         at = 10_000.0 * (n + 1)
         t.label(f"ProfilerStep#{n + 1}", at, 5000)
@@ -135,9 +145,10 @@ def _compiled(replay: bool, steps: int = 1) -> Trace:
     return t
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("replay", [False, True], ids=["launched", "cuda-graph"])
-def test_compiled_kernels_go_to_the_modules_and_lines_of_their_recorded_calls(tmp_path, replay):
-    s = summarize(_compiled(replay).write(tmp_path / "run", RECORD).parent)
+def test_compiled_kernels_go_to_the_modules_and_lines_of_their_recorded_calls(tmp_path, replay, layout):
+    s = summarize(_compiled(replay, runtime_pid=LAYOUTS[layout][1]).write(tmp_path / "run", RECORD).parent)
     rows = _rows(s)
     # forward: the first triton_poi_fused_0 (10 us) is emb's, the GEMM between it and triton_per_fused_1 is the
     # extern mm call (proj), triton_per_fused_1 half proj half head, the second triton_poi_fused_0 head's
@@ -210,6 +221,21 @@ def test_kernels_between_triton_ones_take_the_extern_calls_between_them_in_order
     names = ["triton_x", "k1", "k2", "k3", "triton_y", "triton_x", "k4", "k5"]
     assert graphs.align(calls, names).tolist() == [0, 1, 1, 2, 3, 4, 5, 5]
     assert graphs.align(calls, ["triton_y", "triton_x", "triton_x"]).tolist() == [3, 4, -1]  # no third call of it
+    # the trace holds the end of an instance (launched before it), or its start: the calls next to the match
+    assert graphs.align(calls, ["k5", "triton_y"]).tolist() == [2, 3]
+    calls = [c("triton_x"), c("a", True), c("b", True), c("c", True), c("d", True)]
+    assert graphs.align(calls, ["triton_x", "k1", "k2"]).tolist() == [0, 1, 2]
+
+
+def test_kernels_launched_before_the_trace_go_by_the_record(tmp_path):
+    """On a busy GPU a window opens while kernels launched before it still run (the rest of a CUDA graph's replay):
+    no launch in the trace names them, and they go by the record to their modules, not to "(unattributed)"."""
+    t = _compiled(True)
+    for k, (name, us) in enumerate(BACKWARD[2:]):  # sm90_gemm_b, splitk_reduce, triton_red_fused_3
+        t.launch(0.0, name, 10_100.0 + 100 * k, us, corr=10_000 + k)
+    rows = _rows(summarize(t.write(tmp_path / "run", RECORD).parent))
+    assert rows[("proj", "backward")].gpu_us == 124 + 60 + 4 and rows[("emb", "backward")].gpu_us == 8 + 8
+    assert rows[("(unattributed)", "")].gpu_us == 7
 
 
 def test_a_record_that_cannot_be_read_is_a_note_not_a_failure(tmp_path):
@@ -256,7 +282,11 @@ def test_the_loss_head_is_found_from_recorded_shapes(tmp_path):
 
 
 def test_the_loss_head_of_compiled_code_is_found_from_the_record(tmp_path):
+    """As torch 2.11's inductor records GPT's loss: beside the logits, its loss kernels hold a boolean mask and an
+    int64 index of the targets, and the kernel that adds the tied embedding's gradient (fused with a piece of the
+    loss's backward) its weight [vocabulary, width]: none of them are logits, nor is that kernel the loss head's."""
     logits = [[[TOKENS, VOCAB], "float32"]]
+    targets = [[[TOKENS, VOCAB], "bool"], [[1, VOCAB], "int64"]]
     rec = record(
         [
             {
@@ -267,24 +297,33 @@ def test_the_loss_head_of_compiled_code_is_found_from_the_record(tmp_path):
                     ("triton_poi_fused_0", False, {0: 1}, {}),
                     ("extern_kernels.mm", True, {1: 1}, {}, [[[TOKENS, VOCAB], "bfloat16"]]),
                     ("triton_red_fused__log_softmax_1", False, {1: 1}, {}, logits, True),
+                    ("triton_red_fused_nll_loss_backward_2", False, {1: 1}, {}, targets + logits, True),
+                    (
+                        "triton_per_fused_embedding_dense_backward_3",
+                        False,
+                        {0: 5, 1: 1},
+                        {},
+                        [[[VOCAB, WIDTH], "float32"]],
+                        True,
+                    ),
                 ],
             }
         ],
-        ["blocks.0", "lm_head"],
+        ["wte", "lm_head"],
     )
     t = Trace()
+    kernels = [("triton_poi_fused_0", 500), ("gemm", 300), ("triton_red_fused__log_softmax_1", 200)]
+    kernels += [("triton_red_fused_nll_loss_backward_2", 100), ("triton_per_fused_embedding_dense_backward_3", 400)]
     for n in range(3):
         at = 10_000.0 * (n + 1)
         t.label(f"ProfilerStep#{n + 1}", at, 9000)
         t.op("## Call CompiledFxGraph k ##", at + 10, 500)
-        for k, (name, us) in enumerate(
-            [("triton_poi_fused_0", 500), ("gemm", 300), ("triton_red_fused__log_softmax_1", 200)]
-        ):
+        for k, (name, us) in enumerate(kernels):
             t.launch(at + 20 + 10 * k, name, at + 1000 + 1000 * k, us)
     s = summarize(t.write(tmp_path / "run", rec).parent)
     (found,) = [d for d in s.diagnostics if d.kind == "loss_head"]
-    assert found.message.startswith("The loss head takes 50% of GPU time") and "in lm_head" in found.message
-    assert "[4096, 50304] in fp32 (786.0 MB) and bf16/fp16 (393.0 MB)" in found.message
+    assert found.message.startswith("The loss head takes 40% of GPU time") and "in lm_head)" in found.message
+    assert "logits [4096, 50304] in fp32 (786.0 MB) and bf16/fp16 (393.0 MB), and" in found.message
 
 
 def test_host_time_of_a_lightning_step_is_counted_once(tmp_path):

@@ -110,3 +110,22 @@ def test_is_fake_tells_fake_tensors_from_real_ones():
     with FakeTensorMode():
         fake = torch.empty(3)
     assert torch_compat.is_fake(fake) and not torch_compat.is_fake(torch.empty(3))
+
+
+def test_a_function_never_compiled_as_a_frame_runs_as_written_under_dynamos_callback():
+    """A module compiled in place calls the global hooks under Dynamo's frame callback: marked, they run eagerly."""
+    torch._dynamo.reset()
+    seen: list[bool] = []
+
+    def hook(module, args) -> None:
+        seen.append(torch.compiler.is_compiling())
+
+    torch_compat.never_compiled_as_frames(hook)
+    layer = torch.nn.Linear(2, 2)
+    layer.compile(backend="eager")
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        layer(torch.ones(1, 2))
+    finally:
+        handle.remove()
+    assert seen == [False]

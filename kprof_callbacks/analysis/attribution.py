@@ -34,10 +34,8 @@ from .modules import rollup_steps
 from .ops import HostCosts, Totals
 from .owners import (
     DATA_RANGE,
-    DIRECTIONS,
     GRAPH,
     MODULE,
-    NEITHER,
     NODE,
     NONE,
     OPTIMIZER_RANGE,
@@ -206,8 +204,9 @@ def _gpu_shares(
     line_of: np.ndarray,
     line_table: Table,
 ) -> np.ndarray:
-    """Share each GPU activity's time (in ``step``, by ``launcher``) by its launcher's owner (compiled graph calls: by
-    the record); returns each activity's matched recorded call (``CompiledCalls.kernels``; -1 elsewhere)."""
+    """Share each GPU activity's time (in ``step``, by ``launcher``) by its launcher's owner (compiled graph calls, and
+    activities launched before the trace: by the record); returns each activity's matched recorded call
+    (``CompiledCalls.kernels``; -1 elsewhere)."""
     dev = tl.device
     matched = np.full(dev.start.size, -1, np.int64)
     if not dev.start.size:
@@ -218,8 +217,9 @@ def _gpu_shares(
     eager = (launcher >= 0) & ~in_graph
     shares.add(owners.target[h[eager]], owners.direction[h[eager]], step[eager], gpu=dur[eager])
     lines.add(line_of[h[eager]], owners.direction[h[eager]], step[eager], gpu=dur[eager])
-    lost = launcher < 0
-    shares.add(compiled.table[UNATTRIBUTED], DIRECTIONS.index(NEITHER), step[lost], gpu=dur[lost])
+    lost = np.flatnonzero(launcher < 0)
+    if lost.size:
+        matched[lost] = compiled.unlaunched(lost, step[lost], shares, lines, line_table)
     graph = np.flatnonzero(in_graph)
     if graph.size:
         matched[graph] = compiled.kernels(graph, owners.owner[h[graph]], step[graph], shares, lines, line_table)

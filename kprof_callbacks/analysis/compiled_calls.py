@@ -71,6 +71,23 @@ class CompiledCalls:
                 self.by_graph[label] = self.by_graph.get(label, np.zeros(3)) + seen
         return out
 
+    def unlaunched(
+        self, dev: np.ndarray, step: np.ndarray, shares: Shares, lines: Shares, line_table: Table
+    ) -> np.ndarray:
+        """Share the GPU time of device events ``dev`` whose launch the trace lacks (the queue steps before the window
+        left: on a busy GPU, under CUDA graphs, the rest of a replay launched before it) by the record, as one
+        instance in start order run by the model; returns each one's matched call as ``kernels`` does. Without a
+        record, or where no recorded kernel matches, it is unattributed."""
+        order = np.argsort(self.tl.device.start[dev], kind="stable")
+        names = [self.tl.names[k] for k in self.tl.device.name[dev[order]].tolist()]
+        graph = recorded.best_graph(self.record, names)
+        calls = recorded.align(self.record.graphs[graph].calls, names) if graph >= 0 else np.full(len(names), -1)
+        dur = (self.tl.device.end - self.tl.device.start)[dev[order]] / 1000.0
+        self._share(graph, calls, -1, dur, step[order], shares, lines, line_table)
+        out = np.full(dev.size, -1, np.int64)
+        out[order] = np.where(calls >= 0, graph * 2**32 + calls, -1)
+        return out
+
     def relabel(self) -> None:
         """Name each compiled graph call after the graph it ran: ``## Call CompiledFxGraph <key> ## GPT.forward
         (backward)`` in the operator tables."""

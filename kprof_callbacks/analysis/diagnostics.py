@@ -1,6 +1,6 @@
 """Findings: each one a sentence with its evidence (numbers from the trace) and what to try.
 
-Thresholds are deliberately plain (idle > 30% of the step, kernels under 10 us, a step
+Thresholds are deliberately plain (idle > 30% of the step, kernels started on an idle GPU, a step
 1.5x the median): a finding is a pointer to where to look, not a verdict. Shares are medians over steps, so the
 first step of a window or one outlier does not decide a finding; docs/findings.md gives each rule and its measured
 false-positive and detection rates.
@@ -23,7 +23,9 @@ from .tables import Diagnostic, RankStats, StepStats
 from .tree import Tree
 
 IDLE_SHARE = 0.30
-SMALL_KERNEL_US = 10.0
+# A kernel that starts this long after the GPU's last activity ended waited for its launch: queued kernels follow
+# each other within 1-2 us (0.4-0.9 us in a CUDA graph's replay on an H100)
+IDLE_GAP_US = 5.0
 DATALOADER_SHARE = 0.10  # of the median step
 EVIDENCE_STEPS = 8  # steps whose numbers a finding lists
 SLOW_STEP_RATIO = 1.5
@@ -68,8 +70,8 @@ class Evidence:
     pageable_bytes: int = 0
     pageable_us: float = 0.0
     kernels: int = 0
-    small_kernels: int = 0
-    small_kernel_us: float = 0.0
+    kernel_us: float = 0.0
+    waited_kernels: int = 0  # kernels that started on an idle GPU (IDLE_GAP_US after its last activity)
     files_without_steps: list[str] = dataclasses.field(default_factory=list)
     eval_calls: Counter = dataclasses.field(default_factory=Counter)  # (rank, worker, step) -> eval-loop labels in it
     matmul_flops: Counter = dataclasses.field(default_factory=Counter)  # of the steps' matrix products, by dtype
@@ -111,8 +113,8 @@ def gather(tl: Events, win: Windows, tree: Tree, attributed: object = None) -> E
     ev.pageable_copies, ev.pageable_bytes = int(pageable.sum()), int(dev.nbytes[pageable].sum())
     ev.pageable_us = float(dur[pageable].sum())
     kernel = dev_in & (dev.kind == KERNEL)
-    small = kernel & (dur < SMALL_KERNEL_US)
-    ev.kernels, ev.small_kernels, ev.small_kernel_us = int(kernel.sum()), int(small.sum()), float(dur[small].sum())
+    ev.kernels, ev.kernel_us = int(kernel.sum()), float(dur[kernel].sum())
+    ev.waited_kernels = int((kernel & (idle_before(tl) >= IDLE_GAP_US)).sum())
     eval_ids = [k for k, n in enumerate(names) if n in EVAL_LABELS]
     window = win.index_of(host.start)
     in_eval = (window >= 0) & (host.kind == ANNOTATION) & np.isin(host.name, eval_ids)
@@ -128,6 +130,21 @@ def gather(tl: Events, win: Windows, tree: Tree, attributed: object = None) -> E
     if attributed is not None:
         ev.loss_head = attributed.loss_head
     return ev
+
+
+def idle_before(tl: Events) -> np.ndarray:
+    """Per device event: how long its GPU (all of its streams) had been idle when it started, in us; 0 for a GPU's
+    first activity in the trace."""
+    dev = tl.device
+    devices = {d: k for k, d in enumerate(dict.fromkeys(d for d, _ in tl.streams))}
+    gpu = np.array([devices[d] for d, _ in tl.streams] or [0], np.int64)[dev.stream]
+    out = np.zeros(dev.start.size)
+    for g in np.unique(gpu).tolist():
+        mine = np.flatnonzero(gpu == g)
+        mine = mine[np.argsort(dev.start[mine], kind="stable")]
+        ended = np.maximum.accumulate(dev.end[mine])
+        out[mine[1:]] = np.maximum(dev.start[mine[1:]] - ended[:-1], 0) / 1000.0
+    return out
 
 
 def diagnose(
@@ -214,17 +231,16 @@ def _gpu_findings(steps: list[StepStats], wall: float, ev: Evidence, per_step: P
                 ),
             )
         )
-    if ev.kernels >= 100 and ev.small_kernels / ev.kernels >= 0.5 and idle_share > IDLE_SHARE * 2 / 3:
+    if ev.kernels >= 100 and ev.waited_kernels / ev.kernels >= 0.5 and idle_share > IDLE_SHARE * 2 / 3:
         found.append(
             Diagnostic(
                 "launch_bound",
                 "warning",
                 (
-                    f"Launch-bound: {fmt.share(ev.small_kernels / ev.kernels)} of {ev.kernels} kernels run under "
-                    f"{SMALL_KERNEL_US:.0f} us (mean {fmt.duration(ev.small_kernel_us / max(ev.small_kernels, 1))}) "
-                    "and the GPU "
-                    f"is idle {fmt.share(idle_share)} of a step between them: the host cannot launch kernels fast "
-                    f"enough; {model_findings.launch_advice(ev, steps)}"
+                    f"Launch-bound: {fmt.share(ev.waited_kernels / ev.kernels)} of {ev.kernels} kernels started on "
+                    f"an idle GPU, after the previous one ended (they ran a mean "
+                    f"{fmt.duration(ev.kernel_us / ev.kernels)}), and the GPU is idle {fmt.share(idle_share)} of a "
+                    f"step: the host cannot launch kernels fast enough; {model_findings.launch_advice(ev, steps)}"
                 ),
             )
         )

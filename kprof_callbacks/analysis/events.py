@@ -212,6 +212,28 @@ def _without_empty_last_step(tl: Events, is_step: np.ndarray) -> Events:
     return dataclasses.replace(tl, steps=tl.steps[:-1], stopped_between_steps=True)
 
 
+def _host_lanes(c: Columns, code: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The lanes of host events ``rows``, a runtime call's moved to the thread of the operators that made it when it
+    was written under a pid no operator has and their thread has its tid: kineto writes on runtime calls the pid of
+    the process that exports the trace (kprof exports in a forked child) or of another PID namespace."""
+    lane = c.lane[rows]
+    runtime = code[rows] == RUNTIME
+    threads = {c.lanes[k]: k for k in np.unique(lane[~runtime]).tolist()}
+    pids, tids = {pid for pid, _ in threads}, {}
+    for pid, tid in threads:
+        tids.setdefault(tid, []).append(threads[pid, tid])
+    moved = {}
+    for k in np.unique(lane[runtime]).tolist():
+        pid, tid = c.lanes[k]
+        if pid not in pids and len(tids.get(tid, ())) == 1:
+            moved[k] = tids[tid][0]
+    if moved:
+        old, new = np.array(list(moved)), np.array(list(moved.values()))
+        at = match(np.arange(old.size), old, lane)
+        lane = np.where(at >= 0, new[np.maximum(at, 0)], lane)
+    return lane
+
+
 def build(trace: TraceFile) -> Events:
     """Sort a trace's events into host, device and memory columns, and its steps."""
     c = trace.columns
@@ -223,7 +245,7 @@ def build(trace: TraceFile) -> Events:
     memory_id = c.names.index("[memory]") if "[memory]" in c.names else -1
     memory_rows = np.flatnonzero((c.name == memory_id) & c.instant)
 
-    threads, thread_ids = _dense(c.lane[host_rows])
+    threads, thread_ids = _dense(_host_lanes(c, code, host_rows))
     streams, stream_ids = _dense(c.lane[device_rows])
     shape, shape_table = _recorded(c.dims[host_rows], c.dims_table)
     types, type_table = _recorded(c.types[host_rows], c.types_table)

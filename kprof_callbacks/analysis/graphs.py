@@ -143,7 +143,9 @@ def align(calls: Sequence[Call], names: Sequence[str]) -> np.ndarray:
 
     A Triton kernel is the first call of its name after the last one matched (so a kernel missing from the trace
     costs no more than itself); the kernels between two matched ones go, in order, to the extern calls recorded
-    between their calls, spread evenly when the counts differ (an extern call can launch several kernels)."""
+    between their calls, spread evenly when the counts differ (an extern call can launch several kernels). Before
+    the first match and after the last, fewer kernels than extern calls are an instance the trace holds only the end
+    (its launches came before the trace) or the start of: they go to the calls next to that match."""
     out = np.full(len(names), -1, np.int64)
     by_name: dict[str, list[int]] = {}
     for index, call in enumerate(calls):
@@ -162,6 +164,10 @@ def align(calls: Sequence[Call], names: Sequence[str]) -> np.ndarray:
     for (k0, c0), (k1, c1) in zip(anchors, anchors[1:]):
         kernels = [k for k in range(k0 + 1, k1) if out[k] < 0 and names[k] not in by_name]
         externs = [c for c in range(c0 + 1, c1) if calls[c].extern]
+        if 0 < len(kernels) < len(externs) and k0 < 0:
+            externs = externs[-len(kernels) :]
+        elif 0 < len(kernels) < len(externs) and k1 == len(names):
+            externs = externs[: len(kernels)]
         if kernels and externs:
             for j, k in enumerate(kernels):
                 out[k] = externs[j * len(externs) // len(kernels)]

@@ -24,6 +24,7 @@ from .reader import LOG_SOFTMAX
 
 WIDE = 8192  # a vocabulary: graph_record.WIDE
 _BYTES = {"float": 4, "float32": 4, "c10::BFloat16": 2, "bfloat16": 2, "c10::Half": 2, "float16": 2, "double": 8}
+_FLOATS = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}  # the record's dtypes that logits can have
 
 
 @dataclasses.dataclass
@@ -109,22 +110,28 @@ def _first_type(tl: Events, event: int) -> str:
 
 
 def compiled_logits(record: graphs.Record) -> tuple[set[tuple[int, int]], dict]:
-    """The recorded calls (graph, call) that work on logits, and the logits, as ``eager_logits`` gives them."""
-    logits: dict = {}
-    for graph in record.graphs:
-        for call in graph.calls:
-            for shape, dtype in call.tensors if call.loss else ():
-                vocab = max(shape)
-                logits.setdefault((math.prod(shape) // vocab, vocab), Counter())[_BYTES.get(dtype, 4)] = 1
-    found = set()
+    """The recorded calls (graph, call) that work on logits, and the logits, as ``eager_logits`` gives them.
+
+    The logits are what the loss kernels (log_softmax, nll_loss and their backward) read: of their floating-point
+    tensors whose last dimension is a vocabulary, those of the vocabulary most of them have, the one of most tokens.
+    Their other tensors are no logits: a tied embedding's weight [vocabulary, width] or its gradient (inductor fuses
+    it with the loss's backward), a boolean mask or an int64 index of the targets."""
+    counts, most = Counter(), {}
+    for shape, dtype in (t for graph in record.graphs for call in graph.calls if call.loss for t in call.tensors):
+        if dtype in _FLOATS and len(shape) >= 2 and shape[-1] >= WIDE:
+            counts[shape[-1]] += 1
+            most[shape[-1]] = max(most.get(shape[-1], 0), math.prod(shape) // shape[-1])
+    if not counts:
+        return set(), {}
+    vocab = max(counts, key=lambda v: (counts[v], v))
+    tokens, sizes, found = most[vocab], Counter(), set()
     for g, graph in enumerate(record.graphs):
         for c, call in enumerate(graph.calls):
-            shapes = [list(shape) for shape, _ in call.tensors]
-            for (tokens, vocab), sizes in logits.items():
-                if _touches(shapes, tokens, vocab):
-                    found.add((g, c))
-                    sizes.update({_BYTES.get(d, 4): 1 for s, d in call.tensors if _touches([list(s)], tokens, vocab)})
-    return found, logits
+            touching = [dtype for shape, dtype in call.tensors if _touches([list(shape)], tokens, vocab)]
+            if touching:
+                found.add((g, c))
+                sizes.update({_FLOATS[d]: 1 for d in touching if d in _FLOATS})
+    return found, {(tokens, vocab): sizes}
 
 
 def dtype_name(size: int) -> str:
