@@ -40,6 +40,7 @@ THROUGHPUT_TAG = "kprof/throughput_samples_per_s"
 TFLOPS_TAG = "kprof/tflops"  # achieved, from the FLOPs the program said each step does
 MFU_TAG = "kprof/mfu"  # achieved / dense peak
 PEAK_TAG = "kprof/peak_tflops"  # the peak MFU is measured against, once, at the first step
+TRIGGER_TAG = "kprof/slow_step_trigger"  # its factor, once, at the first step, when the slow-step trigger was on
 MEMORY_TAGS = {  # memory at sampled steps, MB
     "allocated": "kprof/mem_allocated_mb",  # CUDA caching allocator: tensors alive
     "reserved": "kprof/mem_reserved_mb",  # CUDA caching allocator: held from the driver

@@ -523,6 +523,8 @@ class Session:
             metrics.update((tag, mb) for tag, mb in zip(_STEP_COLUMNS[2:], row[2:]) if not math.isnan(mb))
             if step == 0 and self.peak_tflops:
                 metrics[layout.PEAK_TAG] = self.peak_tflops
+            if step == 0 and self.config.trigger == "slow_step":  # the tab names the trigger only when it was on
+                metrics[layout.TRIGGER_TAG] = self.config.slow_factor
             rows.append((step, metrics))
         return rows
 

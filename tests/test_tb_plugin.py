@@ -186,6 +186,7 @@ def test_step_time_covers_every_step(tb, sessions):
     served = _get(tb, "steptime", run="baseline")["profiler"]  # kprof's own cost, step by step
     assert served == [[int(s), pytest.approx(v, rel=1e-6)] for s, v in zip(own.steps, own.values)]
     assert [s for s, _ in served] == list(range(len(times)))
+    assert _get(tb, "steptime", run="baseline")["slow_step_trigger"] is None  # a fixed schedule: no trigger to name
 
 
 def test_compare_route_serves_compare_json_with_run_links(tb, logdir, comparison):

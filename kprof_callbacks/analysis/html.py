@@ -171,7 +171,7 @@ def summary_body(s: Summary, top: int, sort: str) -> str:
     parts = [f"<h1>{escape(s.name)}</h1><p>{len(s.files)} trace file(s): {names}</p>"]
     if s.diagnostics:
         parts.append(
-            "<h2>Diagnostics</h2><ul>"
+            "<h2>Findings</h2><ul>"
             + "".join(f'<li class="{d.severity}">{escape(d.message)}</li>' for d in s.diagnostics)
             + "</ul>"
         )

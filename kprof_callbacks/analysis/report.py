@@ -361,9 +361,7 @@ def render(s: Summary, *, top: int, sort: str) -> str:
     parts += [f"{t.title}\n{text_table(t.headers, t.rows)}" for t in tables(s, top, sort)]
     if s.diagnostics:
         parts.append(
-            "\n".join(
-                ["Diagnostics"] + [("! " if d.severity == "warning" else "- ") + d.message for d in s.diagnostics]
-            )
+            "\n".join(["Findings"] + [("! " if d.severity == "warning" else "- ") + d.message for d in s.diagnostics])
         )
     if s.memory_snapshots:
         parts.append("\n".join(f"Memory snapshot: {p} (open it at {MEMORY_VIEWER})" for p in s.memory_snapshots))

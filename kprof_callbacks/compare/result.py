@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .. import stats
+from ..analysis import fmt
 from ..analysis.html import fragment, table
 from ..analysis.report import markdown_table, md_text, text_table
 from ..timing import Timing
@@ -166,7 +167,7 @@ class Comparison:
             "median ms",
             "p10",
             "p90",
-            f"timed speedup [{100 * self.settings['confidence']:g}% CI]",
+            f"timed speedup [{fmt.level(self.settings['confidence'])} CI]",
             "verdict",
             "peak MB",
             "check err (ref's own)",

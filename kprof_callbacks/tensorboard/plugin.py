@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 PLUGIN_NAME = "kprof"
 STATIC = Path(__file__).parent / "static"
 _STATIC_TYPES = {
-    **{f"{name}.js": "text/javascript" for name in ("index", "dom", "charts", "timeline", "diff")},
+    **{f"{name}.js": "text/javascript" for name in ("index", "dom", "charts", "timeline", "diff", "fmt")},
     "style.css": "text/css",
 }
 _MAX_POINTS = 10_000  # step-time points per run: TensorBoard keeps fewer by default, so this means "all it has"
@@ -192,8 +192,9 @@ class KprofPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _steptime_route(self, request: werkzeug.Request) -> werkzeug.Response:
-        """Step time (ms, without kprof's own cost) of every step TensorBoard holds for the run, and kprof's own
-        cost per step (`profiler`), from the session's scalars."""
+        """Step time (ms, without kprof's own cost) of every step TensorBoard holds for the run, kprof's own cost per
+        step (`profiler`), and the slow-step trigger's factor when it was on (`slow_step_trigger`, else null), from
+        the session's scalars."""
         name = self._run(request).name
         data = {}
         if self._provider is not None:
@@ -202,14 +203,16 @@ class KprofPlugin(base_plugin.TBPlugin):
                 experiment_id=plugin_util.experiment_id(request.environ),
                 plugin_name=scalar_metadata.PLUGIN_NAME,
                 downsample=_MAX_POINTS,
-                run_tag_filter=provider.RunTagFilter(runs=[name], tags=[layout.STEP_TIME_TAG, layout.PROFILER_TAG]),
+                run_tag_filter=provider.RunTagFilter(
+                    runs=[name], tags=[layout.STEP_TIME_TAG, layout.PROFILER_TAG, layout.TRIGGER_TAG]
+                ),
             ).get(name, {})
         step, own = (
             [[d.step, d.value] for d in data.get(tag, [])] for tag in (layout.STEP_TIME_TAG, layout.PROFILER_TAG)
         )
-        return http_util.Respond(
-            request, {"run": name, "tag": layout.STEP_TIME_TAG, "points": step, "profiler": own}, _JSON
-        )
+        trigger = data.get(layout.TRIGGER_TAG)
+        body = {"run": name, "tag": layout.STEP_TIME_TAG, "points": step, "profiler": own}
+        return http_util.Respond(request, dict(body, slow_step_trigger=trigger[0].value if trigger else None), _JSON)
 
     @wrappers.Request.application
     def _compare_route(self, request: werkzeug.Request) -> werkzeug.Response:

@@ -3,7 +3,7 @@
 
 import {PROFILER_COLOR, lineChart, median, num, rangeBars, stackedBars} from './charts.js';
 import {diffPage, diffView} from './diff.js';
-import {getJSON, h, mb, ms, note, pct, query, section, shorten, table, windowsOf} from './dom.js';
+import {getJSON, h, level, mb, ms, note, pct, query, section, shorten, table, windowsOf} from './dom.js';
 import {timelineView} from './timeline.js';
 
 const SLOW = 3; // a step slower than this times the median is marked slow (the slow-step trigger's default)
@@ -176,7 +176,7 @@ function diagnosticsSection(diagnostics) {
   return section('Findings', body);
 }
 
-function stepTimeSection({points, profiler}, profiledSteps, comparison) {
+function stepTimeSection({points, profiler, slow_step_trigger: trigger}, profiledSteps, comparison) {
   if (!points.length) {
     const why = comparison
       ? [`kprof.compare writes no step-time scalars; the step times of its variants are in the comparison `,
@@ -189,7 +189,7 @@ function stepTimeSection({points, profiler}, profiledSteps, comparison) {
   const typical = median(values);
   const slow = points.filter(([, v]) => v > SLOW * typical);
   const windows = windowsOf(profiledSteps.map((r) => r.step));
-  const after = windows.map(([first]) => slow.filter(([n]) => n < first && first - n <= 4).pop())
+  const after = !trigger ? [] : windows.map(([first]) => slow.filter(([n]) => n < first && first - n <= 4).pop())
     .map((found, i) => (found ? `profiled ${windows[i][0]}–${windows[i][1]} follows slow step ${found[0]}` : null))
     .filter(Boolean);
   const last = values[values.length - 1];
@@ -428,7 +428,7 @@ async function comparePage(dir) {
   const c = data.data;
   const settings = c.settings || {};
   const variants = c.variants || [];
-  const conf = settings.confidence ? `${Math.round(100 * settings.confidence)}% CI` : 'CI';
+  const conf = settings.confidence ? `${level(settings.confidence)} CI` : 'CI';
   const check = (v) => {
     if (v.check_ok === null || v.check_ok === undefined) return v.name === c.baseline ? 'reference' : 'not checked';
     if (v.check_ok) return `ok (max rel err ${v.check_max_rel_err.toExponential(1)})`;
