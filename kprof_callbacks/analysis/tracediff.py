@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from .. import stats
-from . import diff_report, fmt
+from . import diff_report, fmt, outside
 from .diagnostics import SCALAR_READ, SYNC_CALLS
 from .diff_inputs import Source, load, select
 from .html import fragment
@@ -171,7 +171,7 @@ class Diff:
         if t.low is None:
             raise ValueError(
                 f"too few steps to tell a regression: {t.a_steps} against {t.b_steps}; the step-time "
-                f"rank test needs {t.min_steps} a side at {self.confidence:.0%} confidence: profile more "
+                f"rank test needs {t.min_steps} a side at {fmt.level(self.confidence)} confidence: profile more "
                 "steps (active=10)"
             )
         return stats.regressed(t.speedup, t.low, t.high, limit, threshold=self.noise_threshold)
@@ -462,8 +462,8 @@ def _steps_note(t: StepTimeChange, confidence: float) -> list[str]:
     return [
         (
             f"{t.a_steps} against {t.b_steps} step{'s' * (t.b_steps != 1)}: the step-time rank test needs at least "
-            f"{t.min_steps} steps a side at {confidence:.0%} confidence for an interval{rows}; profile more steps "
-            "(active=10) for a verdict."
+            f"{t.min_steps} steps a side at {fmt.level(confidence)} confidence for an interval{rows}; profile more "
+            "steps (active=10) for a verdict."
         )
     ]
 
@@ -482,6 +482,8 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
         raise ValueError(f"noise_threshold must be a number >= 0, got {noise_threshold!r}")
     sides = load(a, b)
     tables = select(sides)
+    if not all(outside.KIND in side.summary.per_step.kind for side in sides):  # a summary saved before these rows
+        tables = tuple(t.without(outside.KIND) for t in tables)
     changes, row_confidence = _rows(*tables, confidence, noise_threshold)
     step_time = _step_time(tables, (sides[0].summary, sides[1].summary), confidence, noise_threshold)
     same_run = sides[0].summary is sides[1].summary
