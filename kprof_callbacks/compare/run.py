@@ -113,7 +113,7 @@ def compare(
             run.model = torch.compile(run.model)
         run.optimizer = make_optimizer(optimizer, run)
         run.data = copy.deepcopy(data)
-    logdir, sessions = make_sessions(runs, logdir, profile)
+    logdir, sessions = make_sessions(runs, logdir, profile, confidence)
 
     total = sum(warmup + steps + profiled_steps(sess) for run, sess in zip(runs, sessions) if run.ok)
     with (
