@@ -219,15 +219,41 @@ def diff_rows(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
     return f"aten::op{ROW}" in significant if inject else bool(significant)
 
 
+def _compare(base: list[list[float]], other: list[list[float]], rng: np.random.Generator) -> str:
+    """compare's verdict on timed rounds, as ``compare/run.py`` calls it (the noise rule included)."""
+    speedup, low, high = stats.speedup_interval(base, other, seed=int(rng.integers(2**31)))
+    return stats.judge(speedup, low, high, sum(base, []), sum(other, []), steps=len(base))[0]
+
+
 def compare_verdict(rng: np.random.Generator, sigma: float, inject: bool, rounds: int = 50) -> bool:
     """compare's defaults: 50 timed steps a variant in rounds of 1, interleaved."""
     base = [[STEP_US * rng.lognormal(0.0, sigma)] for _ in range(rounds)]
     other = [[STEP_US * (1.2 if inject else 1.0) * rng.lognormal(0.0, sigma)] for _ in range(rounds)]
-    speedup, low, high = stats.speedup_interval(base, other, seed=int(rng.integers(2**31)))
-    verdict = stats.verdict(speedup, low, high)
-    if stats.noise(sum(base, []), sum(other, []), low, high, rounds) is not None:
-        verdict = stats.NOISY
+    verdict = _compare(base, other, rng)
     return verdict == stats.SLOWER if inject else verdict in (stats.FASTER, stats.SLOWER)
+
+
+LOAD_ROUNDS, LOAD_STEPS = 0.2, 0.1  # a CPU hog's share of rounds it slows (both blocks) and of steps (one block's)
+
+
+def _loaded(rng: np.random.Generator, sigma: float, hit: np.ndarray, factor: float) -> list[list[float]]:
+    """One variant's timed steps (rounds of 1) on a machine a CPU hog loads: the rounds it hits (``hit``: their
+    slowdown, shared by both variants) and, now and then, a step of this variant's alone, 1.5-3x slower."""
+    own = np.where(rng.random(hit.size) < LOAD_STEPS, rng.uniform(1.5, 3.0, hit.size), 1.0)
+    return [[STEP_US * factor * h * o * rng.lognormal(0.0, sigma)] for h, o in zip(hit, own)]
+
+
+def compare_under_load(effect: float) -> Callable[[np.random.Generator, float, bool], bool]:
+    """compare with 20 timed steps a variant on a machine a CPU hog loads (p90/median about 2): identical variants
+    must not be called faster or slower; a variant ``effect`` times slower must be called slower."""
+
+    def fired(rng: np.random.Generator, sigma: float, inject: bool, rounds: int = 20) -> bool:
+        hit = np.where(rng.random(rounds) < LOAD_ROUNDS, rng.uniform(1.5, 3.0, rounds), 1.0)
+        base, other = _loaded(rng, sigma, hit, 1.0), _loaded(rng, sigma, hit, effect if inject else 1.0)
+        verdict = _compare(base, other, rng)
+        return verdict == stats.SLOWER if inject else verdict in (stats.FASTER, stats.SLOWER)
+
+    return fired
 
 
 def slow_step_trigger(rng: np.random.Generator, sigma: float, inject: bool, steps: int = 300) -> bool:
@@ -395,6 +421,15 @@ DETECTORS = (
     Detector("diff: rows", "10 against 10 steps, 42 rows", "one operator (4% of the step) 1.5x", diff_rows),
     Detector("diff: gate at 5%", "10 against 10 steps, B 5% slower (at the limit)", "B 15% slower", diff_gate),
     Detector("compare verdict", "50 timed steps a variant, rounds of 1", "a variant 20% slower", compare_verdict),
+    *(
+        Detector(
+            f"compare under load: {effect:g}x",
+            "20 timed steps a variant, a CPU hog slowing 20% of rounds and 10% of steps 1.5-3x",
+            f"a variant {effect:g}x slower",
+            compare_under_load(effect),
+        )
+        for effect in (1.5, 10.0)
+    ),
     Detector("slow-step trigger", "300 steps, factor 3, after 20 steps", "one step 4x", slow_step_trigger),
     *(
         Detector(
