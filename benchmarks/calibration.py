@@ -222,7 +222,7 @@ def diff_rows(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
 def _compare(base: list[list[float]], other: list[list[float]], rng: np.random.Generator) -> str:
     """compare's verdict on timed rounds, as ``compare/run.py`` calls it (the noise rule included)."""
     speedup, low, high = stats.speedup_interval(base, other, seed=int(rng.integers(2**31)))
-    return stats.judge(speedup, low, high, sum(base, []), sum(other, []), steps=len(base))[0]
+    return stats.judge(speedup, low, high, sum(base, []), sum(other, []), rounds=len(base))[0]
 
 
 def compare_verdict(rng: np.random.Generator, sigma: float, inject: bool, rounds: int = 50) -> bool:
@@ -243,11 +243,11 @@ def _loaded(rng: np.random.Generator, sigma: float, hit: np.ndarray, factor: flo
     return [[STEP_US * factor * h * o * rng.lognormal(0.0, sigma)] for h, o in zip(hit, own)]
 
 
-def compare_under_load(effect: float) -> Callable[[np.random.Generator, float, bool], bool]:
-    """compare with 20 timed steps a variant on a machine a CPU hog loads (p90/median about 2): identical variants
-    must not be called faster or slower; a variant ``effect`` times slower must be called slower."""
+def compare_under_load(effect: float, rounds: int) -> Callable[[np.random.Generator, float, bool], bool]:
+    """compare with ``rounds`` timed steps a variant on a machine a CPU hog loads (p90/median about 2): identical
+    variants must not be called faster or slower; a variant ``effect`` times slower must be called slower."""
 
-    def fired(rng: np.random.Generator, sigma: float, inject: bool, rounds: int = 20) -> bool:
+    def fired(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
         hit = np.where(rng.random(rounds) < LOAD_ROUNDS, rng.uniform(1.5, 3.0, rounds), 1.0)
         base, other = _loaded(rng, sigma, hit, 1.0), _loaded(rng, sigma, hit, effect if inject else 1.0)
         verdict = _compare(base, other, rng)
@@ -423,12 +423,12 @@ DETECTORS = (
     Detector("compare verdict", "50 timed steps a variant, rounds of 1", "a variant 20% slower", compare_verdict),
     *(
         Detector(
-            f"compare under load: {effect:g}x",
-            "20 timed steps a variant, a CPU hog slowing 20% of rounds and 10% of steps 1.5-3x",
+            f"compare under load: {effect:g}x, {rounds} steps",
+            f"{rounds} timed steps a variant, a CPU hog slowing 20% of rounds and 10% of steps 1.5-3x",
             f"a variant {effect:g}x slower",
-            compare_under_load(effect),
+            compare_under_load(effect, rounds),
         )
-        for effect in (1.5, 10.0)
+        for effect, rounds in ((1.5, 20), (1.5, 50), (10.0, 20))
     ),
     Detector("slow-step trigger", "300 steps, factor 3, after 20 steps", "one step 4x", slow_step_trigger),
     *(

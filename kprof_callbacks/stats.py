@@ -33,6 +33,14 @@ def spread(times: Sequence[float]) -> float:
     return float(np.percentile(times, 90) / np.median(times))
 
 
+def drift(times: Sequence[float], rounds: int) -> float:
+    """How far a variant's median could move, as a factor, if load hit it in ``2 / sqrt(rounds)`` more of its steps
+    than the other variant: the (50 + 50 x that share)th percentile of ``times`` over their median. Interleaving in
+    a random order per round leaves about that much imbalance, and less with more rounds."""
+    share = min(1.0, 2.0 / math.sqrt(max(rounds, 1)))
+    return float(np.percentile(times, 50.0 + 50.0 * share) / np.median(times))
+
+
 def judge(
     speedup: float,
     low: float,
@@ -40,46 +48,38 @@ def judge(
     base: Sequence[float],
     other: Sequence[float],
     *,
-    steps: int,
+    rounds: int,
     threshold: float = 0.02,
     base_name: str = "the baseline",
 ) -> tuple[str, tuple[float, float] | None, str | None]:
-    """``(verdict, widened interval or None, note or None)`` for ``other`` against ``base`` on a machine that may be
-    noisy. Noisy means either variant's steps vary a lot (``spread`` > NOISY_SPREAD) or the interval is wide (high /
-    low > NOISY_CI). Then each half of the interval (in log space, around the speedup) is stretched by the larger
-    spread, a margin for load that hits one variant's steps more than the other's, which resampling rounds does not
-    see; the verdict is called on that interval: "faster"/"slower" when even it excludes no change, with a note that
-    the machine was noisy; "noisy measurement" when the noise could change the answer. The note quotes ``other``'s
-    own spread, and the baseline's (``base_name``) beside it. Calibrated in benchmarks/calibration.py ("compare
-    under load")."""
+    """``(verdict, widened interval or None, note or None)`` for ``other`` against ``base`` (their step times, from
+    ``rounds`` interleaved rounds) on a machine that may be noisy. Noisy means either variant's steps vary a lot
+    (``spread`` > NOISY_SPREAD) or the interval is wide (high / low > NOISY_CI). Then the interval is widened for
+    load that hit one variant's steps more than the other's, which resampling rounds does not see (``drift``): load
+    on the baseline makes ``other`` look faster, so the low end comes down by the baseline's drift; load on
+    ``other`` makes it look slower, so the high end goes up by its own. The verdict is called on that interval:
+    "faster"/"slower" when even it excludes no change, with a note that the machine was noisy; "noisy measurement"
+    when the noise could change the answer. The note quotes ``other``'s own spread beside the baseline's
+    (``base_name``). Calibrated in benchmarks/calibration.py ("compare under load")."""
     plain = verdict(speedup, low, high, threshold=threshold)
     own, theirs = spread(other), spread(base)
     if max(own, theirs) <= NOISY_SPREAD and high / low <= NOISY_CI:
         return plain, None, None
-    factor = max(own, theirs, 1.0)
-    wide = (min(low, speedup * (low / speedup) ** factor), max(high, speedup * (high / speedup) ** factor))
+    wide = (low / max(drift(base, rounds), 1.0), high * max(drift(other, rounds), 1.0))
     why = f"p90/median of its step times is {own:.2f}, of {base_name}'s {theirs:.2f}"
     if max(own, theirs) <= NOISY_SPREAD:
         why = f"the {high / low:.2f}x-wide interval ({why})"
+    shown = f"widened for that noise, the interval is [{wide[0]:.3f}, {wide[1]:.3f}]"
     decided = verdict(speedup, *wide, threshold=threshold)
     if decided != SAME:
-        return (
-            decided,
-            wide,
-            (
-                f"the machine was noisy ({why}), but even the interval widened by that spread, [{wide[0]:.3f}, "
-                f"{wide[1]:.3f}], excludes no change: the difference is larger than the noise"
-            ),
-        )
-    return (
-        NOISY,
-        wide,
-        (
-            f"{why}: other load on the machine (other processes, a shared GPU, thermal throttling) or too few "
-            f"steps ({steps}); widened by that spread the interval is [{wide[0]:.3f}, {wide[1]:.3f}]; rerun on a quiet "
-            f"machine with more steps (e.g. steps={4 * steps})"
-        ),
+        note = f"the machine was noisy ({why}), but {shown}: it excludes no change, the difference is larger than that"
+        return decided, wide, note
+    steps = len(other)
+    note = (
+        f"{why}: other load on the machine (other processes, a shared GPU, thermal throttling) or too few steps "
+        f"({steps}); {shown}; rerun on a quiet machine with more steps (e.g. steps={4 * steps})"
     )
+    return NOISY, wide, note
 
 
 _RESAMPLES = 2000

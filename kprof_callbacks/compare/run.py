@@ -177,7 +177,7 @@ def _results(runs: list[Variant], settings: dict, device: torch.device) -> Compa
             high,
             _flat(base.rounds),
             _flat(run.rounds),
-            steps=settings["steps"],
+            rounds=len(base.rounds),
             threshold=settings["noise_threshold"],
             base_name=base.name,
         )
