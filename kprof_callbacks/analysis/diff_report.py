@@ -205,7 +205,10 @@ def _rule(d: Diff) -> str:
 def render(d: Diff, top: int) -> str:
     """The whole text report."""
     head = "kprof diff: B against A"
-    parts = [f"{head}\n{'=' * len(head)}\nA: {_side(d.a)}\nB: {_side(d.b)}", headline(d, HEADLINE_ROWS)]
+    parts = [f"{head}\n{'=' * len(head)}\nA: {_side(d.a)}\nB: {_side(d.b)}"]
+    if d.capture:  # each side's capture checked before anything drawn from it
+        parts.append("\n".join(f"! {line}" for line in d.capture))
+    parts.append(headline(d, HEADLINE_ROWS))
     parts += [f"{t.title}\n{text_table(t.headers, t.rows)}" for t in tables(d, top)]
     if d.diagnostics:
         parts.append(
@@ -221,6 +224,8 @@ def render(d: Diff, top: int) -> str:
 def markdown(d: Diff, top: int, gate_text: str | None = None) -> str:
     """The report as GitHub-flavoured Markdown for a pull request: the gate (when given), the headline, the tables."""
     parts = ["### kprof diff: B against A", f"A: {md_text(_side(d.a))}  \nB: {md_text(_side(d.b))}"]
+    if d.capture:
+        parts.append("\n".join(f"- **{md_text(line)}**" for line in d.capture))
     if gate_text:
         parts.append(f"**{md_text(gate_text)}**")
     parts.append(md_text(headline(d, HEADLINE_ROWS)))
@@ -265,8 +270,11 @@ def body(d: Diff, top: int) -> str:
     timed = [c for c in d.significant() if c.kind != "count"][:top]
     parts = [
         f"<h1>kprof diff: B against A</h1><p>A: {escape(_side(d.a))}<br>B: {escape(_side(d.b))}</p>",
-        f"<p><b>{escape(headline(d, HEADLINE_ROWS))}</b></p>",
     ]
+    if d.capture:
+        parts.append('<ul class="capture">' + "".join(f'<li class="warning">{escape(x)}</li>' for x in d.capture))
+        parts.append("</ul>")
+    parts.append(f"<p><b>{escape(headline(d, HEADLINE_ROWS))}</b></p>")
     if timed:
         parts.append(f"<h2>Significant changes in time per step</h2>{_signed_bars(timed)}")
     for t in tables(d, top, width=300):

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import layout
 from ..progress import Progress, ProgressArg
-from . import comm, diagnostics, html, ops, perstep, ranks, reader, report, saved, stacks, steps, trends
+from . import comm, diagnostics, health, html, ops, perstep, ranks, reader, report, saved, stacks, steps, trends
 from .events import PYTHON, build
 from .reader import TraceError, TraceFile
 from .series import Series, read_series
@@ -237,6 +237,7 @@ class _FileResult:
     stack: stacks.StackSource
     per_step: perstep.PerStep
     comm: comm.FileComm
+    health: health.FileHealth
 
 
 def _analyze(trace: TraceFile) -> _FileResult:
@@ -270,6 +271,7 @@ def _analyze(trace: TraceFile) -> _FileResult:
         ),
         per_step=perstep.from_timeline(tl, tree, costs, times),
         comm=comm.analyze(tl, times),
+        health=health.gather(tl, times, trace.columns.clipped, trace.world_size),
     )
 
 
@@ -437,7 +439,8 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     per_step = perstep.merge([r.per_step for r in results])
     series = read_series(files[0].parent)
     comm_rows, fsdp_rows = [c for r in results for c in r.comm.rows], [f for r in results for f in r.comm.fsdp]
-    found_all = diagnostics.diagnose(step_rows, rank_rows, evidence, per_step, fsdp=bool(fsdp_rows))
+    found_all = health.check([r.health for r in results], ordered)  # the capture's own health first
+    found_all += diagnostics.diagnose(step_rows, rank_rows, evidence, per_step, fsdp=bool(fsdp_rows))
     found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu) + ranks.findings(rank_rows, skew)
     ends: dict[str, list[int]] = {}
     for r in results:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from .. import stats
-from . import diff_report, fmt, outside
+from . import diff_report, fmt, health, outside
 from .diagnostics import SCALAR_READ, SYNC_CALLS
 from .diff_inputs import Source, load, select
 from .html import fragment
@@ -138,6 +138,7 @@ class Diff:
     confidence: float
     noise_threshold: float
     row_confidence: float  # the level of the rows' intervals: 1 - R q / m (false-coverage-adjusted), R of m rows
+    capture: list[str] = dataclasses.field(default_factory=list)  # each side's capture-health lines, "A: ..."
 
     def significant(self, kinds: Sequence[str] | None = None) -> list[Change]:
         """The significant rows (of `kinds` only, when given), largest change first."""
@@ -219,6 +220,7 @@ class Diff:
             ],
             "diagnostics": [dataclasses.asdict(d) for d in self.diagnostics],
             "notes": list(self.notes),
+            "capture": list(self.capture),
             "settings": {
                 "confidence": self.confidence,
                 "noise_threshold": self.noise_threshold,
@@ -372,9 +374,10 @@ def _broad_shift(changes: list[Change]) -> list[str]:
 
 
 def _diagnostic_changes(a: Summary, b: Summary) -> list[DiagnosticChange]:
-    kinds_a, kinds_b = {d.kind for d in a.diagnostics}, {d.kind for d in b.diagnostics}
-    return [DiagnosticChange(d.kind, "appeared", d.message) for d in b.diagnostics if d.kind not in kinds_a] + [
-        DiagnosticChange(d.kind, "went away", d.message) for d in a.diagnostics if d.kind not in kinds_b
+    (_, found_a), (_, found_b) = health.split(a.diagnostics), health.split(b.diagnostics)
+    kinds_a, kinds_b = {d.kind for d in found_a}, {d.kind for d in found_b}
+    return [DiagnosticChange(d.kind, "appeared", d.message) for d in found_b if d.kind not in kinds_a] + [
+        DiagnosticChange(d.kind, "went away", d.message) for d in found_a if d.kind not in kinds_b
     ]
 
 
@@ -505,4 +508,7 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
         confidence=confidence,
         noise_threshold=noise_threshold,
         row_confidence=row_confidence,
+        capture=[
+            f"{side}: {d.message}" for side, x in zip("AB", sides) for d in health.split(x.summary.diagnostics)[0]
+        ],
     )

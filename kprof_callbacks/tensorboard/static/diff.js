@@ -31,10 +31,12 @@ export async function diffPage(params, {runs, legend, go}) {
   const d = data.diff;
   const rows = d.changes.map((c, i) => ({...c, shown: data.names[i]}));
   const ci = `${level(d.settings.row_confidence)} CI (FDR-adjusted)`;
-  head.append(
+  const capture = (d.capture || []).map((line) => h('li', {class: 'diag warning'}, line)); // each side's own check
+  head.append(...[
     h('p', {class: 'meta'}, 'A: ', sideText(d.a), h('br'), 'B: ', sideText(d.b), h('br'),
       `Diffed in ${num(data.seconds)} s at ${new Date(data.computed_at * 1000).toLocaleTimeString()}.`),
-    h('p', {class: 'headline', id: 'diff-headline'}, data.headline));
+    capture.length ? h('ul', {class: 'diagnostics', id: 'diff-capture'}, capture) : null,
+    h('p', {class: 'headline', id: 'diff-headline'}, data.headline)].filter(Boolean));
   return [head, stepSection(d, legend), changesSection(rows, legend),
     data.groups.map((g) => groupSection(g, rows, legend, ci)), findingsSection(d.diagnostics), rulesSection(d)];
 }

@@ -143,7 +143,9 @@ async function runPage(name) {
   if (data.error) parts.push(note(data.error, 'error'));
   if (data.problems.length) parts.push(problemsSection(data.problems));
   if (s) {
-    parts.push(diagnosticsSection(s.diagnostics));
+    const capture = s.diagnostics.filter(isCapture);
+    if (capture.length) parts.push(captureSection(capture));
+    parts.push(diagnosticsSection(s.diagnostics.filter((d) => !isCapture(d))));
   }
   const info = state.runs.find((r) => r.run === name);
   parts.push(stepTimeSection(steptime, s ? s.steps : [], info && info.comparison));
@@ -163,6 +165,14 @@ function problemsSection(problems) {
     note('Everything below comes from the other files of the run.'),
     h('ul', {class: 'problems', id: 'problems'}, problems.map((p) =>
       h('li', {}, p.file ? h('code', {}, p.file) : null, p.file ? ': ' : null, p.problem))));
+}
+
+/** A capture-health line (analysis/health.py): shown first, apart from the findings drawn from the capture. */
+const isCapture = (d) => d.kind.startsWith('capture_');
+
+function captureSection(lines) {
+  return section('Capture', h('ul', {class: 'diagnostics', id: 'capture'}, lines.map((d) =>
+    h('li', {class: 'diag warning', 'data-kind': d.kind}, d.message))));
 }
 
 function diagnosticsSection(diagnostics) {
