@@ -48,6 +48,21 @@ MEMORY_TAGS = {  # memory at sampled steps, MB
     "rss": "kprof/mem_rss_mb",  # the process's resident memory (host)
 }
 
+MACHINE_TAGS = {  # what the machine did, sampled every few steps (machine.py); rates are per step since the last sample
+    "cpu_per_wall": "kprof/machine/cpu_per_wall",  # process CPU seconds per wall second (over 1: several threads)
+    "cpu_wait_ms": "kprof/machine/cpu_wait_ms",  # the training thread's wait for a CPU (run queue), per step
+    "load1": "kprof/machine/load1",  # the 1-minute load average
+    "runnable": "kprof/machine/runnable",  # tasks runnable on the machine at the sample (this one included)
+    "cpus": "kprof/machine/cpus",  # CPUs this process may run on, once, at the first sample
+    "voluntary_switches": "kprof/machine/voluntary_switches",  # per step: waits the process chose (I/O, locks)
+    "involuntary_switches": "kprof/machine/involuntary_switches",  # per step: preempted for other work
+    "sm_clock": "kprof/gpu/sm_clock_mhz",
+    "max_sm_clock": "kprof/gpu/max_sm_clock_mhz",
+    "throttle": "kprof/gpu/throttle_reasons",  # NVML's clock throttle reasons that slow the GPU (machine.THROTTLES)
+    "temperature": "kprof/gpu/temperature_c",
+    "other_processes": "kprof/gpu/other_processes",  # other processes computing on the GPU
+}
+
 _PARTIAL = re.compile(r"^(?P<final>.+\.pt\.trace\.json(?:\.gz)?)\.partial(?:\..*)?$")
 _SCALARS = re.compile(r"^events\.out\.tfevents\.\d+\.(?P<worker>.+)$")
 _WORKER = re.compile(r"^(?P<worker>.+?)\.\d+\.pt\.trace\.json(?:\.gz)?$")

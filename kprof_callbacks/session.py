@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from . import layout, peaks, scalars, torch_compat
+from . import layout, machine, peaks, scalars, torch_compat
 from .config import ProfileConfig, check_activities
 from .history import History
 from .timing import StepTimer
@@ -129,6 +129,7 @@ class Session:
         self._timer = StepTimer()
         self._steps = History(len(_STEP_COLUMNS))  # per step: samples, flops as step() got them; memory samples
         self._probe: scalars.MemoryProbe | None = None
+        self._machine: machine.MachineProbe | None = None  # what the machine did, with the scalars
         self.peak_tflops: float | None = None  # the dense peak MFU is measured against (None: unknown device)
         self._peak_noted = False
         self._scalar_times = self._timer.reader(own=True)
@@ -235,6 +236,8 @@ class Session:
         if self._probe is not None and (step < EARLY_MEMORY_STEPS or self.steps % self.config.memory_every == 0):
             for tag, mb in self._probe.sample().items():
                 self._steps.put(step, _STEP_COLUMNS.index(tag), mb)
+        if self._machine is not None:
+            self._machine.on_step(step)
         if self._nvtx:
             torch.cuda.nvtx.range_pop()
             torch.cuda.nvtx.range_push(f"step {self.steps}")
@@ -382,6 +385,9 @@ class Session:
         cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
         if self.config.memory_every:
             self._probe = scalars.MemoryProbe(cuda_device)
+        if self.config.scalars:
+            gpu = None if cuda_device is None else machine.pci_bus_id(torch.cuda.get_device_properties(cuda_device))
+            self._machine = machine.MachineProbe(pci_bus_id=gpu)
         self.peak_tflops = self.config.peak_tflops
         if self.peak_tflops is None and cuda_device is not None:
             self.peak_tflops = peaks.peak_tflops(torch.cuda.get_device_name(cuda_device), self.config.mfu_dtype)
@@ -411,6 +417,8 @@ class Session:
             self._writer.close(1.0)
         if self._probe is not None:
             self._probe.close()
+        if self._machine is not None:
+            self._machine.close()
         Session._active = None
 
     def stop(self, exception: BaseException | None = None) -> None:
@@ -434,6 +442,8 @@ class Session:
                 self._dump_memory_snapshot()
             if self._probe is not None:
                 self._probe.close()
+            if self._machine is not None:
+                self._machine.close()
             if self.config.scalars:
                 self._timer.drain()
                 self._send_scalars()
@@ -521,6 +531,8 @@ class Session:
                 seconds, None if samples is None else int(samples), flops, self.peak_tflops, own
             )
             metrics.update((tag, mb) for tag, mb in zip(_STEP_COLUMNS[2:], row[2:]) if not math.isnan(mb))
+            if self._machine is not None:
+                metrics.update(self._machine.metrics(step))
             if step == 0 and self.peak_tflops:
                 metrics[layout.PEAK_TAG] = self.peak_tflops
             if step == 0 and self.config.trigger == "slow_step":  # the tab names the trigger only when it was on
