@@ -87,13 +87,13 @@ def _formats(p: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def _gate(p: argparse.ArgumentParser, against: str) -> None:
+def _gate(p: argparse.ArgumentParser, against: str, machine: str = "") -> None:
     p.add_argument(
         "--fail-if-slower",
         type=_percent,
         metavar="PCT",
         help=f"exit status 3 when {against} significantly slower by more than PCT percent: the whole "
-        "confidence interval of the slowdown lies above PCT (docs/ci.md)",
+        f"confidence interval of the slowdown lies above PCT{machine} (docs/ci.md)",
     )
 
 
@@ -170,7 +170,7 @@ def _diff(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("b", help="the run compared with it (same forms)")
     _formats(p, "diff")
-    _gate(p, "B's step time is")
+    _gate(p, "B's step time is", "; 4 when B ran on a busier or throttled machine that slowed its step uniformly")
     p.add_argument("--html", type=Path, metavar="OUT.html", help="also write a self-contained HTML report")
     p.add_argument("--top", type=_positive, default=10, metavar="N", help="rows per table (default 10)")
     p.add_argument(

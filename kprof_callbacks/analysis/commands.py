@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import exits
+
 if TYPE_CHECKING:
     from .summary import Summary
 
@@ -29,13 +31,15 @@ What changed from A to B, with intervals and verdicts. A and B: a run folder, a 
 kprof summary --json, or PATH@steps=SPEC for some steps of a run (SPEC: numbers and ranges, e.g. log/run@steps=2-4,7).
 
 --fail-if-slower PCT gates on the step time: exit status 3 when B's typical step is significantly slower than A's
-and the whole confidence interval of the slowdown lies above PCT percent; the report then says what grew.
+and the whole confidence interval of the slowdown lies above PCT percent; the report then says what grew. Exit
+status 4 instead ("inconclusive: the machine changed") when B also ran on a busier or throttled machine and every
+part of its step slowed alike.
 
 Exit status 0 when both sides were read (and no regression), 1 when one could not be (or a step selection does not
 match the run, or a side has too few steps for --fail-if-slower, or the report could not be written), 2 for bad
-arguments (a malformed step selection included), 3 for a regression (it wins over a report that could not be written).
+arguments (a malformed step selection included), 3 for a regression, 4 when the machine changed (either wins over a
+report that could not be written).
 """
-REGRESSION = 3  # the exit status of kprof diff --fail-if-slower (and kprof compare's) on a regression
 
 
 def _per_run(path: Path, run: str, many: bool) -> Path:
@@ -92,12 +96,12 @@ def run_summary(
     bad = _bad_output(html, "--html") or _bad_output(stacks, "--stacks")
     if bad:
         print(f"kprof summary: {bad}", file=sys.stderr)
-        return 2
+        return exits.BAD_ARGUMENTS
     try:
         result = summarize(path, progress=sys.stderr.isatty(), jobs=jobs)
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof summary: {exc}", file=sys.stderr)
-        return 1
+        return exits.FAILED
     runs: dict[str, Summary] = result if isinstance(result, dict) else {result.name: result}
     if as_json:
         doc = {name: s.to_dict() for name, s in runs.items()} if isinstance(result, dict) else result.to_dict()
@@ -112,7 +116,7 @@ def run_summary(
     if stacks:
         for name, s in runs.items():
             ok &= _written(_per_run(stacks, name, len(runs) > 1), s.export_stacks, "summary", "folded stacks")
-    return 0 if ok else 1
+    return exits.OK if ok else exits.FAILED
 
 
 def run_diff(
@@ -143,12 +147,12 @@ def run_diff(
         bad = bad or str(exc)
     if bad:
         print(f"kprof diff: {bad}", file=sys.stderr)
-        return 2
+        return exits.BAD_ARGUMENTS
     try:
         result = diff(*load(a, b, jobs=jobs, progress=sys.stderr.isatty()), confidence=confidence)
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof diff: {exc}", file=sys.stderr)
-        return 1
+        return exits.FAILED
     regressed, no_verdict = None, None
     if fail_if_slower is not None:
         try:
@@ -161,6 +165,7 @@ def run_diff(
             doc["gate"] = {
                 "fail_if_slower_pct": fail_if_slower,
                 "regressed": regressed,
+                "inconclusive": bool(regressed and result.machine_changed),
                 "report": gate(result, fail_if_slower),
             }
         print(json.dumps(doc, indent=1))
@@ -170,7 +175,7 @@ def run_diff(
         print(result.render(top=top, fail_if_slower=fail_if_slower))
     written = not html or _written(html, lambda out: result.to_html(out, top=max(top, 30)), "diff", "HTML report")
     if regressed:
-        return REGRESSION
+        return exits.INCONCLUSIVE if result.machine_changed else exits.REGRESSION
     if no_verdict:
         print(f"kprof diff: --fail-if-slower: {no_verdict}", file=sys.stderr)
-    return 0 if written and not no_verdict else 1
+    return exits.OK if written and not no_verdict else exits.FAILED

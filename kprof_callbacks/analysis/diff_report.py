@@ -116,6 +116,8 @@ def _explained(d: Diff, top: int) -> str:
 def headline(d: Diff, top: int) -> str:
     """The step-time verdict, what accounts for it when B is faster or slower, and the largest significant rows."""
     parts = [_step_line(d)]
+    if d.machine is not None:  # the machine before the rows: it may be what changed
+        parts.append(d.machine.sentence())
     if d.step_time.significant:
         parts.append(_explained(d, top))
     rows = [c for c in d.significant() if c.kind != "count"]
@@ -170,7 +172,8 @@ def _relative_interval(low: float, high: float) -> str:
 
 def gate(d: Diff, pct: float, top: int = HEADLINE_ROWS) -> str:
     """The regression gate's answer (``Diff.regressed(pct)``) in words: B's slowdown with its interval, against the
-    limit; when it failed, what grew; with too few steps, why there is no answer."""
+    limit; when it failed, what grew, or that the machine changed (``Diff.machine_changed``: "inconclusive"); with
+    too few steps, why there is no answer."""
     stats.regression_limit(pct)
     try:
         failed = d.regressed(pct)
@@ -182,8 +185,14 @@ def gate(d: Diff, pct: float, top: int = HEADLINE_ROWS) -> str:
         f"B's typical step is {moved} {'as' if moved == 'as long' else 'than'} A's "
         f"[{fmt.level(d.confidence)} CI: {_relative_interval(*t.change_interval)}]"
     )
+    if failed and d.machine_changed:
+        return (
+            f"Inconclusive, the machine changed (limit +{pct:g}%): {change}, all of the interval above the limit, "
+            f"but {d.machine.sentence()}"
+        )
     if failed:
-        return f"Regression (limit +{pct:g}%): {change}, all of the interval above the limit. {_grew(d, top)}"
+        machine = f" {d.machine.sentence()}" if d.machine else ""
+        return f"Regression (limit +{pct:g}%): {change}, all of the interval above the limit. {_grew(d, top)}{machine}"
     return (
         f"No regression (limit +{pct:g}%): {change}; the gate fails only when B is significantly slower and the "
         "whole interval lies above the limit."

@@ -58,3 +58,21 @@ def explain(d: Diff, top: int, min_share: float = MIN_SHARE) -> Explanation:
     moved = [c for c in d.significant() if c.kind != "count" and d.share_of_step_change(c) >= max(min_share, 1e-12)]
     rows = sorted(moved, key=lambda c: -d.share_of_step_change(c))[:top]
     return Explanation(rows, [d.share_of_step_change(c) for c in rows], together(d, rows))
+
+
+def proportional(changes: Sequence[Change]) -> float:
+    """The share of the change in time per step that is every row of a family growing by one factor (the family's
+    own), in the family that changed most: near 1 when load or clocks slowed everything alike, near 0 when a few
+    rows (a new kernel, a sleep between operators) hold the change."""
+    best, moved = 0.0, 0.0
+    for family in FAMILIES:
+        rows = [c for c in changes if family(c)]
+        a = sum(c.a for c in rows)
+        change = sum(c.change for c in rows)
+        spread = sum(abs(c.change) for c in rows)
+        if not rows or not a or abs(change) <= moved:
+            continue
+        factor = change / a
+        left = sum(abs(c.change - c.a * factor) for c in rows)
+        best, moved = max(0.0, 1.0 - left / spread) if spread else 0.0, abs(change)
+    return best

@@ -20,7 +20,22 @@ import numpy as np
 
 from .. import layout
 from ..progress import Progress, ProgressArg
-from . import comm, diagnostics, health, html, ops, perstep, ranks, reader, report, saved, stacks, steps, trends
+from . import (
+    comm,
+    diagnostics,
+    health,
+    html,
+    machine,
+    ops,
+    perstep,
+    ranks,
+    reader,
+    report,
+    saved,
+    stacks,
+    steps,
+    trends,
+)
 from .events import PYTHON, build
 from .reader import TraceError, TraceFile
 from .series import Series, read_series
@@ -130,12 +145,13 @@ class Summary:
             "problems": [{"path": str(p.path), "reason": p.reason} for p in self.problems],
             "memory_snapshots": [str(p) for p in self.memory_snapshots],
             "per_step": self.per_step.to_dict(self.steps),
+            "machine": machine.to_dict(self.series),  # what the machine did: a saved side of a diff says it too
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Summary:
-        """The Summary `to_dict` wrote (parsed JSON): every table, the findings and the per-step rows; its call
-        stacks and scalar series stay with the trace files."""
+        """The Summary `to_dict` wrote (parsed JSON): every table, the findings, the per-step rows and the machine's
+        samples; its call stacks and the other scalar series stay with the trace files."""
         saved.check_version(data)
 
         def rows(row: type, items: Iterable[dict[str, Any]]) -> list[Any]:
@@ -161,6 +177,7 @@ class Summary:
             per_step=perstep.PerStep.from_dict(data["per_step"], steps),
             comm=rows(CommStats, data["comm"]),
             fsdp=rows(FsdpStep, data["fsdp"]),
+            series=machine.from_dict(data.get("machine", {})),
         )
 
     def to_pandas(self) -> dict[str, pandas.DataFrame]:
@@ -440,6 +457,7 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[_FileResult |
     series = read_series(files[0].parent)
     comm_rows, fsdp_rows = [c for r in results for c in r.comm.rows], [f for r in results for f in r.comm.fsdp]
     found_all = health.check([r.health for r in results], ordered)  # the capture's own health first
+    found_all += machine.findings(series)  # then the machine's: starved of CPU, a GPU slowed
     found_all += diagnostics.diagnose(step_rows, rank_rows, evidence, per_step, fsdp=bool(fsdp_rows))
     found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu) + ranks.findings(rank_rows, skew)
     ends: dict[str, list[int]] = {}

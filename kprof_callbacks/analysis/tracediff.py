@@ -25,10 +25,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from .. import stats
-from . import diff_report, fmt, health, outside
+from . import diff_report, explain, fmt, health, outside
 from .diagnostics import SCALAR_READ, SYNC_CALLS
 from .diff_inputs import Source, load, select
 from .html import fragment
+from .machine import Change as MachineChange
+from .machine import compare as compare_machines
+from .machine import is_machine, samples
 from .perstep import PerStep
 from .summary import Summary
 from .tables import StepStats
@@ -139,6 +142,13 @@ class Diff:
     noise_threshold: float
     row_confidence: float  # the level of the rows' intervals: 1 - R q / m (false-coverage-adjusted), R of m rows
     capture: list[str] = dataclasses.field(default_factory=list)  # each side's capture-health lines, "A: ..."
+    machine: MachineChange | None = None  # how the two sides' machines differed, when they did
+
+    @property
+    def machine_changed(self) -> bool:
+        """The slower side ran on a busier or throttled machine and every part of its step slowed alike: the
+        regression gate answers "inconclusive" instead of "regression" (docs/ci.md)."""
+        return self.machine is not None and self.machine.explains
 
     def significant(self, kinds: Sequence[str] | None = None) -> list[Change]:
         """The significant rows (of `kinds` only, when given), largest change first."""
@@ -221,6 +231,7 @@ class Diff:
             "diagnostics": [dataclasses.asdict(d) for d in self.diagnostics],
             "notes": list(self.notes),
             "capture": list(self.capture),
+            "machine": None if self.machine is None else dataclasses.asdict(self.machine),
             "settings": {
                 "confidence": self.confidence,
                 "noise_threshold": self.noise_threshold,
@@ -374,7 +385,9 @@ def _broad_shift(changes: list[Change]) -> list[str]:
 
 
 def _diagnostic_changes(a: Summary, b: Summary) -> list[DiagnosticChange]:
+    """The findings on one side only; the capture's health is said per side, the machine's compared (``machine``)."""
     (_, found_a), (_, found_b) = health.split(a.diagnostics), health.split(b.diagnostics)
+    found_a, found_b = ([d for d in x if not is_machine(d)] for x in (found_a, found_b))
     kinds_a, kinds_b = {d.kind for d in found_a}, {d.kind for d in found_b}
     return [DiagnosticChange(d.kind, "appeared", d.message) for d in found_b if d.kind not in kinds_a] + [
         DiagnosticChange(d.kind, "went away", d.message) for d in found_a if d.kind not in kinds_b
@@ -490,6 +503,9 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
     changes, row_confidence = _rows(*tables, confidence, noise_threshold)
     step_time = _step_time(tables, (sides[0].summary, sides[1].summary), confidence, noise_threshold)
     same_run = sides[0].summary is sides[1].summary
+    slower = {stats.SLOWER: "B", stats.FASTER: "A"}.get(step_time.verdict)
+    evidence = [samples(x.summary.series, [s.step for s in t.steps]) for x, t in zip(sides, tables)]
+    machines = compare_machines(*evidence, slower, explain.proportional(changes))
     notes = _steps_note(step_time, confidence) + _broad_shift(changes)
     if same_run:
         notes.append("Both sides are steps of one run: its findings (diagnostics) are per run, so none are compared.")
@@ -511,4 +527,5 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
         capture=[
             f"{side}: {d.message}" for side, x in zip("AB", sides) for d in health.split(x.summary.diagnostics)[0]
         ],
+        machine=machines,
     )

@@ -1,0 +1,268 @@
+"""What the machine did during a run, from the samples a session writes with its scalars (``..machine``): when a run
+was starved of CPU or its GPU throttled, and which steps (findings of kinds ``machine_*``), and whether one side of a
+diff ran on a busier or throttled machine than the other (``compare``).
+
+A slowdown with evidence of contention that every part of the step shares alike (``explain.proportional``) is the
+machine, not the code: the diff says so and the regression gate answers "inconclusive" (exit status 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import numpy as np
+
+from .. import layout
+from ..machine import THROTTLES
+from . import fmt
+from .series import Series
+from .tables import Diagnostic
+
+PREFIX = "machine_"
+STARVED_SHARE = 0.10  # a sample whose steps waited for a CPU this share of their time or more: starved
+CLOCK_SHARE = 0.90  # a GPU clock below this share of its maximum: slowed
+BUSIER_WAIT = 0.05  # one side waited for a CPU this share of its step more than the other: a busier machine
+UNIFORM = 0.5  # at least this share of a slowdown is every row growing by one factor: a uniform slowdown
+TAGS = layout.MACHINE_TAGS
+
+
+def is_machine(d: Diagnostic) -> bool:
+    """Whether a finding is about the machine (compared between runs by ``compare``, not as a finding)."""
+    return d.kind.startswith(PREFIX)
+
+
+@dataclasses.dataclass(frozen=True)
+class Samples:
+    """One run's machine samples (all workers): per tag, its values at the samples; each sample's steps (first, last)
+    and the median step time (ms) over them."""
+
+    values: dict[str, np.ndarray]
+    first: np.ndarray
+    last: np.ndarray
+    step_ms: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.last.size)
+
+    def median(self, key: str) -> float | None:
+        v = self.values.get(TAGS[key])
+        v = v[~np.isnan(v)] if v is not None else v
+        return float(np.median(v)) if v is not None and v.size else None
+
+    def steps(self, rows: np.ndarray) -> str:
+        return fmt.ranges(s for i in np.flatnonzero(rows) for s in range(int(self.first[i]), int(self.last[i]) + 1))
+
+
+def samples(series: dict[str, dict[str, Series]], steps: Iterable[int] | None = None) -> Samples | None:
+    """The samples of every worker in ``series`` whose steps overlap ``steps`` (all of them when none do, or when
+    ``steps`` is None); None without machine samples."""
+    rows: list[tuple[int, int, float, dict[str, float]]] = []
+    for tags in series.values():
+        rates = tags.get(TAGS["cpu_per_wall"])  # every sample after the first has it: its steps follow the last one
+        if rates is None:
+            continue
+        starts = np.concatenate([[0], rates.steps[:-1]])
+        step = tags.get(layout.STEP_TIME_TAG)
+        for first, last in zip(starts.tolist(), rates.steps.tolist()):
+            values = {tag: _at(s, last) for tag, s in tags.items() if tag in TAGS.values()}
+            rows.append((first, last - 1, _median_between(step, first, last), values))
+    if not rows:
+        return None
+    wanted = set(steps) if steps is not None else set()
+    picked = [r for r in rows if any(r[0] <= s <= r[1] for s in wanted)] or rows
+    tags = {tag for *_, values in picked for tag in values}
+    return Samples(
+        {tag: np.array([values.get(tag, np.nan) for *_, values in picked]) for tag in tags},
+        np.array([r[0] for r in picked]),
+        np.array([r[1] for r in picked]),
+        np.array([r[2] for r in picked]),
+    )
+
+
+def to_dict(series: dict[str, dict[str, Series]]) -> dict[str, dict[str, list]]:
+    """The machine's samples of ``series``, JSON-safe (worker -> tag -> [steps, values]), with the median step time
+    of each sample's steps at its first step (all that ``samples`` reads of the step times: a saved summary stays
+    small however long the run)."""
+    out = {}
+    for worker, tags in series.items():
+        rates = tags.get(TAGS["cpu_per_wall"])
+        if rates is None:
+            continue
+        out[worker] = {tag: [s.steps.tolist(), _json(s.values)] for tag, s in tags.items() if tag in TAGS.values()}
+        firsts = np.concatenate([[0], rates.steps[:-1]])
+        step = tags.get(layout.STEP_TIME_TAG)
+        medians = [_median_between(step, a, b) for a, b in zip(firsts.tolist(), rates.steps.tolist())]
+        out[worker][layout.STEP_TIME_TAG] = [firsts.tolist(), _json(np.array(medians))]
+    return out
+
+
+def _json(values: np.ndarray) -> list[float | None]:
+    return [None if np.isnan(v) else v for v in values.tolist()]
+
+
+def from_dict(data: dict[str, dict[str, list]]) -> dict[str, dict[str, Series]]:
+    """The series ``to_dict`` wrote."""
+    return {
+        worker: {tag: Series(np.array(st, np.int64), np.array(v, np.float64)) for tag, (st, v) in tags.items()}
+        for worker, tags in data.items()
+    }
+
+
+def _at(series: Series, step: int) -> float:
+    hit = np.flatnonzero(series.steps == step)
+    if hit.size:
+        return float(series.values[hit[0]])
+    before = np.flatnonzero(series.steps <= step)  # a value given once (the CPUs, the clock's maximum)
+    return float(series.values[before[-1]]) if before.size else float("nan")
+
+
+def _median_between(series: Series | None, first: int, stop: int) -> float:
+    if series is None:
+        return float("nan")
+    inside = (series.steps >= first) & (series.steps < stop)
+    return float(np.median(series.values[inside])) if inside.any() else float("nan")
+
+
+def findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
+    """When the run was starved of CPU or its GPU slowed (throttled, clocked down, shared), and in which steps."""
+    s = samples(series)
+    if s is None:
+        return []
+    found = []
+    wait = s.values.get(TAGS["cpu_wait_ms"])
+    if wait is not None:
+        starved = wait >= STARVED_SHARE * s.step_ms
+        if starved.any():
+            share = float(np.median(wait[starved] / s.step_ms[starved]))
+            text = (
+                f"Starved of CPU in steps {s.steps(starved)} ({int(starved.sum())} of {len(s)} samples): the training "
+                f"thread waited for a CPU {fmt.duration(1000 * float(np.median(wait[starved])))} per step, "
+                f"{fmt.share(share)} of its time ({_load(s, starved)}). Other processes took its cores: those steps "
+                "are slower because of the machine, not the code."
+            )
+            found.append(Diagnostic(PREFIX + "starved", "warning", text))
+    slowed = _gpu_slowed(s)
+    if slowed.any():
+        found.append(Diagnostic(PREFIX + "throttled", "warning", f"{_gpu_words(s, slowed)}."))
+    others = s.values.get(TAGS["other_processes"])
+    if others is not None and np.nanmax(others) > 0:
+        text = (
+            f"Other processes computed on the GPU in steps {s.steps(others > 0)} (up to {int(np.nanmax(others))} "
+            "besides this one): they share its time and memory bandwidth."
+        )
+        found.append(Diagnostic(PREFIX + "shared_gpu", "warning", text))
+    return found
+
+
+def _load(s: Samples, rows: np.ndarray) -> str:
+    parts = []
+    for key, words in (("runnable", "runnable tasks"), ("load1", "load average")):
+        v = s.values.get(TAGS[key])
+        if v is not None:
+            parts.append(f"{words} {float(np.nanmedian(v[rows])):.3g}")
+    cpus = s.median("cpus")
+    return ", ".join(parts) + (f" on {cpus:g} CPUs" if cpus else "")
+
+
+def _gpu_slowed(s: Samples) -> np.ndarray:
+    reasons = s.values.get(TAGS["throttle"], np.zeros(len(s)))
+    clock, top = s.values.get(TAGS["sm_clock"]), s.values.get(TAGS["max_sm_clock"])
+    low = clock < CLOCK_SHARE * top if clock is not None and top is not None else np.zeros(len(s), bool)
+    return (np.nan_to_num(reasons) > 0) | np.nan_to_num(low, nan=False).astype(bool)
+
+
+def _gpu_words(s: Samples, rows: np.ndarray) -> str:
+    reasons = int(np.bitwise_or.reduce(np.nan_to_num(s.values.get(TAGS["throttle"], np.zeros(1))).astype(np.int64)))
+    names = ", ".join(name for bit, name in THROTTLES.items() if reasons & bit) or "clocked down"
+    clock, top, temp = (s.values.get(TAGS[k]) for k in ("sm_clock", "max_sm_clock", "temperature"))
+    said = f"The GPU slowed in steps {s.steps(rows)} ({names})"
+    if clock is not None:
+        said += f": SM clock {float(np.nanmedian(clock[rows])):.0f} MHz"
+        said += f" of {float(np.nanmax(top)):.0f}" if top is not None else ""
+    return said + (f", {float(np.nanmax(temp[rows])):.0f} °C" if temp is not None else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """How the machines of a diff's two sides differed: the side that ran on the busier or slower machine (None when
+    neither, or each in its own way), what shows it, both sides' numbers, and whether that explains B's change."""
+
+    busier: str | None  # "A" or "B"
+    evidence: list[str]  # "the training thread waited for a CPU 0.1 ms -> 3.9 ms per step", A's number first
+    uniform: float  # the share of the change in step time that is every row growing by one factor
+    explains: bool  # the slower side ran on the busier machine and slowed uniformly: the machine changed
+
+    def sentence(self) -> str:
+        """The evidence in one sentence, and what it means for the verdict."""
+        said = f"{self.busier} ran on a busier or slower machine: " if self.busier else "The machines differed: "
+        said += "; ".join(self.evidence) + "."
+        if self.explains:
+            said += (
+                f" Every part of the step slowed alike ({fmt.share(self.uniform)} of the change is each row "
+                "growing by one factor), as other load does: the machine changed, not necessarily the code; rerun "
+                "both sides on one quiet machine, or interleave them (kprof compare)."
+            )
+        return said
+
+
+def _pair(a: Samples, b: Samples, key: str, words: str, unit: str = "") -> str:
+    x, y = a.median(key), b.median(key)
+    if unit == " ms":
+        return f"{words} {fmt.duration(1000 * x)} -> {fmt.duration(1000 * y)}"
+    return f"{words} {x:.3g}{unit} -> {y:.3g}{unit}"
+
+
+def _busier(x: Samples, y: Samples) -> list[str]:
+    """The evidence that ``x`` ran on a busier or slower machine than ``y`` (empty: none)."""
+    found = []
+    wx, wy, step = x.median("cpu_wait_ms"), y.median("cpu_wait_ms"), float(np.nanmedian(x.step_ms))
+    if wx is not None and wy is not None and wx - wy >= BUSIER_WAIT * step and wx > 0.05:
+        found.append("wait")
+    rx, ry, cpus = x.median("runnable"), y.median("runnable"), x.median("cpus") or 1.0
+    if rx is not None and ry is not None and rx - ry >= 1 and rx > cpus:
+        found.append("runnable")
+    ix, iy = x.median("involuntary_switches"), y.median("involuntary_switches")
+    if ix is not None and iy is not None and ix >= 2 * iy + 1:
+        found.append("switches")
+    if _gpu_slowed(x).mean() - _gpu_slowed(y).mean() >= 0.5:
+        found.append("throttle")
+    cx, cy = x.median("sm_clock"), y.median("sm_clock")
+    if cx is not None and cy is not None and cx < CLOCK_SHARE * cy:
+        found.append("clock")
+    ox, oy = x.median("other_processes"), y.median("other_processes")
+    if ox is not None and oy is not None and ox > oy:
+        found.append("others")
+    return found
+
+
+def _words(a: Samples, b: Samples, signs: set[str]) -> list[str]:
+    """Both sides' numbers for each kind of evidence in ``signs``, A's first."""
+    out = []
+    if "wait" in signs:
+        out.append(_pair(a, b, "cpu_wait_ms", "the training thread waited for a CPU", " ms") + " per step")
+    if "runnable" in signs or "wait" in signs:
+        load = _pair(a, b, "runnable", "runnable tasks")
+        out.append(f"{load} on {a.median('cpus') or 0:g} CPUs ({_pair(a, b, 'load1', 'load average')})")
+    if "switches" in signs:
+        out.append(_pair(a, b, "involuntary_switches", "involuntary context switches") + " per step")
+    if signs & {"throttle", "clock"}:
+        out.append(_pair(a, b, "sm_clock", "GPU SM clock", " MHz"))
+        shares = [fmt.share(float(_gpu_slowed(x).mean())) for x in (a, b)]
+        out.append(f"samples with the GPU throttled {shares[0]} -> {shares[1]}")
+    if "others" in signs:
+        out.append(_pair(a, b, "other_processes", "other processes on the GPU"))
+    return out
+
+
+def compare(a: Samples | None, b: Samples | None, slower: str | None, uniform: float) -> Change | None:
+    """How A's and B's machines differed (None when they did not, or a side has no samples); ``slower``: the side
+    whose typical step was significantly slower ("A", "B" or None), ``uniform``: ``explain.proportional``."""
+    if a is None or b is None:
+        return None
+    signs = {"A": set(_busier(a, b)), "B": set(_busier(b, a))}
+    if not signs["A"] and not signs["B"]:
+        return None
+    busier = None if signs["A"] and signs["B"] else "A" if signs["A"] else "B"
+    evidence = _words(a, b, signs["A"] | signs["B"])
+    return Change(busier, evidence, uniform, busier is not None and busier == slower and uniform >= UNIFORM)
