@@ -54,6 +54,8 @@ from kprof_callbacks.analysis.tables import FsdpStep, RankStats, StepStats
 from kprof_callbacks.config import ProfileConfig
 from kprof_callbacks.session import EARLY_MEMORY_STEPS
 
+import load_cases
+
 NOISE = (0.05, 0.15)
 FP_TARGET, DETECTION_TARGET = 0.05, 0.95
 STEP_US = 100_000.0
@@ -69,6 +71,7 @@ class Detector:
     run: str
     effect: str
     fired: Callable[[np.random.Generator, float, bool], bool]
+    details: Callable[[], dict] | None = None  # more than the rates, written with the row (e.g. exit statuses)
 
 
 def _step_number(i: int) -> int:
@@ -219,41 +222,12 @@ def diff_rows(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
     return f"aten::op{ROW}" in significant if inject else bool(significant)
 
 
-def _compare(base: list[list[float]], other: list[list[float]], rng: np.random.Generator) -> str:
-    """compare's verdict on timed rounds, as ``compare/run.py`` calls it (the noise rule included)."""
-    speedup, low, high = stats.speedup_interval(base, other, seed=int(rng.integers(2**31)))
-    return stats.judge(speedup, low, high, sum(base, []), sum(other, []), rounds=len(base))[0]
-
-
 def compare_verdict(rng: np.random.Generator, sigma: float, inject: bool, rounds: int = 50) -> bool:
     """compare's defaults: 50 timed steps a variant in rounds of 1, interleaved."""
     base = [[STEP_US * rng.lognormal(0.0, sigma)] for _ in range(rounds)]
     other = [[STEP_US * (1.2 if inject else 1.0) * rng.lognormal(0.0, sigma)] for _ in range(rounds)]
-    verdict = _compare(base, other, rng)
+    verdict = load_cases.compare_rounds(base, other, rng)
     return verdict == stats.SLOWER if inject else verdict in (stats.FASTER, stats.SLOWER)
-
-
-LOAD_ROUNDS, LOAD_STEPS = 0.2, 0.1  # a CPU hog's share of rounds it slows (both blocks) and of steps (one block's)
-
-
-def _loaded(rng: np.random.Generator, sigma: float, hit: np.ndarray, factor: float) -> list[list[float]]:
-    """One variant's timed steps (rounds of 1) on a machine a CPU hog loads: the rounds it hits (``hit``: their
-    slowdown, shared by both variants) and, now and then, a step of this variant's alone, 1.5-3x slower."""
-    own = np.where(rng.random(hit.size) < LOAD_STEPS, rng.uniform(1.5, 3.0, hit.size), 1.0)
-    return [[STEP_US * factor * h * o * rng.lognormal(0.0, sigma)] for h, o in zip(hit, own)]
-
-
-def compare_under_load(effect: float, rounds: int) -> Callable[[np.random.Generator, float, bool], bool]:
-    """compare with ``rounds`` timed steps a variant on a machine a CPU hog loads (p90/median about 2): identical
-    variants must not be called faster or slower; a variant ``effect`` times slower must be called slower."""
-
-    def fired(rng: np.random.Generator, sigma: float, inject: bool) -> bool:
-        hit = np.where(rng.random(rounds) < LOAD_ROUNDS, rng.uniform(1.5, 3.0, rounds), 1.0)
-        base, other = _loaded(rng, sigma, hit, 1.0), _loaded(rng, sigma, hit, effect if inject else 1.0)
-        verdict = _compare(base, other, rng)
-        return verdict == stats.SLOWER if inject else verdict in (stats.FASTER, stats.SLOWER)
-
-    return fired
 
 
 def slow_step_trigger(rng: np.random.Generator, sigma: float, inject: bool, steps: int = 300) -> bool:
@@ -426,7 +400,7 @@ DETECTORS = (
             f"compare under load: {effect:g}x, {rounds} steps",
             f"{rounds} timed steps a variant, a CPU hog slowing 20% of rounds and 10% of steps 1.5-3x",
             f"a variant {effect:g}x slower",
-            compare_under_load(effect, rounds),
+            load_cases.compare_under_load(effect, rounds),
         )
         for effect, rounds in ((1.5, 20), (1.5, 50), (10.0, 20))
     ),
@@ -594,6 +568,25 @@ def real_detectors(loop: RealLoop) -> tuple[Detector, ...]:
         ),
         Detector("slow-step trigger", "120 steps, factor 3", "one step 4x (a sleep or spin)", trigger),
     ]
+    statuses = Counter()  # the gate's exit statuses, with and without hogs
+    rows += [
+        Detector(
+            "diff: machine changed",
+            "14 steps a side, the same code (false positive: the gate at 5% calls a code regression)",
+            "a CPU hog on every core from before B (detected: B busier, no code regression)",
+            load_cases.diff_under_hog(loop, statuses),
+            lambda: {"gate_exit_statuses": {f"{hog}: {status}": n for (hog, status), n in sorted(statuses.items())}},
+        ),
+        *(
+            Detector(
+                f"compare under a CPU hog: {effect:g}x",
+                "20 timed steps a variant, hogs on every core (false positive: identical called faster/slower)",
+                f"a variant {effect:g}x slower (a sleep)",
+                load_cases.compare_under_hog(loop, effect),
+            )
+            for effect in (1.5, 10.0)
+        ),
+    ]
     if loop.device == "cuda":
         rows += [
             Detector("syncs", "10 profiled steps", "loss.item() every step", finding("sync", "item")),
@@ -652,6 +645,7 @@ def calibrate(
                     "detection_ci": list(rates[True][1:]),
                     "meets_targets": rates[False][0] <= FP_TARGET and rates[True][0] >= DETECTION_TARGET,
                     "seconds": round(time.perf_counter() - started, 2),
+                    **({"details": det.details()} if det.details else {}),
                 }
             )
             print(_line(rows[-1]), flush=True)

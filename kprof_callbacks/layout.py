@@ -50,7 +50,7 @@ MEMORY_TAGS = {  # memory at sampled steps, MB
 
 MACHINE_TAGS = {  # what the machine did, sampled every few steps (machine.py); rates are per step since the last sample
     "cpu_per_wall": "kprof/machine/cpu_per_wall",  # process CPU seconds per wall second (over 1: several threads)
-    "cpu_wait_ms": "kprof/machine/cpu_wait_ms",  # the training thread's wait for a CPU (run queue), per step
+    "cpu_wait": "kprof/machine/cpu_wait_share",  # the training thread's wait for a CPU (run queue) per wall second
     "load1": "kprof/machine/load1",  # the 1-minute load average
     "runnable": "kprof/machine/runnable",  # tasks runnable on the machine at the sample (this one included)
     "cpus": "kprof/machine/cpus",  # CPUs this process may run on, once, at the first sample

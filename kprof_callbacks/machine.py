@@ -123,8 +123,8 @@ class MachineProbe:
             steps, wall = step - self._last[0], now - self._last[1]
             cpu, wait, voluntary, involuntary = (a - b for a, b in zip(counters, self._last[2]))
             out[layout.MACHINE_TAGS["cpu_per_wall"]] = cpu / wall if wall > 0 else 0.0
-            if wait == wait:  # not NaN
-                out[layout.MACHINE_TAGS["cpu_wait_ms"]] = wait / 1e6 / steps
+            if wait == wait and wall > 0:  # schedstat there
+                out[layout.MACHINE_TAGS["cpu_wait"]] = wait / 1e9 / wall
             out[layout.MACHINE_TAGS["voluntary_switches"]] = voluntary / steps
             out[layout.MACHINE_TAGS["involuntary_switches"]] = involuntary / steps
         else:

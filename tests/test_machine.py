@@ -34,7 +34,7 @@ def test_a_session_samples_the_machine_every_few_steps(tmp_path):
     assert tags[TAGS["cpus"]].steps.tolist() == [0]
     assert tags[TAGS["cpu_per_wall"]].steps.tolist() == [every, 2 * every, 3 * every]  # rates since the last sample
     assert tags[TAGS["load1"]].steps.tolist() == [0, every, 2 * every, 3 * every]
-    assert (tags[TAGS["cpu_wait_ms"]].values >= 0).all() and (tags[TAGS["involuntary_switches"]].values >= 0).all()
+    assert (tags[TAGS["cpu_wait"]].values >= 0).all() and (tags[TAGS["involuntary_switches"]].values >= 0).all()
     assert not any(tag.startswith("kprof/gpu/") for tag in tags)  # no GPU here: no GPU evidence, and no error
 
 
@@ -78,30 +78,29 @@ def test_gpu_evidence_from_nvml():
     assert machine.pci_bus_id(object()) is None  # torch does not say: no NVML, rather than another GPU's numbers
 
 
-def _series(n_samples: int, step_ms: float, **tags: list[float]) -> dict[str, dict[str, Series]]:
+def _series(n_samples: int, **tags: list[float]) -> dict[str, dict[str, Series]]:
     every = machine.MACHINE_EVERY
     at = np.arange(1, n_samples + 1) * every
     out = {TAGS["cpus"]: Series(np.array([0]), np.array([2.0]))}
-    out[layout.STEP_TIME_TAG] = Series(np.arange(at[-1]), np.full(at[-1], step_ms))
     for key, values in {"cpu_per_wall": [1.0] * n_samples, **tags}.items():
         out[TAGS[key]] = Series(at, np.array(values, np.float64))
     return {"w": out}
 
 
 def test_the_summary_says_when_the_run_was_starved_or_its_gpu_slowed():
-    starved = _series(4, 10.0, cpu_wait_ms=[0.1, 3.0, 0.2, 4.0], runnable=[1, 3, 1, 3], load1=[1, 2, 2, 2.5])
+    starved = _series(4, cpu_wait=[0.01, 0.3, 0.02, 0.4], runnable=[1, 3, 1, 3], load1=[1, 2, 2, 2.5])
     (found,) = evidence.findings(starved)
     assert found.kind == "machine_starved"
     assert found.message.startswith("Starved of CPU in steps 10-19,30-39 (2 of 4 samples): the training thread")
-    assert "3.50 ms per step, 35% of its time (runnable tasks 3, load average 2.25 on 2 CPUs)" in found.message
-    gpu = _series(3, 10.0, sm_clock=[1980, 1410, 1400], max_sm_clock=[1980] * 3, throttle=[0, 0x40, 0x40],
+    assert "waited for a CPU 35% of the time (runnable tasks 3, load average 2.25 on 2 CPUs)" in found.message
+    gpu = _series(3, sm_clock=[1980, 1410, 1400], max_sm_clock=[1980] * 3, throttle=[0, 0x40, 0x40],
                   temperature=[70, 86, 87], other_processes=[0, 0, 1])  # fmt: skip
     kinds = {d.kind: d.message for d in evidence.findings(gpu)}
     assert kinds["machine_throttled"] == (
         "The GPU slowed in steps 10-29 (thermal slowdown (hardware)): SM clock 1405 MHz of 1980, 87 °C."
     )
     assert kinds["machine_shared_gpu"].startswith("Other processes computed on the GPU in steps 20-29 (up to 1")
-    quiet = _series(4, 10.0, cpu_wait_ms=[0.1] * 4, sm_clock=[1980] * 4, max_sm_clock=[1980] * 4, throttle=[0] * 4)
+    quiet = _series(4, cpu_wait=[0.01] * 4, sm_clock=[1980] * 4, max_sm_clock=[1980] * 4, throttle=[0] * 4)
     assert evidence.findings(quiet) == []
 
 
@@ -122,10 +121,10 @@ def _run(rng: np.random.Generator, scale: np.ndarray, series: dict, n: int = 10)
 
 def _sides(tmp_path: Path, scale: np.ndarray, b_machine: dict) -> tuple[Path, Path]:
     rng = np.random.default_rng(0)
-    quiet = dict(cpu_wait_ms=[0.05] * 3, runnable=[1, 1, 2], load1=[0.9] * 3, involuntary_switches=[0.2] * 3)
+    quiet = dict(cpu_wait=[0.002] * 3, runnable=[1, 1, 2], load1=[0.9] * 3, involuntary_switches=[0.2] * 3)
     paths = []
     for name, run in (
-        ("a", _run(rng, np.ones(OPS.size), _series(3, 25.0, **quiet))),
+        ("a", _run(rng, np.ones(OPS.size), _series(3, **quiet))),
         ("b", _run(rng, scale, b_machine)),
     ):
         path = tmp_path / f"{name}.json"
@@ -134,19 +133,21 @@ def _sides(tmp_path: Path, scale: np.ndarray, b_machine: dict) -> tuple[Path, Pa
     return paths[0], paths[1]
 
 
-BUSY = dict(cpu_wait_ms=[4.0, 5.0, 4.5], runnable=[4, 4, 5], load1=[2.1] * 3, involuntary_switches=[12.0] * 3)
+BUSY = dict(cpu_wait=[0.16, 0.2, 0.18], runnable=[4, 4, 5], load1=[2.1] * 3, involuntary_switches=[12.0] * 3)
 
 
 def test_a_uniform_slowdown_on_a_busier_machine_is_inconclusive(tmp_path, capsys):
-    """Every operator 30% slower and B's machine busier (its thread waited for a CPU 4.5 ms a step): the gate says
+    """Every operator 30% slower and B's machine busier (its thread waited for a CPU 16% of the time): the gate says
     the machine changed, exit status 4, with both sides' numbers; saved summaries keep the samples."""
-    a, b = _sides(tmp_path, np.full(OPS.size, 1.3), _series(3, 32.0, **BUSY))
+    a, b = _sides(tmp_path, np.full(OPS.size, 1.3), _series(3, **BUSY))
     d = diff(a, b)
     assert d.regressed(5) and d.machine_changed and d.machine.busier == "B" and d.machine.uniform > 0.8
     assert main(["diff", str(a), str(b), "--fail-if-slower", "5"]) == exits.INCONCLUSIVE == 4
     gate = capsys.readouterr().out.split("\n\n")[-1]
     assert gate.startswith("Inconclusive, the machine changed (limit +5%): B's typical step is ")
-    assert "but B ran on a busier or slower machine: the training thread waited for a CPU 50.0 us -> 4.00 ms" in gate
+    assert (
+        "but B ran on a busier or slower machine: the training thread waited for a CPU 0.2% -> 16% of the time" in gate
+    )
     assert "runnable tasks 1 -> 4 on 2 CPUs (load average 0.9 -> 2.1)" in gate and "Every part of the step" in gate
     assert "B ran on a busier or slower machine" in d.headline()
 
@@ -156,13 +157,13 @@ def test_a_regression_on_a_busier_machine_is_still_a_regression(tmp_path, capsys
     machine was busier too; a uniform slowdown without evidence about the machine is a regression as well."""
     scale = np.ones(OPS.size)
     scale[-1] = 4.0
-    a, b = _sides(tmp_path, scale, _series(3, 32.0, **BUSY))
+    a, b = _sides(tmp_path, scale, _series(3, **BUSY))
     assert not diff(a, b).machine_changed and diff(a, b).machine.busier == "B"
     assert main(["diff", str(a), str(b), "--fail-if-slower", "5"]) == exits.REGRESSION
     gate = capsys.readouterr().out.split("\n\n")[-1]
     assert gate.startswith("Regression (limit +5%)") and "aten::op24" in gate and "B ran on a busier" in gate
-    quiet_b = dict(cpu_wait_ms=[0.05] * 3, runnable=[1, 1, 2], load1=[0.9] * 3, involuntary_switches=[0.2] * 3)
-    a, b = _sides(tmp_path, np.full(OPS.size, 1.3), _series(3, 32.0, **quiet_b))
+    quiet_b = dict(cpu_wait=[0.002] * 3, runnable=[1, 1, 2], load1=[0.9] * 3, involuntary_switches=[0.2] * 3)
+    a, b = _sides(tmp_path, np.full(OPS.size, 1.3), _series(3, **quiet_b))
     assert diff(a, b).machine is None and main(["diff", str(a), str(b), "--fail-if-slower", "5"]) == 3
 
 

@@ -20,9 +20,9 @@ from .series import Series
 from .tables import Diagnostic
 
 PREFIX = "machine_"
-STARVED_SHARE = 0.10  # a sample whose steps waited for a CPU this share of their time or more: starved
+STARVED_SHARE = 0.10  # a sample in which the training thread waited for a CPU this share of the time: starved
 CLOCK_SHARE = 0.90  # a GPU clock below this share of its maximum: slowed
-BUSIER_WAIT = 0.05  # one side waited for a CPU this share of its step more than the other: a busier machine
+BUSIER_WAIT = 0.05  # one side's thread waited for a CPU this share of the time more than the other's: busier
 UNIFORM = 0.5  # at least this share of a slowdown is every row growing by one factor: a uniform slowdown
 TAGS = layout.MACHINE_TAGS
 
@@ -34,13 +34,12 @@ def is_machine(d: Diagnostic) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Samples:
-    """One run's machine samples (all workers): per tag, its values at the samples; each sample's steps (first, last)
-    and the median step time (ms) over them."""
+    """One run's machine samples (all workers): per tag, its values at the samples; each sample's steps (first,
+    last)."""
 
     values: dict[str, np.ndarray]
     first: np.ndarray
     last: np.ndarray
-    step_ms: np.ndarray
 
     def __len__(self) -> int:
         return int(self.last.size)
@@ -57,16 +56,14 @@ class Samples:
 def samples(series: dict[str, dict[str, Series]], steps: Iterable[int] | None = None) -> Samples | None:
     """The samples of every worker in ``series`` whose steps overlap ``steps`` (all of them when none do, or when
     ``steps`` is None); None without machine samples."""
-    rows: list[tuple[int, int, float, dict[str, float]]] = []
+    rows: list[tuple[int, int, dict[str, float]]] = []
     for tags in series.values():
         rates = tags.get(TAGS["cpu_per_wall"])  # every sample after the first has it: its steps follow the last one
         if rates is None:
             continue
         starts = np.concatenate([[0], rates.steps[:-1]])
-        step = tags.get(layout.STEP_TIME_TAG)
         for first, last in zip(starts.tolist(), rates.steps.tolist()):
-            values = {tag: _at(s, last) for tag, s in tags.items() if tag in TAGS.values()}
-            rows.append((first, last - 1, _median_between(step, first, last), values))
+            rows.append((first, last - 1, {tag: _at(s, last) for tag, s in tags.items() if tag in TAGS.values()}))
     if not rows:
         return None
     wanted = set(steps) if steps is not None else set()
@@ -76,25 +73,16 @@ def samples(series: dict[str, dict[str, Series]], steps: Iterable[int] | None = 
         {tag: np.array([values.get(tag, np.nan) for *_, values in picked]) for tag in tags},
         np.array([r[0] for r in picked]),
         np.array([r[1] for r in picked]),
-        np.array([r[2] for r in picked]),
     )
 
 
 def to_dict(series: dict[str, dict[str, Series]]) -> dict[str, dict[str, list]]:
-    """The machine's samples of ``series``, JSON-safe (worker -> tag -> [steps, values]), with the median step time
-    of each sample's steps at its first step (all that ``samples`` reads of the step times: a saved summary stays
-    small however long the run)."""
-    out = {}
-    for worker, tags in series.items():
-        rates = tags.get(TAGS["cpu_per_wall"])
-        if rates is None:
-            continue
-        out[worker] = {tag: [s.steps.tolist(), _json(s.values)] for tag, s in tags.items() if tag in TAGS.values()}
-        firsts = np.concatenate([[0], rates.steps[:-1]])
-        step = tags.get(layout.STEP_TIME_TAG)
-        medians = [_median_between(step, a, b) for a, b in zip(firsts.tolist(), rates.steps.tolist())]
-        out[worker][layout.STEP_TIME_TAG] = [firsts.tolist(), _json(np.array(medians))]
-    return out
+    """The machine's samples of ``series``, JSON-safe: worker -> tag -> [steps, values]."""
+    return {
+        worker: {tag: [s.steps.tolist(), _json(s.values)] for tag, s in tags.items() if tag in TAGS.values()}
+        for worker, tags in series.items()
+        if TAGS["cpu_per_wall"] in tags
+    }
 
 
 def _json(values: np.ndarray) -> list[float | None]:
@@ -117,29 +105,21 @@ def _at(series: Series, step: int) -> float:
     return float(series.values[before[-1]]) if before.size else float("nan")
 
 
-def _median_between(series: Series | None, first: int, stop: int) -> float:
-    if series is None:
-        return float("nan")
-    inside = (series.steps >= first) & (series.steps < stop)
-    return float(np.median(series.values[inside])) if inside.any() else float("nan")
-
-
 def findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
     """When the run was starved of CPU or its GPU slowed (throttled, clocked down, shared), and in which steps."""
     s = samples(series)
     if s is None:
         return []
     found = []
-    wait = s.values.get(TAGS["cpu_wait_ms"])
+    wait = s.values.get(TAGS["cpu_wait"])
     if wait is not None:
-        starved = wait >= STARVED_SHARE * s.step_ms
+        starved = wait >= STARVED_SHARE
         if starved.any():
-            share = float(np.median(wait[starved] / s.step_ms[starved]))
             text = (
                 f"Starved of CPU in steps {s.steps(starved)} ({int(starved.sum())} of {len(s)} samples): the training "
-                f"thread waited for a CPU {fmt.duration(1000 * float(np.median(wait[starved])))} per step, "
-                f"{fmt.share(share)} of its time ({_load(s, starved)}). Other processes took its cores: those steps "
-                "are slower because of the machine, not the code."
+                f"thread waited for a CPU {fmt.share(float(np.median(wait[starved])))} of the time "
+                f"({_load(s, starved)}). Other processes took its cores: those steps are slower because of the "
+                "machine, not the code."
             )
             found.append(Diagnostic(PREFIX + "starved", "warning", text))
     slowed = _gpu_slowed(s)
@@ -208,16 +188,16 @@ class Change:
 
 def _pair(a: Samples, b: Samples, key: str, words: str, unit: str = "") -> str:
     x, y = a.median(key), b.median(key)
-    if unit == " ms":
-        return f"{words} {fmt.duration(1000 * x)} -> {fmt.duration(1000 * y)}"
+    if unit == "%":
+        return f"{words} {fmt.share(x)} -> {fmt.share(y)}"
     return f"{words} {x:.3g}{unit} -> {y:.3g}{unit}"
 
 
 def _busier(x: Samples, y: Samples) -> list[str]:
     """The evidence that ``x`` ran on a busier or slower machine than ``y`` (empty: none)."""
     found = []
-    wx, wy, step = x.median("cpu_wait_ms"), y.median("cpu_wait_ms"), float(np.nanmedian(x.step_ms))
-    if wx is not None and wy is not None and wx - wy >= BUSIER_WAIT * step and wx > 0.05:
+    wx, wy = x.median("cpu_wait"), y.median("cpu_wait")
+    if wx is not None and wy is not None and wx - wy >= BUSIER_WAIT:
         found.append("wait")
     rx, ry, cpus = x.median("runnable"), y.median("runnable"), x.median("cpus") or 1.0
     if rx is not None and ry is not None and rx - ry >= 1 and rx > cpus:
@@ -240,7 +220,7 @@ def _words(a: Samples, b: Samples, signs: set[str]) -> list[str]:
     """Both sides' numbers for each kind of evidence in ``signs``, A's first."""
     out = []
     if "wait" in signs:
-        out.append(_pair(a, b, "cpu_wait_ms", "the training thread waited for a CPU", " ms") + " per step")
+        out.append(_pair(a, b, "cpu_wait", "the training thread waited for a CPU", "%") + " of the time")
     if "runnable" in signs or "wait" in signs:
         load = _pair(a, b, "runnable", "runnable tasks")
         out.append(f"{load} on {a.median('cpus') or 0:g} CPUs ({_pair(a, b, 'load1', 'load average')})")
