@@ -72,6 +72,7 @@ class Detector:
     effect: str
     fired: Callable[[np.random.Generator, float, bool], bool]
     details: Callable[[], dict] | None = None  # more than the rates, written with the row (e.g. exit statuses)
+    detection_target: bool = True  # False: an effect the noise may hide, whose detection rate is published, not held
 
 
 def _step_number(i: int) -> int:
@@ -401,6 +402,7 @@ DETECTORS = (
             f"{rounds} timed steps a variant, a CPU hog slowing 20% of rounds and 10% of steps 1.5-3x",
             f"a variant {effect:g}x slower",
             load_cases.compare_under_load(effect, rounds),
+            detection_target=effect >= 10,
         )
         for effect, rounds in ((1.5, 20), (1.5, 50), (10.0, 20))
     ),
@@ -583,6 +585,7 @@ def real_detectors(loop: RealLoop) -> tuple[Detector, ...]:
                 "20 timed steps a variant, hogs on every core (false positive: identical called faster/slower)",
                 f"a variant {effect:g}x slower (a sleep)",
                 load_cases.compare_under_hog(loop, effect),
+                detection_target=effect >= 10,
             )
             for effect in (1.5, 10.0)
         ),
@@ -643,7 +646,8 @@ def calibrate(
                     "false_positive_ci": list(rates[False][1:]),
                     "detection_rate": rates[True][0],
                     "detection_ci": list(rates[True][1:]),
-                    "meets_targets": rates[False][0] <= FP_TARGET and rates[True][0] >= DETECTION_TARGET,
+                    "meets_targets": rates[False][0] <= FP_TARGET
+                    and (rates[True][0] >= DETECTION_TARGET if det.detection_target else None),
                     "seconds": round(time.perf_counter() - started, 2),
                     **({"details": det.details()} if det.details else {}),
                 }
@@ -659,8 +663,12 @@ def _line(row: dict) -> str:
     return (
         f"| {row['detector']} | {sigma} | {fp:.1%} [{row['false_positive_ci'][0]:.1%}, "
         f"{row['false_positive_ci'][1]:.1%}] | {det:.1%} [{row['detection_ci'][0]:.1%}, "
-        f"{row['detection_ci'][1]:.1%}] | {row['effect']} | {'met' if row['meets_targets'] else 'MISSED'} |"
+        f"{row['detection_ci'][1]:.1%}] | {row['effect']} | {_met(row['meets_targets'])} |"
     )
+
+
+def _met(meets: bool | None) -> str:
+    return "MISSED" if meets is False else "met" if meets else "false positives met, detection published"
 
 
 def environment(real: bool) -> dict:
