@@ -36,6 +36,7 @@ SCALARS_PREFIX = "events.out.tfevents."  # TensorBoard finds event files by this
 TAG_PREFIX = "kprof/"  # every scalar kprof writes
 STEP_TIME_TAG = "kprof/step_time_ms"  # the step without kprof's own cost (the wall time is step + profiler)
 PROFILER_TAG = "kprof/profiler_ms"  # kprof's and torch.profiler's own work on the training thread after the step
+AFTER_WINDOW_TAG = "kprof/after_window_ms"  # the steps right after a window, beyond the steps before it (its export)
 THROUGHPUT_TAG = "kprof/throughput_samples_per_s"
 TFLOPS_TAG = "kprof/tflops"  # achieved, from the FLOPs the program said each step does
 MFU_TAG = "kprof/mfu"  # achieved / dense peak

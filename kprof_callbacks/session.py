@@ -25,6 +25,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from . import layout, machine, peaks, scalars, torch_compat
+from .afterwindow import AfterWindow
 from .config import ProfileConfig, check_activities
 from .history import History
 from .timing import StepTimer
@@ -130,6 +131,7 @@ class Session:
         self._steps = History(len(_STEP_COLUMNS))  # per step: samples, flops as step() got them; memory samples
         self._probe: scalars.MemoryProbe | None = None
         self._machine: machine.MachineProbe | None = None  # what the machine did, with the scalars
+        self._after = AfterWindow()  # the steps right after a window: what they pay for its export is kprof's
         self.peak_tflops: float | None = None  # the dense peak MFU is measured against (None: unknown device)
         self._peak_noted = False
         self._scalar_times = self._timer.reader(own=True)
@@ -161,11 +163,13 @@ class Session:
 
     @property
     def step_times(self) -> list[float]:
-        """Seconds per completed step without kprof's own cost, the last ``history.KEEP_STEPS`` steps (every step
-        is in the ``kprof/step_time_ms`` scalars); waits for outstanding CUDA events, so call it outside the hot
-        loop."""
+        """Seconds per completed step without kprof's own cost (what the steps right after a window pay for its
+        export included: ``afterwindow.py``), the last ``history.KEEP_STEPS`` steps (every step is in the
+        ``kprof/step_time_ms`` scalars); waits for outstanding CUDA events, so call it outside the hot loop."""
         self._timer.drain()
-        return self._timer.times()
+        times = self._timer.times()
+        first = self._timer.count - len(times)
+        return [t - self._after.charge(first + k, t, self._timer.seconds) for k, t in enumerate(times)]
 
     def new_step_metrics(self) -> list[tuple[int, dict[str, float]]]:
         """``(step, scalars)`` of the steps completed since the last call (``scalars.step_metrics`` plus memory at
@@ -189,7 +193,7 @@ class Session:
         start or stop, the hand-off to the trace writer, memory samples, triggers) is timed as kprof's own cost
         (``kprof/profiler_ms``), apart from the step's time."""
         self._end_step(samples, flops)
-        self._timer.start()
+        self._begin_step()
 
     @contextlib.contextmanager
     def _step_boundary(self, samples: int | None, flops: float | None):
@@ -199,7 +203,12 @@ class Session:
         try:
             yield
         finally:
-            self._timer.start()
+            self._begin_step()
+
+    def _begin_step(self) -> None:
+        """The next step begins: its time, and its page faults when it is right after a window (``afterwindow``)."""
+        self._after.started(self.steps)
+        self._timer.start()
 
     def _end_step(self, samples: int | None, flops: float | None) -> None:
         """Check the arguments, end the step's time, and do the session's bookkeeping (timed as its own)."""
@@ -212,6 +221,7 @@ class Session:
         if flops is not None:
             flops = scalars.check_flops("flops", flops)
         self._timer.end()
+        self._after.finished(self.steps)
         try:
             self._bookkeeping(samples, flops)
         except BaseException:
@@ -250,6 +260,7 @@ class Session:
         self._prof.step()
         if len(self.captures) > windows:  # a window ended: its export forks now, inside kprof's time
             self._writer.wait_forked(_FORK_WAIT)
+            self._after.ended(self.captures[-1].first_step - self.config.warmup, self.captures[-1].last_step)
         else:  # an export that could not fork at its window's end (the writer was busy) forks here
             self._writer.let_fork(_FORK_WAIT)
         self._raise_interrupt()
@@ -444,6 +455,7 @@ class Session:
                 self._probe.close()
             if self._machine is not None:
                 self._machine.close()
+            self._after.close()
             if self.config.scalars:
                 self._timer.drain()
                 self._send_scalars()
@@ -527,9 +539,12 @@ class Session:
         recorded = self._steps.rows(start, start + len(times))
         for step, (seconds, own), row in zip(range(start, start + len(times)), times, recorded):
             samples, flops = (None if math.isnan(x) else x for x in row[:2])
+            export = self._after.charge(step, seconds, self._timer.seconds)
             metrics = scalars.step_metrics(
-                seconds, None if samples is None else int(samples), flops, self.peak_tflops, own
+                seconds - export, None if samples is None else int(samples), flops, self.peak_tflops, own
             )
+            if self._after.charged(step):
+                metrics[layout.AFTER_WINDOW_TAG] = export * 1e3
             metrics.update((tag, mb) for tag, mb in zip(_STEP_COLUMNS[2:], row[2:]) if not math.isnan(mb))
             if self._machine is not None:
                 metrics.update(self._machine.metrics(step))

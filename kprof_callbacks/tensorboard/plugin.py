@@ -193,8 +193,9 @@ class KprofPlugin(base_plugin.TBPlugin):
     @wrappers.Request.application
     def _steptime_route(self, request: werkzeug.Request) -> werkzeug.Response:
         """Step time (ms, without kprof's own cost) of every step TensorBoard holds for the run, kprof's own cost per
-        step (`profiler`), and the slow-step trigger's factor when it was on (`slow_step_trigger`, else null), from
-        the session's scalars."""
+        step (`profiler`: its work on the training thread, and what the steps right after a window pay for its
+        export), and the slow-step trigger's factor when it was on (`slow_step_trigger`, else null), from the
+        session's scalars."""
         name = self._run(request).name
         data = {}
         if self._provider is not None:
@@ -204,12 +205,13 @@ class KprofPlugin(base_plugin.TBPlugin):
                 plugin_name=scalar_metadata.PLUGIN_NAME,
                 downsample=_MAX_POINTS,
                 run_tag_filter=provider.RunTagFilter(
-                    runs=[name], tags=[layout.STEP_TIME_TAG, layout.PROFILER_TAG, layout.TRIGGER_TAG]
+                    runs=[name],
+                    tags=[layout.STEP_TIME_TAG, layout.PROFILER_TAG, layout.AFTER_WINDOW_TAG, layout.TRIGGER_TAG],
                 ),
             ).get(name, {})
-        step, own = (
-            [[d.step, d.value] for d in data.get(tag, [])] for tag in (layout.STEP_TIME_TAG, layout.PROFILER_TAG)
-        )
+        export = {d.step: d.value for d in data.get(layout.AFTER_WINDOW_TAG, [])}
+        step = [[d.step, d.value] for d in data.get(layout.STEP_TIME_TAG, [])]
+        own = [[d.step, d.value + export.get(d.step, 0.0)] for d in data.get(layout.PROFILER_TAG, [])]
         trigger = data.get(layout.TRIGGER_TAG)
         body = {"run": name, "tag": layout.STEP_TIME_TAG, "points": step, "profiler": own}
         return http_util.Respond(request, dict(body, slow_step_trigger=trigger[0].value if trigger else None), _JSON)

@@ -1,0 +1,87 @@
+"""What the steps right after a window pay for its export, measured and charged to kprof.
+
+A window's trace is exported by a forked process (``writer.py``) while training goes on. The fork leaves every page
+of the training process copy-on-write, so the first write to each page after it faults and copies: the user's next
+step, which writes its weights, gradients and optimizer state again, pays for each page it touches (on the 2-core CPU
+machine, about 8,400 faults and 4-5x the step for a 32 MB working set; ``benchmarks/after_window.py --bump``). That is
+kprof's cost paid inside the user's step, so the session measures it: the minor faults of each of the ``STEPS`` steps
+after a window (``getrusage``, only those steps) times the cost of one such fault, timed right after the fork on a
+scratch buffer of its own; capped at the step's time beyond the median of the ``BEFORE`` steps before the window. That
+charge goes to ``kprof/after_window_ms``, and ``kprof/step_time_ms`` leaves it out. A step that is slow for reasons of
+its own (a sleep, a longer batch) takes no faults for it, and is charged nothing for it.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import resource
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+
+STEPS = 2  # steps after a window charged for it
+BEFORE = 8  # steps before the window whose median is the typical step
+_PAGES = 64  # scratch pages written after each fork: a copy-on-write fault each
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+class AfterWindow:
+    """The windows that ended, the faults of the steps after them, and the charge for each such step (``charge``)."""
+
+    def __init__(self) -> None:
+        self._windows: deque[tuple[int, int]] = deque(maxlen=4)  # (first step, warm-up included; last step)
+        self._faults: dict[int, int] = {}  # step after a window -> its minor faults
+        self._started: tuple[int, int] | None = None  # (step, minor faults when it started)
+        self._scratch = mmap.mmap(-1, _PAGES * mmap.PAGESIZE)
+        self._scratch.write(b"\1" * len(self._scratch))  # resident, so each write after a fork copies a page
+        self.fault_s = 0.0  # one copy-on-write fault, timed after the last window's fork
+
+    def ended(self, first: int, last: int) -> None:
+        """A window of steps ``first`` (its warm-up's first) to ``last`` ended and its export forked: time a
+        copy-on-write fault now, on the scratch pages."""
+        self._windows.append((first, last))
+        self.fault_s = self._fault_cost()
+
+    def _fault_cost(self) -> float:
+        """Seconds of one copy-on-write fault now: writing each scratch page copies it (0 when the export did not
+        fork, or not yet: no fault)."""
+        faults, start = _minor_faults(), time.perf_counter()
+        for page in range(0, len(self._scratch), mmap.PAGESIZE):
+            self._scratch[page] = 2
+        took, copied = time.perf_counter() - start, _minor_faults() - faults
+        return took / copied if copied else 0.0
+
+    def charged(self, step: int) -> bool:
+        """Whether ``step`` is one of the ``STEPS`` steps after a window (its charge may be 0)."""
+        return any(last < step <= last + STEPS for _, last in self._windows)
+
+    def started(self, step: int) -> None:
+        """Step ``step`` begins (the training thread, at kprof's exit)."""
+        self._started = (step, _minor_faults()) if self.charged(step) else None
+
+    def finished(self, step: int) -> None:
+        """Step ``step`` ended (the training thread, at kprof's entry)."""
+        if self._started is not None and self._started[0] == step:
+            self._faults[step] = _minor_faults() - self._started[1]
+            self._started = None
+            while len(self._faults) > 4 * STEPS:
+                del self._faults[min(self._faults)]
+
+    def charge(self, step: int, seconds: float, held: Callable[[int, int], list[float]]) -> float:
+        """The seconds of ``step`` (``seconds`` long) charged to kprof: its faults at the measured cost, at most its
+        time beyond the median of the steps before the window; ``held(start, stop)`` gives the step times still held
+        (NaN for a step that is not)."""
+        for first, last in self._windows:
+            if last < step <= last + STEPS:
+                before = [t for t in held(max(0, first - BEFORE), first) if not math.isnan(t)]
+                beyond = seconds - statistics.median(before) if before else 0.0
+                return max(0.0, min(beyond, self._faults.get(step, 0) * self.fault_s))
+        return 0.0
+
+    def close(self) -> None:
+        self._scratch.close()
