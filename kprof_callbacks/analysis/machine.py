@@ -56,24 +56,22 @@ class Samples:
 def samples(series: dict[str, dict[str, Series]], steps: Iterable[int] | None = None) -> Samples | None:
     """The samples of every worker in ``series`` whose steps overlap ``steps`` (all of them when none do, or when
     ``steps`` is None); None without machine samples."""
-    rows: list[tuple[int, int, dict[str, float]]] = []
+    blocks = []
     for tags in series.values():
         rates = tags.get(TAGS["cpu_per_wall"])  # every sample after the first has it: its steps follow the last one
-        if rates is None:
-            continue
-        starts = np.concatenate([[0], rates.steps[:-1]])
-        for first, last in zip(starts.tolist(), rates.steps.tolist()):
-            rows.append((first, last - 1, {tag: _at(s, last) for tag, s in tags.items() if tag in TAGS.values()}))
-    if not rows:
+        if rates is not None:
+            ends = rates.steps
+            values = {tag: _at(s, ends) for tag, s in tags.items() if tag in TAGS.values()}
+            blocks.append((np.concatenate([[0], ends[:-1]]), ends - 1, values))
+    if not blocks:
         return None
-    wanted = set(steps) if steps is not None else set()
-    picked = [r for r in rows if any(r[0] <= s <= r[1] for s in wanted)] or rows
-    tags = {tag for *_, values in picked for tag in values}
-    return Samples(
-        {tag: np.array([values.get(tag, np.nan) for *_, values in picked]) for tag in tags},
-        np.array([r[0] for r in picked]),
-        np.array([r[1] for r in picked]),
-    )
+    first, last = (np.concatenate([b[k] for b in blocks]) for k in (0, 1))
+    tags = {tag for *_, values in blocks for tag in values}
+    values = {t: np.concatenate([b[2].get(t, np.full(b[0].size, np.nan)) for b in blocks]) for t in tags}
+    wanted = np.unique(np.fromiter(steps or (), np.int64))
+    hit = np.searchsorted(wanted, last, side="right") > np.searchsorted(wanted, first, side="left")
+    pick = hit if hit.any() else np.ones(first.size, bool)
+    return Samples({t: v[pick] for t, v in values.items()}, first[pick], last[pick])
 
 
 def to_dict(series: dict[str, dict[str, Series]]) -> dict[str, dict[str, list]]:
@@ -97,12 +95,10 @@ def from_dict(data: dict[str, dict[str, list]]) -> dict[str, dict[str, Series]]:
     }
 
 
-def _at(series: Series, step: int) -> float:
-    hit = np.flatnonzero(series.steps == step)
-    if hit.size:
-        return float(series.values[hit[0]])
-    before = np.flatnonzero(series.steps <= step)  # a value given once (the CPUs, the clock's maximum)
-    return float(series.values[before[-1]]) if before.size else float("nan")
+def _at(series: Series, steps: np.ndarray) -> np.ndarray:
+    """The value of ``series`` at each of ``steps``, or at its last step before (a value given once: the CPUs)."""
+    at = np.searchsorted(series.steps, steps, side="right") - 1
+    return np.where(at >= 0, series.values[np.maximum(at, 0)], np.nan)
 
 
 def findings(series: dict[str, dict[str, Series]]) -> list[Diagnostic]:
@@ -153,7 +149,9 @@ def _gpu_slowed(s: Samples) -> np.ndarray:
 
 
 def _gpu_words(s: Samples, rows: np.ndarray) -> str:
-    reasons = int(np.bitwise_or.reduce(np.nan_to_num(s.values.get(TAGS["throttle"], np.zeros(1))).astype(np.int64)))
+    """The GPU's slowing in the samples ``rows``: the throttle reasons seen, its clock, its temperature."""
+    seen = np.nan_to_num(s.values.get(TAGS["throttle"], np.zeros(len(s)))[rows]).astype(np.int64)
+    reasons = int(np.bitwise_or.reduce(seen, initial=0))
     names = ", ".join(name for bit, name in THROTTLES.items() if reasons & bit) or "clocked down"
     clock, top, temp = (s.values.get(TAGS[k]) for k in ("sm_clock", "max_sm_clock", "temperature"))
     said = f"The GPU slowed in steps {s.steps(rows)} ({names})"
