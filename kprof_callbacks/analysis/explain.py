@@ -10,6 +10,7 @@ the largest such sum (a lone label or data loading counts alone), a share that c
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -63,16 +64,23 @@ def explain(d: Diff, top: int, min_share: float = MIN_SHARE) -> Explanation:
 def proportional(changes: Sequence[Change]) -> float:
     """The share of the change in time per step that is every row of a family growing by one factor (the family's
     own), in the family that changed most: near 1 when load or clocks slowed everything alike, near 0 when a few
-    rows (a new kernel, a sleep between operators) hold the change."""
+    rows (a new kernel, a sleep between operators) hold the change. A row's departure from that factor counts only
+    beyond its own interval's half-width: preemption lands in whichever operator runs, a few milliseconds at a time,
+    so over a few steps single rows scatter around the factor by as much as their noise."""
     best, moved = 0.0, 0.0
     for family in FAMILIES:
         rows = [c for c in changes if family(c)]
         a = sum(c.a for c in rows)
         change = sum(c.change for c in rows)
         spread = sum(abs(c.change) for c in rows)
-        if not rows or not a or abs(change) <= moved:
+        if not rows or not a or not spread or abs(change) <= moved:
             continue
         factor = change / a
-        left = sum(abs(c.change - c.a * factor) for c in rows)
-        best, moved = max(0.0, 1.0 - left / spread) if spread else 0.0, abs(change)
+        left = sum(max(0.0, abs(c.change - c.a * factor) - _half_width(c)) for c in rows)
+        best, moved = max(0.0, 1.0 - left / spread), abs(change)
     return best
+
+
+def _half_width(c: Change) -> float:
+    """Half the width of a row's interval (0 where it has none: too few steps)."""
+    return 0.0 if math.isnan(c.low) or math.isnan(c.high) else (c.high - c.low) / 2.0

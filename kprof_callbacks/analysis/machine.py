@@ -24,6 +24,7 @@ STARVED_SHARE = 0.10  # a sample in which the training thread waited for a CPU t
 CLOCK_SHARE = 0.90  # a GPU clock below this share of its maximum: slowed
 BUSIER_WAIT = 0.05  # one side's thread waited for a CPU this share of the time more than the other's: busier
 UNIFORM = 0.5  # at least this share of a slowdown is every row growing by one factor: a uniform slowdown
+ACCOUNTED = 0.5  # the busier side's measured CPU wait or clock loss accounts for at least this share of its slowdown
 TAGS = layout.MACHINE_TAGS
 
 
@@ -167,21 +168,28 @@ class Change:
     neither, or each in its own way), what shows it, both sides' numbers, and whether that explains B's change."""
 
     busier: str | None  # "A" or "B"
-    evidence: list[str]  # "the training thread waited for a CPU 0.1 ms -> 3.9 ms per step", A's number first
+    evidence: list[str]  # "the training thread waited for a CPU 0.1% -> 25% of the time", A's number first
+    accounted: float | None  # the share of the slower side's slowdown its measured wait or clock accounts for
+    loss: str  # which: "its training thread's wait for a CPU", "its lower GPU clock" ("" when neither was measured)
     uniform: float  # the share of the change in step time that is every row growing by one factor
-    explains: bool  # the slower side ran on the busier machine and slowed uniformly: the machine changed
+    explains: bool  # the slower side ran on the busier machine, and that accounts for its slowdown: the machine
 
     def sentence(self) -> str:
         """The evidence in one sentence, and what it means for the verdict."""
         said = f"{self.busier} ran on a busier or slower machine: " if self.busier else "The machines differed: "
         said += "; ".join(self.evidence) + "."
-        if self.explains:
-            said += (
-                f" Every part of the step slowed alike ({fmt.share(self.uniform)} of the change is each row "
-                "growing by one factor), as other load does: the machine changed, not necessarily the code; rerun "
-                "both sides on one quiet machine, or interleave them (kprof compare)."
-            )
-        return said
+        if not self.explains:
+            return said
+        why = (
+            f"{self.loss} accounts for {fmt.share(self.accounted)} of the slowdown"
+            if self.accounted is not None and self.accounted >= ACCOUNTED
+            else f"every part of the step slowed alike ({fmt.share(self.uniform)} of the change is each row growing "
+            "by one factor), as other load does"
+        )
+        return (
+            f"{said} {why[0].upper()}{why[1:]}: the machine changed, not necessarily the code; rerun both sides on one "
+            "quiet machine, or interleave them (kprof compare)."
+        )
 
 
 def _pair(a: Samples, b: Samples, key: str, words: str, unit: str = "") -> str:
@@ -233,14 +241,38 @@ def _words(a: Samples, b: Samples, signs: set[str]) -> list[str]:
     return out
 
 
-def compare(a: Samples | None, b: Samples | None, slower: str | None, uniform: float) -> Change | None:
-    """How A's and B's machines differed (None when they did not, or a side has no samples); ``slower``: the side
-    whose typical step was significantly slower ("A", "B" or None), ``uniform``: ``explain.proportional``."""
+def _accounted(fast: Samples, slow: Samples, slowdown: float) -> tuple[float, str] | None:
+    """The share of ``slowdown`` (the slower side's step time over the faster's, minus 1) that the slower side's
+    measured losses account for, and which loss: the time its training thread waited for a CPU (a step with work w
+    and wait share s takes w / (1 - s)), or its lower GPU clock; None where neither was measured on both sides."""
+    expected = []
+    wf, ws = fast.median("cpu_wait"), slow.median("cpu_wait")
+    if wf is not None and ws is not None and ws < 1.0:
+        expected.append(((1.0 - wf) / (1.0 - ws) - 1.0, "its training thread's wait for a CPU"))
+    cf, cs = fast.median("sm_clock"), slow.median("sm_clock")
+    if cf and cs:
+        expected.append((cf / cs - 1.0, "its lower GPU clock"))
+    if not expected or slowdown <= 0:
+        return None
+    loss, what = max(expected)
+    return loss / slowdown, what
+
+
+def compare(a: Samples | None, b: Samples | None, change: float, significant: bool, uniform: float) -> Change | None:
+    """How A's and B's machines differed (None when they did not, or a side has no samples). ``change``: B's typical
+    step over A's, minus 1, ``significant``: whether the step-time verdict said faster or slower, ``uniform``:
+    ``explain.proportional``. The machine explains the change when the slower side is the busier one and its measured
+    wait or clock accounts for at least ACCOUNTED of its slowdown (where neither is measured: when the slowdown is
+    uniform, at least UNIFORM)."""
     if a is None or b is None:
         return None
     signs = {"A": set(_busier(a, b)), "B": set(_busier(b, a))}
     if not signs["A"] and not signs["B"]:
         return None
     busier = None if signs["A"] and signs["B"] else "A" if signs["A"] else "B"
-    evidence = _words(a, b, signs["A"] | signs["B"])
-    return Change(busier, evidence, uniform, busier is not None and busier == slower and uniform >= UNIFORM)
+    slower = None if not significant else "B" if change > 0 else "A"
+    slowdown = change if slower == "B" else 1.0 / (1.0 + change) - 1.0
+    found = None if busier is None else _accounted(*((a, b) if busier == "B" else (b, a)), slowdown)
+    accounted, loss = found or (None, "")
+    enough = accounted >= ACCOUNTED if accounted is not None else uniform >= UNIFORM
+    return Change(busier, _words(a, b, signs["A"] | signs["B"]), accounted, loss, uniform, busier == slower and enough)

@@ -503,9 +503,8 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
     changes, row_confidence = _rows(*tables, confidence, noise_threshold)
     step_time = _step_time(tables, (sides[0].summary, sides[1].summary), confidence, noise_threshold)
     same_run = sides[0].summary is sides[1].summary
-    slower = {stats.SLOWER: "B", stats.FASTER: "A"}.get(step_time.verdict)
     evidence = [samples(x.summary.series, [s.step for s in t.steps]) for x, t in zip(sides, tables)]
-    machines = compare_machines(*evidence, slower, explain.proportional(changes))
+    machines = compare_machines(*evidence, step_time.change, step_time.significant, explain.proportional(changes))
     notes = _steps_note(step_time, confidence) + _broad_shift(changes)
     if same_run:
         notes.append("Both sides are steps of one run: its findings (diagnostics) are per run, so none are compared.")
