@@ -95,6 +95,7 @@ def run(loop: Loop, variant: str, logdir: Path) -> dict:
         "faults": statistics.median(faults[e] for e in ends),
         "faults_typical": statistics.median(faults),
         "export_cpu_ms": child / WINDOWS * 1e3 if variant == "kprof" else None,
+        "bump_in_scalars": None,
     }
     if session is not None:
         (tags,) = read_series(session.run_dir).values()

@@ -75,7 +75,7 @@ def diff_under_hog(loop, statuses: Counter) -> Callable[[np.random.Generator, fl
         with hogs() if inject else contextlib.nullcontext():
             b = loop.run(14)
         d = diff(a.run_dir, b.run_dir)
-        status = exits.OK if not d.regressed(5) else exits.INCONCLUSIVE if d.machine_changed else exits.REGRESSION
+        status = d.gate_status(5)
         statuses["hogs" if inject else "no hog", status] += 1
         if not inject:
             return status == exits.REGRESSION

@@ -370,6 +370,7 @@ TABLES: dict[str, Table] = {
     "fsdp2-h200": Table("fsdp2-h200x2.json", _FSDP2),
     "calibration": _calibration("calibration-cpu.json", noise=True),
     "calibration-real": _calibration("calibration-real-cpu.json", noise=False),
+    "calibration-load": _calibration("calibration-load-cpu.json", noise=False),
     "calibration-real-gpu": _calibration("calibration-real-h200.json", noise=False),
     "gpu-suite": Table(
         "test_suite-h200.json",

@@ -176,6 +176,19 @@ def test_a_regression_on_a_busier_machine_is_still_a_regression(tmp_path, capsys
     assert diff(a, b).machine is None and main(["diff", str(a), str(b), "--fail-if-slower", "5"]) == 3
 
 
+def test_a_pass_that_a_busier_a_could_hide_is_inconclusive(tmp_path, capsys):
+    """A ran on the busier machine (its thread waited for a CPU 16% of the time: steps 19% longer for it), and B is
+    as fast as A: a regression of B of up to that much could hide behind A's load, so the gate says so, exit 4."""
+    a, b = _sides(tmp_path, np.ones(OPS.size), _series(3, **QUIET), quiet=BUSY)
+    d = diff(a, b)
+    assert not d.regressed(5) and d.machine.busier == "A" and d.masked(5) and not d.masked(25)
+    assert main(["diff", str(a), str(b), "--fail-if-slower", "5"]) == exits.INCONCLUSIVE
+    gate = capsys.readouterr().out.split("\n\n")[-1]
+    assert gate.startswith("Inconclusive, the machine changed (limit +5%): B's typical step is ")
+    assert "That made A's steps 19% longer: a regression of B past the limit could hide behind it" in gate
+    assert main(["diff", str(a), str(b), "--fail-if-slower", "25"]) == exits.OK
+
+
 def test_without_a_measured_loss_a_uniform_slowdown_decides(tmp_path):
     """B shared its GPU with another process (no CPU wait or clock measured to weigh): the machine explains B's
     slowdown only when every part of the step slowed alike."""

@@ -153,10 +153,10 @@ def run_diff(
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof diff: {exc}", file=sys.stderr)
         return exits.FAILED
-    regressed, no_verdict = None, None
+    status, no_verdict = None, None
     if fail_if_slower is not None:
         try:
-            regressed = result.regressed(fail_if_slower)
+            status = result.gate_status(fail_if_slower)
         except ValueError as exc:  # too few steps: the report says so too
             no_verdict = str(exc)
     if as_json:
@@ -164,8 +164,8 @@ def run_diff(
         if fail_if_slower is not None:
             doc["gate"] = {
                 "fail_if_slower_pct": fail_if_slower,
-                "regressed": regressed,
-                "inconclusive": bool(regressed and result.machine_changed),
+                "regressed": None if status is None else result.regressed(fail_if_slower),
+                "inconclusive": status == exits.INCONCLUSIVE,
                 "report": gate(result, fail_if_slower),
             }
         print(json.dumps(doc, indent=1))
@@ -174,8 +174,8 @@ def run_diff(
     else:
         print(result.render(top=top, fail_if_slower=fail_if_slower))
     written = not html or _written(html, lambda out: result.to_html(out, top=max(top, 30)), "diff", "HTML report")
-    if regressed:
-        return exits.INCONCLUSIVE if result.machine_changed else exits.REGRESSION
+    if status in (exits.REGRESSION, exits.INCONCLUSIVE):
+        return status
     if no_verdict:
         print(f"kprof diff: --fail-if-slower: {no_verdict}", file=sys.stderr)
     return exits.OK if written and not no_verdict else exits.FAILED

@@ -193,6 +193,12 @@ def gate(d: Diff, pct: float, top: int = HEADLINE_ROWS) -> str:
     if failed:
         machine = f" {d.machine.sentence()}" if d.machine else ""
         return f"Regression (limit +{pct:g}%): {change}, all of the interval above the limit. {_grew(d, top)}{machine}"
+    if d.masked(pct):
+        return (
+            f"Inconclusive, the machine changed (limit +{pct:g}%): {change}, which would pass, but "
+            f"{d.machine.sentence()} That made A's steps {d.machine.lost:.0%} longer: a regression of B past the limit "
+            "could hide behind it; rerun both sides on one quiet machine."
+        )
     return (
         f"No regression (limit +{pct:g}%): {change}; the gate fails only when B is significantly slower and the "
         "whole interval lies above the limit."

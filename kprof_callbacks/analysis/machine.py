@@ -172,6 +172,7 @@ class Change:
 
     busier: str | None  # "A" or "B"
     evidence: list[str]  # "the training thread waited for a CPU 0.1% -> 25% of the time", A's number first
+    lost: float | None  # how much longer the busier side's steps were for what it measurably lost (0.43: 43%)
     accounted: float | None  # the share of the slower side's slowdown its measured wait or clock accounts for
     loss: str  # which: "its training thread's wait for a CPU", "its lower GPU clock" ("" when neither was measured)
     uniform: float  # the share of the change in step time that is every row growing by one factor
@@ -244,21 +245,18 @@ def _words(a: Samples, b: Samples, signs: set[str]) -> list[str]:
     return out
 
 
-def _accounted(fast: Samples, slow: Samples, slowdown: float) -> tuple[float, str] | None:
-    """The share of ``slowdown`` (the slower side's step time over the faster's, minus 1) that the slower side's
-    measured losses account for, and which loss: the time its training thread waited for a CPU (a step with work w
-    and wait share s takes w / (1 - s)), or its lower GPU clock; None where neither was measured on both sides."""
-    expected = []
-    wf, ws = fast.median("cpu_wait"), slow.median("cpu_wait")
-    if wf is not None and ws is not None and ws < 1.0:
-        expected.append(((1.0 - wf) / (1.0 - ws) - 1.0, "its training thread's wait for a CPU"))
-    cf, cs = fast.median("sm_clock"), slow.median("sm_clock")
-    if cf and cs:
-        expected.append((cf / cs - 1.0, "its lower GPU clock"))
-    if not expected or slowdown <= 0:
-        return None
-    loss, what = max(expected)
-    return loss / slowdown, what
+def _loss(quiet: Samples, busy: Samples) -> tuple[float, str] | None:
+    """How much longer the busier side's steps were for what it measurably lost, and which loss: the time its
+    training thread waited for a CPU (a step of work w with a wait share s takes w / (1 - s)), or its lower GPU
+    clock; None where neither was measured on both sides."""
+    lost = []
+    wq, wb = quiet.median("cpu_wait"), busy.median("cpu_wait")
+    if wq is not None and wb is not None and wb < 1.0:
+        lost.append(((1.0 - wq) / (1.0 - wb) - 1.0, "its training thread's wait for a CPU"))
+    cq, cb = quiet.median("sm_clock"), busy.median("sm_clock")
+    if cq and cb:
+        lost.append((cq / cb - 1.0, "its lower GPU clock"))
+    return max(lost) if lost else None
 
 
 def compare(a: Samples | None, b: Samples | None, change: float, significant: bool, uniform: float) -> Change | None:
@@ -277,8 +275,9 @@ def compare(a: Samples | None, b: Samples | None, change: float, significant: bo
     busier = None if signs["A"] and signs["B"] else "A" if signs["A"] else "B"
     slower = None if not significant else "B" if change > 0 else "A"
     slowdown = change if slower == "B" else 1.0 / (1.0 + change) - 1.0
-    found = None if busier is None else _accounted(*((a, b) if busier == "B" else (b, a)), slowdown)
-    accounted, loss = found or (None, "")
+    lost, loss = (None if busier is None else _loss(*((a, b) if busier == "B" else (b, a)))) or (None, "")
+    accounted = lost / slowdown if lost is not None and slowdown > 0 else None
     uniform_enough = uniform >= UNIFORM and (accounted is None or accounted >= ACCOUNTED_UNIFORM)
     enough = uniform_enough or (accounted is not None and accounted >= ACCOUNTED)
-    return Change(busier, _words(a, b, signs["A"] | signs["B"]), accounted, loss, uniform, busier == slower and enough)
+    words = _words(a, b, signs["A"] | signs["B"])
+    return Change(busier, words, lost, accounted, loss, uniform, busier == slower and enough)

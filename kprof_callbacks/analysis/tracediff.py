@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
-from .. import stats
+from .. import exits, stats
 from . import diff_report, explain, fmt, health, outside
 from .diagnostics import SCALAR_READ, SYNC_CALLS
 from .diff_inputs import Source, load, select
@@ -146,9 +146,23 @@ class Diff:
 
     @property
     def machine_changed(self) -> bool:
-        """The slower side ran on a busier or throttled machine and every part of its step slowed alike: the
-        regression gate answers "inconclusive" instead of "regression" (docs/ci.md)."""
+        """The slower side ran on a busier or throttled machine, and that accounts for its slowdown
+        (``machine.compare``): a failed regression gate answers "inconclusive" instead (docs/ci.md)."""
         return self.machine is not None and self.machine.explains
+
+    def gate_status(self, pct: float) -> int:
+        """The regression gate's exit status at `pct` percent (``exits``): REGRESSION when B ``regressed``,
+        INCONCLUSIVE instead when the machine changed (``machine_changed``) or when a pass could hide a regression
+        behind A's busier machine (``masked``), else OK. ValueError with too few steps, as ``regressed``."""
+        if self.regressed(pct):
+            return exits.INCONCLUSIVE if self.machine_changed else exits.REGRESSION
+        return exits.INCONCLUSIVE if self.masked(pct) else exits.OK
+
+    def masked(self, pct: float) -> bool:
+        """A ran on a busier or throttled machine whose measured losses made its steps more than `pct` percent
+        longer: a regression of B that large could hide behind it, so a gate that passes is "inconclusive"."""
+        m = self.machine
+        return m is not None and m.busier == "A" and m.lost is not None and m.lost > stats.regression_limit(pct)
 
     def significant(self, kinds: Sequence[str] | None = None) -> list[Change]:
         """The significant rows (of `kinds` only, when given), largest change first."""
