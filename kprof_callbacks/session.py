@@ -153,7 +153,7 @@ class Session:
             self.run_dir = earlier or layout.make_run_dir(config.logdir, config.run)
             self._activities = _usable_activities(config.resolved_activities())
         self._plan = _Plan(config, self._may_capture)
-        self._trigger = make_trigger(config, self.arm, self._timer.reader(), self.run_dir) if config.enabled else None
+        self._trigger = make_trigger(config, self.arm, self._own_step_times(), self.run_dir) if config.enabled else None
 
     # -- public surface ---------------------------------------------------------------------------------------
     @property
@@ -170,6 +170,17 @@ class Session:
         times = self._timer.times()
         first = self._timer.count - len(times)
         return [t - self._after.charge(first + k, t, self._timer.seconds) for k, t in enumerate(times)]
+
+    def _own_step_times(self) -> Callable[[], tuple[int, list[float]]]:
+        """A cursor over the steps' times, as ``StepTimer.reader``, less what the steps right after a window pay for
+        its export: the slow-step trigger must not take a window's own cost for a slow step and start another."""
+        read = self._timer.reader()
+
+        def own() -> tuple[int, list[float]]:
+            start, times = read()
+            return start, [t - self._after.charge(start + k, t, self._timer.seconds) for k, t in enumerate(times)]
+
+        return own
 
     def new_step_metrics(self) -> list[tuple[int, dict[str, float]]]:
         """``(step, scalars)`` of the steps completed since the last call (``scalars.step_metrics`` plus memory at

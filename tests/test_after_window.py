@@ -91,3 +91,22 @@ def test_a_session_charges_the_steps_after_its_windows_to_kprof(tmp_path, monkey
     assert "the steps right after its windows took 5.00 ms more" in next(
         d.message for d in s.summary().diagnostics if d.kind == "profiler_cost"
     )
+
+
+def test_the_slow_step_trigger_does_not_take_an_export_for_a_slow_step(tmp_path, monkeypatch, faults):
+    """Steps of 10 ms; step 25 takes 50 ms and arms a capture (from step 27: warm-up 1, then 28-29). The step after
+    that window takes 40 ms, 30 ms of them its export's page faults: the trigger goes by the step without them and
+    starts no second capture (cooldown=0, so nothing else would stop it)."""
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    session_module = importlib.import_module("kprof_callbacks.session")
+    monkeypatch.setattr(session_module, "StepTimer", functools.partial(timing.StepTimer, cuda=False))
+    options = dict(trigger="slow_step", slow_factor=3.0, slow_min_steps=10, cooldown=0, warmup=1, active=2)
+    with kprof.session(tmp_path, run="r", **options) as s:
+        for step in range(40):
+            torch.ones(4).sum()
+            clock.now += {25: 0.050, 30: 0.040}.get(step, 0.010)
+            faults.n += 6000 if step == 30 else 0  # 30 ms at 5 us a fault
+            s.step()
+    assert [(c.first_step, c.last_step) for c in s.captures] == [(28, 29)]
+    assert s.step_times[30] == pytest.approx(0.010)
