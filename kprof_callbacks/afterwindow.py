@@ -1,14 +1,15 @@
 """What the steps right after a window pay for its export, measured and charged to kprof.
 
-A window's trace is exported by a forked process (``writer.py``) while training goes on. The fork leaves every page
-of the training process copy-on-write, so the first write to each page after it faults and copies: the user's next
-step, which writes its weights, gradients and optimizer state again, pays for each page it touches (on the 2-core CPU
-machine, about 8,400 faults and 4-5x the step for a 32 MB working set; ``benchmarks/after_window.py --bump``). That is
-kprof's cost paid inside the user's step, so the session measures it: the minor faults of each of the ``STEPS`` steps
-after a window (``getrusage``, only those steps) times the cost of one such fault, timed right after the fork on a
-scratch buffer of its own; capped at the step's time beyond the median of the ``BEFORE`` steps before the window. That
-charge goes to ``kprof/after_window_ms``, and ``kprof/step_time_ms`` leaves it out. A step that is slow for reasons of
-its own (a sleep, a longer batch) takes no faults for it, and is charged nothing for it.
+A window's trace is exported by a forked process (``writer.py``) while training goes on. The fork leaves every page of
+the training process copy-on-write, so the first write to each page after it faults and copies: the user's next step,
+which writes its weights, gradients and optimizer state again, pays for each page it touches (on the 2-core CPU machine,
+about 8,400 faults and 4-5x the step for a 32 MB working set; ``benchmarks/after_window.py --bump``). That is kprof's
+cost paid inside the user's step, so the session measures it: the minor faults of each of the ``STEPS`` steps after a
+window (``getrusage``, only those steps) times the cost of one such fault, timed on a scratch buffer of its own at the
+end of the first of those steps that took any. When they account for most of the step's time beyond the median of the
+``BEFORE`` steps before the window, all of that is charged (the export's process runs beside the step too); else only
+the faults are. The charge goes to ``kprof/after_window_ms``, and ``kprof/step_time_ms`` leaves it out. A step that is
+slow for reasons of its own (a sleep, a longer batch) is not charged for them: its faults account for little of it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 STEPS = 2  # steps after a window charged for it
 BEFORE = 8  # steps before the window whose median is the typical step
 _PAGES = 64  # scratch pages written after each fork: a copy-on-write fault each
+MOSTLY = 0.5  # faults that account for this share of a step's extra time: all of it is the export's
 
 
 def _minor_faults() -> int:
@@ -40,12 +42,13 @@ class AfterWindow:
         self._scratch = mmap.mmap(-1, _PAGES * mmap.PAGESIZE)
         self._scratch.write(b"\1" * len(self._scratch))  # resident, so each write after a fork copies a page
         self.fault_s = 0.0  # one copy-on-write fault, timed after the last window's fork
+        self._timed = False  # whether fault_s was timed since that fork
 
     def ended(self, first: int, last: int) -> None:
-        """A window of steps ``first`` (its warm-up's first) to ``last`` ended and its export forked: time a
-        copy-on-write fault now, on the scratch pages."""
+        """A window of steps ``first`` (its warm-up's first) to ``last`` ended; its export forks now or at a step
+        soon after."""
         self._windows.append((first, last))
-        self.fault_s = self._fault_cost()
+        self._timed = False
 
     def _fault_cost(self) -> float:
         """Seconds of one copy-on-write fault now: writing each scratch page copies it (0 when the export did not
@@ -71,16 +74,22 @@ class AfterWindow:
             self._started = None
             while len(self._faults) > 4 * STEPS:
                 del self._faults[min(self._faults)]
+            if not self._timed:  # the first time after the fork: a fault's cost in the state the step ran in
+                self.fault_s = self._fault_cost()
+                self._timed = self.fault_s > 0
 
     def charge(self, step: int, seconds: float, held: Callable[[int, int], list[float]]) -> float:
-        """The seconds of ``step`` (``seconds`` long) charged to kprof: its faults at the measured cost, at most its
-        time beyond the median of the steps before the window; ``held(start, stop)`` gives the step times still held
-        (NaN for a step that is not)."""
+        """The seconds of ``step`` (``seconds`` long) charged to kprof: its time beyond the median of the steps
+        before the window, when its faults at the measured cost account for at least MOSTLY of it (the export's
+        process runs beside the step too, and what a fault costs in the step's working set exceeds the scratch
+        pages' cost); else only its faults' cost. ``held(start, stop)`` gives the step times still held (NaN for a
+        step that is not)."""
         for first, last in self._windows:
             if last < step <= last + STEPS:
                 before = [t for t in held(max(0, first - BEFORE), first) if not math.isnan(t)]
                 beyond = seconds - statistics.median(before) if before else 0.0
-                return max(0.0, min(beyond, self._faults.get(step, 0) * self.fault_s))
+                faulted = self._faults.get(step, 0) * self.fault_s
+                return max(0.0, beyond if faulted >= MOSTLY * beyond else min(beyond, faulted))
         return 0.0
 
     def close(self) -> None:
