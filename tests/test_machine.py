@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 import kprof_callbacks as kprof
@@ -207,3 +208,21 @@ def test_runs_without_samples_have_no_machine_to_compare(tmp_path):
     rng = np.random.default_rng(1)
     run = _run(rng, np.ones(OPS.size), {})
     assert diff(run, _run(rng, np.full(OPS.size, 1.3), {})).machine is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+def test_a_gpu_session_records_what_nvml_says(tmp_path):
+    """On a GPU host with NVML: the SM clock against its maximum, the temperature and the other processes, at each
+    sample, for the GPU the session runs on (found by its PCI bus id)."""
+    if machine._Nvml.open(machine.pci_bus_id(torch.cuda.get_device_properties(0)) or "") is None:
+        pytest.skip("NVML (libnvidia-ml.so.1) does not load here, or torch does not give the GPU's PCI bus id")
+    x = torch.randn(1024, 1024, device="cuda")
+    with kprof.session(tmp_path, run="gpu", wait=1, warmup=1, active=2) as s:
+        for _ in range(2 * machine.MACHINE_EVERY + 1):
+            (x @ x).sum()
+            s.step()
+    (tags,) = read_series(s.run_dir).values()
+    clock, top = tags[TAGS["sm_clock"]].values, tags[TAGS["max_sm_clock"]].values
+    assert clock.size == 3 and (clock > 0).all() and (clock <= top).all()
+    assert (tags[TAGS["temperature"]].values > 0).all() and (tags[TAGS["other_processes"]].values >= 0).all()
