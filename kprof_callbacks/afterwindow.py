@@ -28,8 +28,11 @@ _PAGES = 64  # scratch pages written after each fork: a copy-on-write fault each
 MOSTLY = 0.5  # faults that account for this share of a step's extra time: all of it is the export's
 
 
-def _minor_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def _minor_faults(who: int = resource.RUSAGE_SELF) -> int:
+    return resource.getrusage(who).ru_minflt
+
+
+_THIS_THREAD = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)  # the scratch pages' faults, not others'
 
 
 class AfterWindow:
@@ -53,10 +56,10 @@ class AfterWindow:
     def _fault_cost(self) -> float:
         """Seconds of one copy-on-write fault now: writing each scratch page copies it (0 when the export did not
         fork, or not yet: no fault)."""
-        faults, start = _minor_faults(), time.perf_counter()
+        faults, start = _minor_faults(_THIS_THREAD), time.perf_counter()
         for page in range(0, len(self._scratch), mmap.PAGESIZE):
             self._scratch[page] = 2
-        took, copied = time.perf_counter() - start, _minor_faults() - faults
+        took, copied = time.perf_counter() - start, _minor_faults(_THIS_THREAD) - faults
         return took / copied if copied else 0.0
 
     def charged(self, step: int) -> bool:

@@ -31,7 +31,7 @@ def faults(monkeypatch) -> types.SimpleNamespace:
     return count
 
 
-def test_the_steps_after_a_window_are_charged_their_faults(faults):
+def test_the_steps_after_a_window_are_charged_what_their_faults_explain(faults):
     held = {s: 0.010 for s in range(20)} | {12: 0.011, 13: 0.013}  # 12-13: the window's own (slower) steps
     seconds = lambda start, stop: [held.get(s, math.nan) for s in range(start, stop)]  # noqa: E731
     after = AfterWindow()
@@ -41,7 +41,8 @@ def test_the_steps_after_a_window_are_charged_their_faults(faults):
         after.started(step)
         faults.n += took
         after.finished(step)
-    assert after.charge(15, 0.016, seconds) == pytest.approx(0.005)  # its 1000 faults: less than its 6 ms beyond
+    assert after.charge(15, 0.016, seconds) == pytest.approx(0.006)  # 1000 faults, 5 ms: most of its 6 ms beyond
+    assert after.charge(15, 0.050, seconds) == pytest.approx(0.005)  # of its 40 ms beyond, its faults' 5 ms only
     assert after.charge(16, 0.011, seconds) == pytest.approx(0.001)  # at most its time beyond steps 3-10's median
     assert after.charge(16, 0.009, seconds) == 0.0  # faster than before the window: nothing
     assert after.charge(20, 0.030, seconds) == 0.0  # not right after a window
