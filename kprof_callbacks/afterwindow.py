@@ -42,7 +42,7 @@ class AfterWindow:
         self._windows: deque[tuple[int, int]] = deque(maxlen=4)  # (first step, warm-up included; last step)
         self._faults: dict[int, int] = {}  # step after a window -> its minor faults
         self._started: tuple[int, int] | None = None  # (step, minor faults when it started)
-        self._scratch = mmap.mmap(-1, _PAGES * mmap.PAGESIZE)
+        self._scratch = mmap.mmap(-1, _PAGES * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._scratch.write(b"\1" * len(self._scratch))  # resident, so each write after a fork copies a page
         self.fault_s = 0.0  # one copy-on-write fault, timed after the last window's fork
         self._timed = False  # whether fault_s was timed since that fork

@@ -53,14 +53,19 @@ def test_the_steps_after_a_window_are_charged_what_their_faults_explain(faults):
 
 
 def test_a_fault_after_a_fork_is_timed(tmp_path):
-    """On this machine: a fork leaves the scratch pages copy-on-write, and writing them faults."""
+    """On this machine: a fork leaves the scratch pages copy-on-write, and writing each of them faults."""
     after = AfterWindow()
-    assert after._fault_cost() == 0.0  # no fork: writing resident pages does not fault
+    thread = afterwindow._THIS_THREAD
+    before = afterwindow._minor_faults(thread)
+    after._fault_cost()
+    assert afterwindow._minor_faults(thread) - before < afterwindow._PAGES  # no fork: the pages are this process's
     child = os.fork()
     if child == 0:
         os._exit(0)
     try:
+        before = afterwindow._minor_faults(thread)
         assert 0.0 < after._fault_cost() < 0.01
+        assert afterwindow._minor_faults(thread) - before >= afterwindow._PAGES  # a copy-on-write fault a page
     finally:
         os.waitpid(child, 0)
         after.close()

@@ -112,7 +112,8 @@ def test_a_slower_run_fails_the_gate_and_the_report_names_what_grew(tmp_path, ca
     assert [name for name, _ in named] == ["label 'forward'", "GPU idle", "aten::op25"]  # the label holds op25
     shares = [int(share) for _, share in named]
     assert shares == sorted(shares, reverse=True)
-    assert re.search(r"; together they explain (\d+)% of it\.$", grew)[1] == str(shares[0])  # the label overlaps op25
+    together = int(re.search(r"; the rows that grew explain (\d+)% of it together\.$", grew)[1])
+    assert shares[0] <= together <= 100  # no time counted twice: the label holds op25
     saved = tmp_path / "base.json"
     assert main(["summary", str(a), "--json"]) == 0
     saved.write_text(capsys.readouterr().out)

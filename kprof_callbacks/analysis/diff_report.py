@@ -107,8 +107,8 @@ def _explained(d: Diff, top: int) -> str:
     found = explain.explain(d, top)
     if found.rows:
         return (
-            f"Accounting for it, by share of the change in mean step time: {found.words()}; together "
-            f"{fmt.share(found.together)} of it."
+            f"Accounting for it, by share of the change in mean step time: {found.words()}; the rows that moved "
+            f"with it explain {fmt.share(found.together)} of it together."
         )
     return f"No significant change of a row accounts for {fmt.share(explain.MIN_SHARE)} of it or more."
 
@@ -140,8 +140,8 @@ def _grew(d: Diff, top: int) -> str:
     found = explain.explain(d, top)
     if found.rows:
         return (
-            f"What grew, largest share of the change in mean step time first: {found.words()}; together they "
-            f"explain {fmt.share(found.together)} of it."
+            f"What grew, largest share of the change in mean step time first: {found.words()}; the rows that grew "
+            f"explain {fmt.share(found.together)} of it together."
         )
     grown = sorted((c for c in d.significant() if c.kind != "count" and c.change > 0), key=lambda c: -c.change)
     if not grown:

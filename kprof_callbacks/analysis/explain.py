@@ -3,8 +3,9 @@
 A row's share is its change per step over the change in mean step time. Rows overlap in time (a label holds its
 operators; GPU work runs beside the host's), so shares are not simply added: they add up only within a family of
 rows that never count the same time twice. The host's step is its operators' self time plus the time between them
-(``outside.BETWEEN_OPS``); a step's wall time is GPU activity plus GPU idle. What the named rows explain together is
-the largest such sum (a lone label or data loading counts alone), a share that counts no time twice.
+(``outside.BETWEEN_OPS``); a step's wall time is GPU activity plus GPU idle. What the rows that moved explain together
+is the largest such sum over all of them (a lone label or data loading counts alone), a share that counts no time
+twice; the largest few are named.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ the GPU's (its activities, its idle time)."""
 
 @dataclasses.dataclass(frozen=True)
 class Explanation:
-    """The rows that moved the way the step time did, largest share first, and the share they explain together."""
+    """The largest rows that moved the way the step time did, largest share first, and the share that all the rows that
+    moved explain together."""
 
     rows: list[Change]
     shares: list[float]
@@ -55,10 +57,13 @@ def together(d: Diff, rows: Sequence[Change]) -> float:
 
 def explain(d: Diff, top: int, min_share: float = MIN_SHARE) -> Explanation:
     """The significant rows (counts aside) that moved the way the mean step time did, each at least ``min_share`` of
-    that change, largest share first (``top`` of them)."""
-    moved = [c for c in d.significant() if c.kind != "count" and d.share_of_step_change(c) >= max(min_share, 1e-12)]
-    rows = sorted(moved, key=lambda c: -d.share_of_step_change(c))[:top]
-    return Explanation(rows, [d.share_of_step_change(c) for c in rows], together(d, rows))
+    that change, largest share first (``top`` of them), and what all the significant rows that moved that way
+    explain together."""
+    moved = [c for c in d.significant() if c.kind != "count" and d.share_of_step_change(c) > 0]
+    rows = sorted(
+        (c for c in moved if d.share_of_step_change(c) >= min_share), key=lambda c: -d.share_of_step_change(c)
+    )
+    return Explanation(rows[:top], [d.share_of_step_change(c) for c in rows[:top]], together(d, moved))
 
 
 def proportional(changes: Sequence[Change]) -> float:
