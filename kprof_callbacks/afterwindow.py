@@ -2,14 +2,14 @@
 
 A window's trace is exported by a forked process (``writer.py``) while training goes on. The fork leaves every page of
 the training process copy-on-write, so the first write to each page after it faults and copies: the user's next step,
-which writes its weights, gradients and optimizer state again, pays for each page it touches (on the 2-core CPU machine,
-about 8,400 faults and 4-5x the step for a 32 MB working set; ``benchmarks/after_window.py --bump``). That is kprof's
-cost paid inside the user's step, so the session measures it: the minor faults of each of the ``STEPS`` steps after a
-window (``getrusage``, only those steps) times the cost of one such fault, timed on a scratch buffer of its own at the
-end of the first of those steps that took any. When they account for most of the step's time beyond the median of the
-``BEFORE`` steps before the window, all of that is charged (the export's process runs beside the step too); else only
-the faults are. The charge goes to ``kprof/after_window_ms``, and ``kprof/step_time_ms`` leaves it out. A step that is
-slow for reasons of its own (a sleep, a longer batch) is not charged for them: its faults account for little of it.
+which writes its weights, gradients and optimizer state again, pays for each page it touches while the export runs
+beside it (on the 2-core CPU machine, about 8,400 faults and 3-4x the step for a 32 MB working set;
+``benchmarks/after_window.py --bump``). That is kprof's cost paid inside the user's step, so the session counts the
+minor faults of each of the ``STEPS`` steps after a window (``getrusage``, only those steps). A step that copied at
+least ``COPIED`` pages paid for the export, and its time beyond the median of the ``BEFORE`` steps before the window is
+charged; a step with fewer faults is charged only those, at the cost of one timed on a scratch buffer of kprof's own.
+The charge goes to ``kprof/after_window_ms``, and ``kprof/step_time_ms`` leaves it out. A step slow for reasons of its
+own (a sleep, a longer batch) after the one that took the copies keeps its time.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 STEPS = 2  # steps after a window charged for it
 BEFORE = 8  # steps before the window whose median is the typical step
 _PAGES = 64  # scratch pages written after each fork: a copy-on-write fault each
-MOSTLY = 0.5  # faults that account for this share of a step's extra time: all of it is the export's
+COPIED = 256  # a step with this many faults (1 MB of pages copied) paid for the export: all its extra time is kprof's
 
 
 def _minor_faults(who: int = resource.RUSAGE_SELF) -> int:
@@ -83,16 +83,15 @@ class AfterWindow:
 
     def charge(self, step: int, seconds: float, held: Callable[[int, int], list[float]]) -> float:
         """The seconds of ``step`` (``seconds`` long) charged to kprof: its time beyond the median of the steps
-        before the window, when its faults at the measured cost account for at least MOSTLY of it (the export's
-        process runs beside the step too, and what a fault costs in the step's working set exceeds the scratch
-        pages' cost); else only its faults' cost. ``held(start, stop)`` gives the step times still held (NaN for a
-        step that is not)."""
+        before the window when it copied at least COPIED pages (it paid for the export: the copies, the export
+        running beside it, caches it found cold), else only its few faults at the measured cost. ``held(start,
+        stop)`` gives the step times still held (NaN for a step that is not)."""
         for first, last in self._windows:
             if last < step <= last + STEPS:
                 before = [t for t in held(max(0, first - BEFORE), first) if not math.isnan(t)]
                 beyond = seconds - statistics.median(before) if before else 0.0
-                faulted = self._faults.get(step, 0) * self.fault_s
-                return max(0.0, beyond if faulted >= MOSTLY * beyond else min(beyond, faulted))
+                faults = self._faults.get(step, 0)
+                return max(0.0, beyond if faults >= COPIED else min(beyond, faults * self.fault_s))
         return 0.0
 
     def close(self) -> None:

@@ -31,20 +31,20 @@ def faults(monkeypatch) -> types.SimpleNamespace:
     return count
 
 
-def test_the_steps_after_a_window_are_charged_what_their_faults_explain(faults):
+def test_a_step_that_copied_pages_for_the_export_is_charged_its_extra_time(faults):
     held = {s: 0.010 for s in range(20)} | {12: 0.011, 13: 0.013}  # 12-13: the window's own (slower) steps
     seconds = lambda start, stop: [held.get(s, math.nan) for s in range(start, stop)]  # noqa: E731
     after = AfterWindow()
     after.ended(first=11, last=14)  # warm-up 11, recorded 12-14
     assert [after.charged(s) for s in (14, 15, 15 + STEPS - 1, 15 + STEPS)] == [False, True, True, False]
-    for step, took in ((15, 1000), (16, 400)):
+    for step, took in ((15, 1000), (16, 100)):
         after.started(step)
         faults.n += took
         after.finished(step)
-    assert after.charge(15, 0.016, seconds) == pytest.approx(0.006)  # 1000 faults, 5 ms: most of its 6 ms beyond
-    assert after.charge(15, 0.050, seconds) == pytest.approx(0.005)  # of its 40 ms beyond, its faults' 5 ms only
-    assert after.charge(16, 0.011, seconds) == pytest.approx(0.001)  # at most its time beyond steps 3-10's median
-    assert after.charge(16, 0.009, seconds) == 0.0  # faster than before the window: nothing
+    assert after.charge(15, 0.016, seconds) == pytest.approx(0.006)  # 1000 pages copied: all beyond steps 3-10's
+    assert after.charge(15, 0.009, seconds) == 0.0  # faster than before the window: nothing
+    assert after.charge(16, 0.050, seconds) == pytest.approx(100 * FAULT_S)  # few faults: of its 40 ms, only theirs
+    assert after.charge(16, 0.0102, seconds) == pytest.approx(0.0002)  # at most its time beyond
     assert after.charge(20, 0.030, seconds) == 0.0  # not right after a window
     after.ended(first=19, last=22)
     after.started(23)
