@@ -1,12 +1,18 @@
-"""Cost of a training step long after a profiling window, every variant in one process.
+"""Cost of a training step after a profiling window, every variant in one process.
 
-Two numbers per variant: the median step time, and the host time the training thread spends inside the per-step
-call itself (``prof.step()``, ``s.step()``: the part a profiler adds to every step directly, which does not drown in
-the step's own noise). CUPTI is detached after each window (``TEARDOWN_CUPTI=1``, set here for all variants as
-kprof sets it), so the variants can share a process; they run in interleaved rounds so clock drift hits all alike.
+Two numbers per variant: the median step time long after the window, and the host time the training thread spends
+inside the per-step call itself (``prof.step()``, ``s.step()``: the part a profiler adds to every step directly,
+which does not drown in the step's own noise). CUPTI is detached after each window (``TEARDOWN_CUPTI=1``, set here for
+all variants as kprof sets it), so the variants can share a process; they run in interleaved rounds so clock drift
+hits all alike. Then the per-step calls alone, warm, and a machine sample's cost (``machine.MachineProbe``).
 
-    python benchmarks/after_window.py      # the launch-bound MLP; 6 variants x 5 rounds of 100 steps (CUDA or CPU),
-                                           # then the per-step calls alone, warm
+``--bump`` measures the steps right after each window instead (``bump.py``): the user's own step, timed outside
+kprof, against the steps after it, with the minor page faults in it and the export process's CPU time, for kprof
+exporting in a forked process (as it does), kprof exporting in-process, and no profiler; and what the session charges
+to itself for it (``kprof/after_window_ms``), so that the step-time scalars stay flat.
+
+    python benchmarks/after_window.py           # the launch-bound MLP; 6 variants x 5 rounds of 100 steps
+    python benchmarks/after_window.py --bump [--out FILE]   # the step after each window (CPU or the first GPU)
 """
 
 from __future__ import annotations
@@ -109,7 +115,28 @@ def warm_calls(calls: int = 3000) -> dict[str, float]:
     return out
 
 
+def machine_sample_us(samples: int = 3000) -> float:
+    """Median µs of one machine sample (``MachineProbe.on_step`` at a sampled step), GPU evidence included where
+    NVML loads; a session samples every ``MACHINE_EVERY`` steps."""
+    from kprof_callbacks.machine import MachineProbe, pci_bus_id
+
+    gpu = pci_bus_id(torch.cuda.get_device_properties(0)) if torch.cuda.is_available() else None
+    probe = MachineProbe(every=1, pci_bus_id=gpu)
+    times = []
+    for step in range(samples):
+        start = time.perf_counter()
+        probe.on_step(step)
+        times.append(time.perf_counter() - start)
+        probe.metrics(step)
+    probe.close()
+    return statistics.median(times) * 1e6
+
+
 def main() -> None:
+    if "--bump" in sys.argv:
+        import bump
+
+        sys.exit(bump.main([a for a in sys.argv[1:] if a != "--bump"]))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     loop = Loop(256, 24, 64, device)  # the launch-bound MLP of benchmarks/overhead.py
     loop.run(20)
@@ -135,6 +162,10 @@ def main() -> None:
     print("\n| the per-step call alone, 3,000 times after the window | us |\n|---|---:|")
     for name, us in warm_calls().items():
         print(f"| {name} | {us:.1f} |")
+    from kprof_callbacks.machine import MACHINE_EVERY
+
+    sample = machine_sample_us()
+    print(f"| a machine sample, every {MACHINE_EVERY} steps (per step: {sample / MACHINE_EVERY:.1f}) | {sample:.1f} |")
 
 
 if __name__ == "__main__":

@@ -285,6 +285,18 @@ TABLES: dict[str, Table] = {
             Col("in the CPU training loop µs", "{loop_us}"),
         ),
     ),
+    "after_window_bump": Table(
+        "after_window_bump-cpu.json",
+        (
+            _t("variant", "{variant}"),
+            Col("step ms", "{step_ms:.2f}"),
+            Col("1st step after a window", "{bump:+.0%}"),
+            Col("2nd", "{second:+.0%}"),
+            Col("minor faults in the 1st (typical)", "{faults:.0f} ({faults_typical:.0f})"),
+            Col("export CPU ms a window", "{export_cpu_ms:.1f}"),
+            Col("1st step in `kprof/step_time_ms`", "{bump_in_scalars:+.1%}"),
+        ),
+    ),
     "lightning": Table(
         "lightning_overhead-h100.json",
         (
@@ -417,6 +429,7 @@ TABLES: dict[str, Table] = {
     "module_overhead": Table("module_overhead-cpu.json", _MODULE_OVERHEAD),
     "calibration": _calibration("calibration-cpu.json", noise=True),
     "calibration-real": _calibration("calibration-real-cpu.json", noise=False),
+    "calibration-load": _calibration("calibration-load-cpu.json", noise=False),
     "calibration-real-gpu": _calibration("calibration-real-h200.json", noise=False),
     "gpu-suite": Table(
         "test_suite-h200.json",

@@ -105,7 +105,8 @@ A's by more than PCT percent (both profiled with profile_memory=True); the repor
 Exit status 0 when both sides were read (and no regression), 1 when one could not be (or a step selection does not
 match the run, or a side has too few steps for --fail-if-slower, or the report could not be written), 2 for bad
 arguments (a malformed step selection included), 3 for a regression of either gate (it wins over a report that could
-not be written).
+not be written), 4 when the step-time gate would fail but B ran on a busier or throttled machine that slowed every
+part of its step alike (inconclusive).
 """
 
 
@@ -129,13 +130,13 @@ def _formats(what: str) -> tuple[Arg, Arg]:
     )
 
 
-def _gate(against: str) -> Arg:
+def _gate(against: str, machine: str = "") -> Arg:
     return arg(
         "--fail-if-slower",
         type=percent,
         metavar="PCT",
         help=f"exit status {exits.REGRESSION} when {against} significantly slower by more than PCT percent: the "
-        "whole confidence interval of the slowdown lies above PCT (docs/ci.md)",
+        f"whole confidence interval of the slowdown lies above PCT{machine} (docs/ci.md)",
     )
 
 
@@ -217,7 +218,10 @@ def commands() -> list[Command]:
                 ),  # fmt: skip
                 arg("b", help="the run compared with it (same forms)"),
                 *_formats("diff"),
-                _gate("B's step time is"),
+                _gate(
+                    "B's step time is",
+                    f"; {exits.INCONCLUSIVE} when B ran on a busier or throttled machine that slowed its step alike",
+                ),
                 arg(
                     "--fail-if-more-memory",
                     type=percent,

@@ -42,15 +42,32 @@ SCALARS_PREFIX = "events.out.tfevents."  # TensorBoard finds event files by this
 TAG_PREFIX = "kprof/"  # every scalar kprof writes
 STEP_TIME_TAG = "kprof/step_time_ms"  # the step without kprof's own cost (the wall time is step + profiler)
 PROFILER_TAG = "kprof/profiler_ms"  # kprof's and torch.profiler's own work on the training thread after the step
+AFTER_WINDOW_TAG = "kprof/after_window_ms"  # the steps right after a window, beyond the steps before it (its export)
 THROUGHPUT_TAG = "kprof/throughput_samples_per_s"
 TFLOPS_TAG = "kprof/tflops"  # achieved, from the FLOPs the program said each step does
 MFU_TAG = "kprof/mfu"  # achieved / dense peak
 PEAK_TAG = "kprof/peak_tflops"  # the peak MFU is measured against, once, at the first step
+TRIGGER_TAG = "kprof/slow_step_trigger"  # its factor, once, at the first step, when the slow-step trigger was on
 MEMORY_TAGS = {  # memory at sampled steps, MB
     "allocated": "kprof/mem_allocated_mb",  # CUDA caching allocator: tensors alive
     "reserved": "kprof/mem_reserved_mb",  # CUDA caching allocator: held from the driver
     "peak": "kprof/mem_peak_mb",  # CUDA: highest allocated since the previous sample
     "rss": "kprof/mem_rss_mb",  # the process's resident memory (host)
+}
+
+MACHINE_TAGS = {  # what the machine did, sampled every few steps (machine.py); rates are per step since the last sample
+    "cpu_per_wall": "kprof/machine/cpu_per_wall",  # process CPU seconds per wall second (over 1: several threads)
+    "cpu_wait": "kprof/machine/cpu_wait_share",  # the training thread's wait for a CPU (run queue) per wall second
+    "load1": "kprof/machine/load1",  # the 1-minute load average
+    "runnable": "kprof/machine/runnable",  # tasks runnable on the machine at the sample (this one included)
+    "cpus": "kprof/machine/cpus",  # CPUs this process may run on, once, at the first sample
+    "voluntary_switches": "kprof/machine/voluntary_switches",  # per step: waits the process chose (I/O, locks)
+    "involuntary_switches": "kprof/machine/involuntary_switches",  # per step: preempted for other work
+    "sm_clock": "kprof/gpu/sm_clock_mhz",
+    "max_sm_clock": "kprof/gpu/max_sm_clock_mhz",
+    "throttle": "kprof/gpu/throttle_reasons",  # NVML's clock throttle reasons that slow the GPU (machine.THROTTLES)
+    "temperature": "kprof/gpu/temperature_c",
+    "other_processes": "kprof/gpu/other_processes",  # other processes computing on the GPU
 }
 
 _PARTIAL = re.compile(r"^(?P<final>.+\.pt\.trace\.json(?:\.gz)?)\.partial(?:\..*)?$")

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from . import layout, memory_watch, peaks, scalars, torch_compat
+from . import layout, machine, memory_watch, peaks, scalars, torch_compat
+from .afterwindow import AfterWindow
 from .attribution import ModelCapture
 from .config import ProfileConfig, check_activities
 from .history import History
@@ -139,6 +140,8 @@ class Session:
         self._steps = History(len(_STEP_COLUMNS))  # per step: samples, flops as step() got them; memory samples
         self._probe: scalars.MemoryProbe | None = None
         self._memory: memory_watch.Watch | None = None  # the optimizers' note in traces, out-of-memory reports
+        self._machine: machine.MachineProbe | None = None  # what the machine did, with the scalars
+        self._after = AfterWindow()  # the steps right after a window: what they pay for its export is kprof's
         self.peak_tflops: float | None = None  # the dense peak MFU is measured against (None: unknown device)
         self._peak_noted = False
         self._scalar_times = self._timer.reader(own=True)
@@ -164,7 +167,7 @@ class Session:
         if config.enabled:
             self._activities = _usable_activities(config.resolved_activities())
         self._plan = _Plan(config, self._may_capture)
-        self._trigger = make_trigger(config, self.arm, self._timer.reader(), self.run_dir) if config.enabled else None
+        self._trigger = make_trigger(config, self.arm, self._own_step_times(), self.run_dir) if config.enabled else None
 
     # -- public surface ---------------------------------------------------------------------------------------
     @property
@@ -174,11 +177,24 @@ class Session:
 
     @property
     def step_times(self) -> list[float]:
-        """Seconds per completed step without kprof's own cost, the last ``history.KEEP_STEPS`` steps (every step
-        is in the ``kprof/step_time_ms`` scalars); waits for outstanding CUDA events, so call it outside the hot
-        loop."""
+        """Seconds per completed step without kprof's own cost (what the steps right after a window pay for its
+        export included: ``afterwindow.py``), the last ``history.KEEP_STEPS`` steps (every step is in the
+        ``kprof/step_time_ms`` scalars); waits for outstanding CUDA events, so call it outside the hot loop."""
         self._timer.drain()
-        return self._timer.times()
+        times = self._timer.times()
+        first = self._timer.count - len(times)
+        return [t - self._after.charge(first + k, t, self._timer.seconds) for k, t in enumerate(times)]
+
+    def _own_step_times(self) -> Callable[[], tuple[int, list[float]]]:
+        """A cursor over the steps' times, as ``StepTimer.reader``, less what the steps right after a window pay for
+        its export: the slow-step trigger must not take a window's own cost for a slow step and start another."""
+        read = self._timer.reader()
+
+        def own() -> tuple[int, list[float]]:
+            start, times = read()
+            return start, [t - self._after.charge(start + k, t, self._timer.seconds) for k, t in enumerate(times)]
+
+        return own
 
     def new_step_metrics(self) -> list[tuple[int, dict[str, float]]]:
         """``(step, scalars)`` of the steps completed since the last call (``scalars.step_metrics`` plus memory at
@@ -202,7 +218,7 @@ class Session:
         start or stop, the hand-off to the trace writer, memory samples, triggers) is timed as kprof's own cost
         (``kprof/profiler_ms``), apart from the step's time."""
         self._end_step(samples, flops)
-        self._timer.start()
+        self._begin_step()
 
     @contextlib.contextmanager
     def _step_boundary(self, samples: int | None, flops: float | None):
@@ -212,7 +228,12 @@ class Session:
         try:
             yield
         finally:
-            self._timer.start()
+            self._begin_step()
+
+    def _begin_step(self) -> None:
+        """The next step begins: its time, and its page faults when it is right after a window (``afterwindow``)."""
+        self._after.started(self.steps)
+        self._timer.start()
 
     def _end_step(self, samples: int | None, flops: float | None) -> None:
         """Check the arguments, end the step's time, and do the session's bookkeeping (timed as its own)."""
@@ -226,6 +247,7 @@ class Session:
         if flops is not None:
             flops = scalars.check_flops("flops", flops)
         self._timer.end()
+        self._after.finished(self.steps)
         try:
             self._bookkeeping(samples, flops)
         except BaseException:
@@ -250,6 +272,8 @@ class Session:
         if self._probe is not None and (step < EARLY_MEMORY_STEPS or self.steps % self.config.memory_every == 0):
             for tag, mb in self._probe.sample().items():
                 self._steps.put(step, _STEP_COLUMNS.index(tag), mb)
+        if self._machine is not None:
+            self._machine.on_step(step)
         if self._nvtx:
             torch.cuda.nvtx.range_pop()
             torch.cuda.nvtx.range_push(f"step {self.steps}")
@@ -264,6 +288,7 @@ class Session:
         self._model.sync(self._prof.current_action in _RECORDING)
         if len(self.captures) > windows:  # a window ended: its export forks now, inside kprof's time
             self._writer.wait_forked(_FORK_WAIT)
+            self._after.ended(self.captures[-1].first_step - self.config.warmup, self.captures[-1].last_step)
         else:  # an export that could not fork at its window's end (the writer was busy) forks here
             self._writer.let_fork(_FORK_WAIT)
         self._raise_interrupt()
@@ -417,6 +442,9 @@ class Session:
         cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
         if self.config.memory_every:
             self._probe = scalars.MemoryProbe(cuda_device)
+        if self.config.scalars:
+            gpu = None if cuda_device is None else machine.pci_bus_id(torch.cuda.get_device_properties(cuda_device))
+            self._machine = machine.MachineProbe(pci_bus_id=gpu)
         self.peak_tflops = self.config.peak_tflops
         if self.peak_tflops is None and cuda_device is not None:
             self.peak_tflops = peaks.peak_tflops(torch.cuda.get_device_name(cuda_device), self.config.mfu_dtype)
@@ -452,6 +480,8 @@ class Session:
             self._probe.close()
         if self._memory is not None:
             self._memory.close()
+        if self._machine is not None:
+            self._machine.close()
         self._give_back_folder()
         Session._active = None
 
@@ -501,6 +531,9 @@ class Session:
             if self._probe is not None:
                 self._probe.close()
             self._model.stop(self._writer, self.run_dir)
+            if self._machine is not None:
+                self._machine.close()
+            self._after.close()
             if self.config.scalars:
                 self._timer.drain()
                 self._send_scalars()
@@ -595,12 +628,19 @@ class Session:
         recorded = self._steps.rows(start, start + len(times))
         for step, (seconds, own), row in zip(range(start, start + len(times)), times, recorded):
             samples, flops = (None if math.isnan(x) else x for x in row[:2])
+            export = self._after.charge(step, seconds, self._timer.seconds)
             metrics = scalars.step_metrics(
-                seconds, None if samples is None else int(samples), flops, self.peak_tflops, own
+                seconds - export, None if samples is None else int(samples), flops, self.peak_tflops, own
             )
+            if self._after.charged(step):
+                metrics[layout.AFTER_WINDOW_TAG] = export * 1e3
             metrics.update((tag, mb) for tag, mb in zip(_STEP_COLUMNS[2:], row[2:]) if not math.isnan(mb))
+            if self._machine is not None:
+                metrics.update(self._machine.metrics(step))
             if step == 0 and self.peak_tflops:
                 metrics[layout.PEAK_TAG] = self.peak_tflops
+            if step == 0 and self.config.trigger == "slow_step":  # the tab names the trigger only when it was on
+                metrics[layout.TRIGGER_TAG] = self.config.slow_factor
             rows.append((step, metrics))
         return rows
 

@@ -25,28 +25,61 @@ SLOWER = "slower"
 SAME = "no significant difference"
 NOISY = "noisy measurement"
 NOISY_SPREAD = 1.5  # p90 / median of a variant's step times above which its timing is called noisy
-NOISY_CI = 1.25  # an interval whose high / low exceeds this is too wide for a verdict
+NOISY_CI = 1.25  # an interval whose high / low exceeds this is too wide for a verdict on its own
 
 
-def noise(base: Sequence[float], other: Sequence[float], low: float, high: float, steps: int) -> str | None:
-    """Why a comparison is too noisy for a verdict (None when it is not): steps that vary a lot, or a wide
-    interval; with what to do about it."""
-    spread = max(_p90(base) / float(np.median(base)), _p90(other) / float(np.median(other)))
-    if spread <= NOISY_SPREAD and high / low <= NOISY_CI:
-        return None
-    why = (
-        f"p90/median of the step times is {spread:.2f}"
-        if spread > NOISY_SPREAD
-        else f"the {high / low:.2f}x-wide interval"
+def spread(times: Sequence[float]) -> float:
+    """p90 / median of step times: how far a variant's slow steps stray from its typical one (1.0: not at all)."""
+    return float(np.percentile(times, 90) / np.median(times))
+
+
+def drift(times: Sequence[float], rounds: int) -> float:
+    """How far a variant's median could move, as a factor, if load hit it in ``2 / sqrt(rounds)`` more of its steps
+    than the other variant: the (50 + 50 x that share)th percentile of ``times`` over their median. Interleaving in
+    a random order per round leaves about that much imbalance, and less with more rounds."""
+    share = min(1.0, 2.0 / math.sqrt(max(rounds, 1)))
+    return float(np.percentile(times, 50.0 + 50.0 * share) / np.median(times))
+
+
+def judge(
+    speedup: float,
+    low: float,
+    high: float,
+    base: Sequence[float],
+    other: Sequence[float],
+    *,
+    rounds: int,
+    threshold: float = 0.02,
+    base_name: str = "the baseline",
+) -> tuple[str, tuple[float, float] | None, str | None]:
+    """``(verdict, widened interval or None, note or None)`` for ``other`` against ``base`` (their step times, from
+    ``rounds`` interleaved rounds) on a machine that may be noisy. Noisy means either variant's steps vary a lot
+    (``spread`` > NOISY_SPREAD) or the interval is wide (high / low > NOISY_CI). Then the interval is widened for
+    load that hit one variant's steps more than the other's, which resampling rounds does not see (``drift``): load
+    on the baseline makes ``other`` look faster, so the low end comes down by the baseline's drift; load on
+    ``other`` makes it look slower, so the high end goes up by its own. The verdict is called on that interval:
+    "faster"/"slower" when even it excludes no change, with a note that the machine was noisy; "noisy measurement"
+    when the noise could change the answer. The note quotes ``other``'s own spread beside the baseline's
+    (``base_name``). Calibrated in benchmarks/calibration.py ("compare under load")."""
+    plain = verdict(speedup, low, high, threshold=threshold)
+    own, theirs = spread(other), spread(base)
+    if max(own, theirs) <= NOISY_SPREAD and high / low <= NOISY_CI:
+        return plain, None, None
+    wide = (low / max(drift(base, rounds), 1.0), high * max(drift(other, rounds), 1.0))
+    why = f"p90/median of its step times is {own:.2f}, of {base_name}'s {theirs:.2f}"
+    if max(own, theirs) <= NOISY_SPREAD:
+        why = f"the {high / low:.2f}x-wide interval ({why})"
+    shown = f"widened for that noise, the interval is [{wide[0]:.3f}, {wide[1]:.3f}]"
+    decided = verdict(speedup, *wide, threshold=threshold)
+    if decided != SAME:
+        note = f"the machine was noisy ({why}), but {shown}: it excludes no change, the difference is larger than that"
+        return decided, wide, note
+    steps = len(other)
+    note = (
+        f"{why}: other load on the machine (other processes, a shared GPU, thermal throttling) or too few steps "
+        f"({steps}); {shown}; rerun on a quiet machine with more steps (e.g. steps={4 * steps})"
     )
-    return (
-        f"{why}: other load on the machine (other processes, a shared GPU, thermal throttling) or too few "
-        f"steps ({steps}); rerun on a quiet machine with more steps (e.g. steps={4 * steps})"
-    )
-
-
-def _p90(times: Sequence[float]) -> float:
-    return float(np.percentile(times, 90))
+    return NOISY, wide, note
 
 
 _RESAMPLES = 2000

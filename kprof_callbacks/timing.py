@@ -7,6 +7,7 @@ so the training thread never waits for the device.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from array import array
@@ -76,6 +77,11 @@ class StepTimer:
     def times(self) -> list[float]:
         """Seconds of each step held, oldest first."""
         return self._held(self._step_s, max(0, self.count - self.keep), self.count)
+
+    def seconds(self, start: int, stop: int) -> list[float]:
+        """Seconds of steps ``start`` to ``stop - 1``; NaN for a step no longer held or not yet known."""
+        held = range(max(0, self.count - self.keep), self.count)
+        return [self._step_s[k % self.keep] if k in held else math.nan for k in range(start, stop)]
 
     def reader(self, own: bool = False) -> Callable[[], tuple[int, list]]:
         """A cursor over the steps: each call polls and returns (the first new step, their times).

@@ -239,7 +239,8 @@ def test_calibration_quick_rates_every_detector_on_noise_and_on_its_effect(tmp_p
     for row in doc["rows"]:
         assert row["false_positive_ci"][0] <= row["false_positive_rate"] <= row["false_positive_ci"][1]
         if row["noise_sigma"] == 0.05:  # a GPU step's noise: every detector near its targets even in 40 trials
-            assert row["false_positive_rate"] <= 0.1 and row["detection_rate"] >= 0.9, row
+            assert row["false_positive_rate"] <= 0.1, row
+            assert row["detection_rate"] >= 0.9 or row["meets_targets"] is None, row  # None: detection published
     assert "| slow-step trigger | 15% |" in capsys.readouterr().out
     # --only runs some rows with the seeds they have in the full run, so its rows are the full run's
     part = tmp_path / "part.json"

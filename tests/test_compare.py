@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import random
@@ -150,6 +151,70 @@ def test_slowed_variant_is_detected_as_slower_with_about_the_right_ratio(clock):
     assert slow.verdict == stats.SLOWER
     assert slow.ci[0] < 1 / 3 < slow.ci[1] < 1.0  # 3 ms / 9 ms
     assert slow.timing.median_ms > result["fast"].timing.median_ms
+
+
+def loaded(seconds: float, slow_every: int = 5) -> Callable[[], float]:
+    """``seconds`` a step, every ``slow_every``-th step twice that (other load): p90/median 2.0 over 20 steps."""
+    calls = itertools.count()
+    return lambda: seconds * (2.0 if next(calls) % slow_every == slow_every - 1 else 1.0)
+
+
+def test_a_10x_slower_variant_on_a_noisy_machine_is_slower(clock):
+    """The baseline's steps spread to p90/median 2.0 (load), the variant is 10x slower: the interval widened by that
+    spread still excludes no change, so the verdict is "slower", with a note that the machine was noisy that quotes
+    the variant's own spread beside the baseline's."""
+    base = mlp()
+    variants = {
+        "fast": Sleepy(base, loaded(0.0005), clock),
+        "slow": Sleepy(copy.deepcopy(base), jittered(0.005, 2), clock),
+    }
+    result = compare(variants, loss_fn, BATCHES, steps=20, warmup=1, check=False)
+    slow = result["slow"]
+    assert stats.spread(result["fast"].timing.times_ms) == pytest.approx(2.0)
+    assert slow.verdict == stats.SLOWER and slow.ci[1] < slow.noise_ci[1] < 1.0 and slow.noise_ci[0] <= slow.ci[0]
+    own = stats.spread(slow.timing.times_ms)
+    assert f"p90/median of its step times is {own:.2f}, of fast's 2.00" in slow.note and own < 1.2
+    assert f"slow: slower: the machine was noisy (p90/median of its step times is {own:.2f}" in str(result)
+    limit = 100 * (1 / slow.noise_ci[1] - 1)  # the gate goes by the widened interval: surely this much slower
+    assert 1 / slow.ci[1] - 1 > limit / 100 + 0.1 > 8  # (the plain one, surely slower by more)
+    assert result.regressed(limit - 1) == ["slow"] and result.regressed(limit + 1) == []
+
+
+def test_each_variant_on_a_noisy_machine_quotes_its_own_spread(clock):
+    """A noisy baseline against a steady variant of the same speed (the noise could change that answer: "noisy
+    measurement") and a steady one twice as slow (it cannot: "slower"): each note gives that variant's own spread."""
+    base = mlp()
+    variants = {
+        "base": Sleepy(base, loaded(0.002, slow_every=4), clock),
+        "same": Sleepy(copy.deepcopy(base), jittered(0.002, 3), clock),
+        "twice": Sleepy(copy.deepcopy(base), jittered(0.004, 4), clock),
+    }
+    result = compare(variants, loss_fn, BATCHES, steps=20, warmup=1, check=False)
+    same, twice = result["same"], result["twice"]
+    spreads = {v.name: stats.spread(v.timing.times_ms) for v in (same, twice)}
+    assert all(s < 1.2 for s in spreads.values()) and spreads["same"] != spreads["twice"]
+    assert same.verdict == stats.NOISY
+    assert same.note.startswith(f"p90/median of its step times is {spreads['same']:.2f}, of base's 2.00: other load")
+    assert twice.verdict == stats.SLOWER
+    assert twice.note.startswith(
+        f"the machine was noisy (p90/median of its step times is {spreads['twice']:.2f}, of base's 2.00)"
+    )
+
+
+def test_identical_variants_under_load_are_rarely_called_different():
+    """Seeded load (bursts that double a round's steps) on two identical variants: at most the published rate of
+    "faster"/"slower" verdicts (docs/findings.md, "compare under load")."""
+    rng = np.random.default_rng(0)
+    wrong = 0
+    for trial in range(100):
+        burst = np.where(rng.random(50) < 0.2, rng.uniform(1.5, 3.0, 50), 1.0)
+        base = [[1e-3 * b * rng.lognormal(0, 0.05)] for b in burst]
+        other = [[1e-3 * b * rng.lognormal(0, 0.05) * (rng.uniform(1.5, 3.0) if rng.random() < 0.1 else 1.0)]
+                 for b in burst]  # fmt: skip
+        speedup, low, high = stats.speedup_interval(base, other, seed=trial)
+        verdict, _, _ = stats.judge(speedup, low, high, sum(base, []), sum(other, []), rounds=50)
+        wrong += verdict in (stats.FASTER, stats.SLOWER)
+    assert wrong <= 5
 
 
 def test_a_step_fn_that_changes_its_batch_in_place_fails_no_correct_variant():

@@ -28,7 +28,7 @@ def test_plain_loop_trains_and_summarizes(tmp_path):
     losses = [float(line.split("loss")[1]) for line in out.splitlines() if line.startswith("step") and "loss" in line]
     assert losses[-1] < losses[0]
     assert len(list((tmp_path / "log" / "plain-loop").glob("*.pt.trace.json"))) == 2
-    assert "Diagnostics" in out and "tensorboard --logdir log" in out
+    assert "Findings" in out and "tensorboard --logdir log" in out
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ def test_compare_reports_every_training_step_it_runs(tmp_path):
         logdir=tmp_path / "log",
         progress=lambda done, total: seen.append((done, total)),
     )
-    profiled = 1 + 1 + 3  # compare's own schedule: wait 1, warmup 1, active 3
+    profiled = 1 + 1 + 5  # compare's own schedule: wait 1, warmup 1, active 5 (its trace diff's steps at 95%)
     assert seen[-1] == (2 * (1 + 4 + profiled),) * 2
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
 

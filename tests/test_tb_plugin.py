@@ -182,10 +182,14 @@ def test_step_time_covers_every_step(tb, sessions):
     points = tb.wait_for(lambda: _get(tb, "steptime", run="baseline")["points"], "kprof/step_time_ms scalars")
     assert [p[0] for p in points] == list(range(len(times)))  # numbered like ProfilerStep#N, from 0
     assert [p[1] for p in points] == pytest.approx([t * 1e3 for t in times], rel=1e-5)
-    (own,) = [tags[layout.PROFILER_TAG] for tags in read_series(sessions["baseline"].run_dir).values()]
+    (tags,) = read_series(sessions["baseline"].run_dir).values()
+    own, export = tags[layout.PROFILER_TAG], tags[layout.AFTER_WINDOW_TAG]
+    charged = dict(zip(export.steps.tolist(), export.values.tolist()))  # what the steps after the window paid for it
     served = _get(tb, "steptime", run="baseline")["profiler"]  # kprof's own cost, step by step
-    assert served == [[int(s), pytest.approx(v, rel=1e-6)] for s, v in zip(own.steps, own.values)]
+    expected = [[int(s), pytest.approx(v + charged.get(s, 0.0), rel=1e-6)] for s, v in zip(own.steps, own.values)]
+    assert served == expected and list(charged) == [4, 5]  # the window of steps 2-3 (its warm-up 1) ended at 3
     assert [s for s, _ in served] == list(range(len(times)))
+    assert _get(tb, "steptime", run="baseline")["slow_step_trigger"] is None  # a fixed schedule: no trigger to name
 
 
 def test_compare_route_serves_compare_json_with_run_links(tb, logdir, comparison):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..exits import FAILED, REGRESSION, USAGE
+from .. import exits
 
 if TYPE_CHECKING:
     from .summary import Summary
@@ -115,12 +115,12 @@ def run_summary(
     bad = _bad_output(html, "--html") or _bad_output(stacks, "--stacks")
     if bad:
         print(f"kprof summary: {bad}", file=sys.stderr)
-        return USAGE
+        return exits.USAGE
     try:
         result = summarize(path, progress=sys.stderr.isatty(), jobs=jobs)
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof summary: {exc}", file=sys.stderr)
-        return FAILED
+        return exits.FAILED
     runs: dict[str, Summary] = result if isinstance(result, dict) else {result.name: result}
     if as_json:
         doc = {name: s.to_dict() for name, s in runs.items()} if isinstance(result, dict) else result.to_dict()
@@ -135,7 +135,7 @@ def run_summary(
     if stacks:
         for name, s in runs.items():
             ok &= _written(_per_run(stacks, name, len(runs) > 1), s.export_stacks, "summary", "folded stacks")
-    return 0 if ok else 1
+    return exits.OK if ok else exits.FAILED
 
 
 def run_diff(
@@ -169,16 +169,16 @@ def run_diff(
         bad = bad or str(exc)
     if bad:
         print(f"kprof diff: {bad}", file=sys.stderr)
-        return USAGE
+        return exits.USAGE
     try:
         result = diff(*load(a, b, jobs=jobs, progress=sys.stderr.isatty()), confidence=confidence)
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof diff: {exc}", file=sys.stderr)
-        return FAILED
-    regressed, no_verdict = None, None
+        return exits.FAILED
+    status, no_verdict = None, None
     if fail_if_slower is not None:
         try:
-            regressed = result.regressed(fail_if_slower)
+            status = result.gate_status(fail_if_slower)
         except ValueError as exc:  # too few steps: the report says so too
             no_verdict = f"--fail-if-slower: {exc}"
     more_memory = None
@@ -192,7 +192,8 @@ def run_diff(
         if fail_if_slower is not None:
             doc["gate"] = {
                 "fail_if_slower_pct": fail_if_slower,
-                "regressed": regressed,
+                "regressed": None if status is None else result.regressed(fail_if_slower),
+                "inconclusive": status == exits.INCONCLUSIVE,
                 "report": gate(result, fail_if_slower),
             }
         if fail_if_more_memory is not None:
@@ -207,8 +208,10 @@ def run_diff(
     else:
         print(result.render(top=top, fail_if_slower=fail_if_slower, fail_if_more_memory=fail_if_more_memory))
     written = not html or _written(html, lambda out: result.to_html(out, top=max(top, 30)), "diff", "HTML report")
-    if regressed or more_memory:
-        return REGRESSION
+    if status == exits.REGRESSION or more_memory:
+        return exits.REGRESSION
+    if status == exits.INCONCLUSIVE:
+        return status
     if no_verdict:
         print(f"kprof diff: {no_verdict}", file=sys.stderr)
-    return 0 if written and not no_verdict else 1
+    return exits.OK if written and not no_verdict else exits.FAILED

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import stats
-from . import fmt
+from . import explain, fmt, outside
 from .breakdown import CHANGE_COLORS
 from .events import DEVICE_KINDS
 from .fmt import clip
@@ -21,13 +21,13 @@ from .report import NAME_WIDTH, Table, markdown_table, md_text, text_table
 if TYPE_CHECKING:
     from .tracediff import Change, Diff, Side
 
-MIN_SHARE = 0.05  # the headline names rows that account for at least this share of the step-time change
 HEADLINE_ROWS = 3
 GROUPS = (  # title, kinds, what a row's value is
     ("GPU activities (GPU time per step)", DEVICE_KINDS, "time"),
     ("Operators (self CPU time per step)", ("op",), "time"),
     ("Labels (wall time per step)", ("label",), "time"),
     ("Modules (GPU time per step, children included; host time without a GPU)", ("module",), "time"),
+    ("Outside operators (host time between them, GPU idle, data loading per step)", (outside.KIND,), "time"),
     ("Counts per step", ("count",), "count"),
     ("Memory at the peak (bytes per step)", ("memory",), "bytes"),
 )
@@ -55,7 +55,7 @@ def _side(s: Side) -> str:
 def _step_line(d: Diff) -> str:
     """The step-time verdict in one sentence, with why the mean says otherwise when it does."""
     t = d.step_time
-    pct = fmt.percent(d.confidence)
+    pct = fmt.level(d.confidence)
     times = f"{fmt.duration(t.a_median_us)} -> {fmt.duration(t.b_median_us)} (medians)"
     if t.verdict == stats.TOO_FEW:
         line = (
@@ -78,7 +78,7 @@ def _step_line(d: Diff) -> str:
 
 def interval_header(d: Diff) -> str:
     """What the rows' interval column holds: Welch's interval at the false-coverage-adjusted level."""
-    return f"{fmt.percent(d.row_confidence)} CI (FDR-adjusted)"
+    return f"{fmt.level(d.row_confidence)} CI (FDR-adjusted)"
 
 
 def _table(d: Diff, title: str, kinds: Sequence[str], value: str, top: int, width: int) -> Table | None:
@@ -111,28 +111,21 @@ def tables(d: Diff, top: int, width: int = NAME_WIDTH) -> list[Table]:
 
 
 def _explained(d: Diff, top: int) -> str:
-    """Which rows account for the step-time change (GPU activities first, else operators, else labels)."""
-    for kinds in (DEVICE_KINDS, ("op",), ("label",)):
-        rows = d.contributors(kinds, top, min_share=MIN_SHARE)
-        if rows:
-            return (
-                "Accounting for it: "
-                + ", ".join(
-                    f"{fmt.row_label(c.kind, c.name)} {_signed(c.change, fmt.duration)} per step "
-                    f"({fmt.share(d.share_of_step_change(c))} of the change in mean step time)"
-                    for c in rows
-                )
-                + "."
-            )
-    return (
-        f"No significant change of an operator, label or GPU activity accounts for {fmt.share(MIN_SHARE)} of "
-        "it or more."
-    )
+    """Which rows account for the step-time change, largest share first, and the share they explain together."""
+    found = explain.explain(d, top)
+    if found.rows:
+        return (
+            f"Accounting for it, by share of the change in mean step time: {found.words()}; the rows that moved "
+            f"with it explain {fmt.share(found.together)} of it together."
+        )
+    return f"No significant change of a row accounts for {fmt.share(explain.MIN_SHARE)} of it or more."
 
 
 def headline(d: Diff, top: int) -> str:
     """The step-time verdict, what accounts for it when B is faster or slower, and the largest significant rows."""
     parts = [_step_line(d)]
+    if d.machine is not None:  # the machine before the rows: it may be what changed
+        parts.append(d.machine.sentence())
     if d.step_time.significant:
         parts.append(_explained(d, top))
     rows = [c for c in d.significant() if c.kind != "count"]
@@ -150,48 +143,71 @@ def _change_word(c: Change) -> str:
 
 
 def _grew(d: Diff, top: int) -> str:
-    """The significant rows that grew (new, or up), largest first, per group (GPU activities, operators, labels), the
-    group with the largest growth first."""
-    groups = []
-    for title, kinds in (("GPU activities", DEVICE_KINDS), ("operators", ("op",)), ("labels", ("label",))):
-        rows = sorted((c for c in d.significant(kinds) if c.change > 0), key=lambda c: -c.change)[:top]
-        if rows:
-            groups.append((rows[0].change, f"{title}: " + ", ".join(_grown(d, c) for c in rows)))
-    if not groups:
+    """The rows that explain the growth, largest share of the change in mean step time first, with the share they
+    explain together; else the rows that grew, largest first."""
+    found = explain.explain(d, top)
+    if found.rows:
         return (
-            "No operator, label or GPU activity grew significantly: the time went between them (host overhead, "
-            "waits), or the rows vary too much for their steps."
+            f"What grew, largest share of the change in mean step time first: {found.words()}; the rows that grew "
+            f"explain {fmt.share(found.together)} of it together."
         )
-    return "What grew: " + "; ".join(text for _, text in sorted(groups, key=lambda g: -g[0])) + "."
-
-
-def _grown(d: Diff, c: Change) -> str:
-    """A row that grew: by how much per step, and its share of the change in mean step time (when that grew)."""
-    share = (
-        f", {fmt.share(d.share_of_step_change(c))} of the change in mean step time" if d.mean_step_change_us > 0 else ""
+    grown = sorted((c for c in d.significant() if c.kind != "count" and c.change > 0), key=lambda c: -c.change)
+    if not grown:
+        return "No row grew significantly: the rows vary too much for their steps."
+    rows = explain.Explanation(grown[:top], [d.share_of_step_change(c) for c in grown[:top]], 0.0)
+    return (
+        f"What grew: {rows.words()}; no row that grew significantly accounts for {fmt.share(explain.MIN_SHARE)} of "
+        "the change in mean step time."
     )
-    return f"{fmt.row_label(c.kind, c.name)} {_signed(c.change, fmt.duration)} per step ({c.status}{share})"
+
+
+def _relative(change: float) -> str:
+    """B's relative change in step time in words: `12.0% slower`, `41.1% faster`, `as long` (under 0.05%)."""
+    if not round(abs(change), 3):
+        return "as long"
+    return f"{abs(change):.1%} {'slower' if change > 0 else 'faster'}"
+
+
+def _relative_interval(low: float, high: float) -> str:
+    """The interval of a relative change in the words of ``_relative``, so estimate and interval read alike:
+    `7.3% to 11.4% slower`, `86.6% faster to 48.3% slower`."""
+    if low > 0 and round(low, 3):
+        return f"{low:.1%} to {high:.1%} slower"
+    if high < 0 and round(high, 3):
+        return f"{-high:.1%} to {-low:.1%} faster"
+    return f"{_relative(low)} to {_relative(high)}"
 
 
 def gate(d: Diff, pct: float, top: int = HEADLINE_ROWS) -> str:
     """The regression gate's answer (``Diff.regressed(pct)``) in words: B's slowdown with its interval, against the
-    limit; when it failed, what grew; with too few steps, why there is no answer."""
+    limit; when it failed, what grew, or that the machine changed (``Diff.machine_changed``: "inconclusive"); with
+    too few steps, why there is no answer."""
     stats.regression_limit(pct)
     try:
         failed = d.regressed(pct)
     except ValueError as exc:
-        return f"No verdict (limit +{fmt.percent(pct / 100)}): {exc}."
+        return f"No verdict (limit {fmt.limit(pct)}): {exc}."
     t = d.step_time
-    low, high = t.change_interval
-    moved = (
-        f"{abs(t.change):.1%} {'slower' if t.change > 0 else 'faster'} than A's"
-        if round(abs(t.change), 3)
-        else "as long as A's"
+    moved = _relative(t.change)
+    change = (
+        f"B's typical step is {moved} {'as' if moved == 'as long' else 'than'} A's "
+        f"[{fmt.level(d.confidence)} CI: {_relative_interval(*t.change_interval)}]"
     )
-    change = f"B's typical step is {moved} [{fmt.percent(d.confidence)} CI {low:+.1%} to {high:+.1%}]"
-    limit = f"limit +{fmt.percent(pct / 100)}"
+    limit = f"limit {fmt.limit(pct)}"
+    if failed and d.machine_changed:
+        return (
+            f"Inconclusive, the machine changed ({limit}): {change}, all of the interval above the limit, "
+            f"but {d.machine.sentence()}"
+        )
     if failed:
-        return f"Regression ({limit}): {change}, all of the interval above the limit. {_grew(d, top)}"
+        machine = f" {d.machine.sentence()}" if d.machine else ""
+        return f"Regression ({limit}): {change}, all of the interval above the limit. {_grew(d, top)}{machine}"
+    if d.masked(pct):
+        return (
+            f"Inconclusive, the machine changed ({limit}): {change}, which would pass, but "
+            f"{d.machine.sentence()} That made A's steps {d.machine.lost:.0%} longer: a regression of B past the limit "
+            "could hide behind it; rerun both sides on one quiet machine."
+        )
     return (
         f"No regression ({limit}): {change}; the gate fails only when B is significantly slower and the "
         "whole interval lies above the limit."
@@ -205,7 +221,7 @@ def _rule(d: Diff) -> str:
         "is significant when Welch's t-test passes the Benjamini-Hochberg false-discovery control across all "
         f"rows (rate {fmt.share(1 - d.confidence)}) and it exceeds the noise threshold "
         f"({fmt.share(d.noise_threshold)} of A); each row's interval is Welch's at the level that control used "
-        f"({fmt.percent(d.row_confidence)}), so it excludes 0 for the rows it kept; new and gone rows are tested on "
+        f"({fmt.level(d.row_confidence)}), so it excludes 0 for the rows it kept; new and gone rows are tested on "
         "their calls per step"
     )
 
@@ -213,7 +229,10 @@ def _rule(d: Diff) -> str:
 def render(d: Diff, top: int) -> str:
     """The whole text report."""
     head = "kprof diff: B against A"
-    parts = [f"{head}\n{'=' * len(head)}\nA: {_side(d.a)}\nB: {_side(d.b)}", headline(d, HEADLINE_ROWS)]
+    parts = [f"{head}\n{'=' * len(head)}\nA: {_side(d.a)}\nB: {_side(d.b)}"]
+    if d.capture:  # each side's capture checked before anything drawn from it
+        parts.append("\n".join(f"! {line}" for line in d.capture))
+    parts.append(headline(d, HEADLINE_ROWS))
     parts += [f"{t.title}\n{text_table(t.headers, t.rows)}" for t in tables(d, top)]
     if d.diagnostics:
         parts.append(
@@ -229,6 +248,8 @@ def render(d: Diff, top: int) -> str:
 def markdown(d: Diff, top: int, gate_text: str | None = None) -> str:
     """The report as GitHub-flavoured Markdown for a pull request: the gate (when given), the headline, the tables."""
     parts = ["### kprof diff: B against A", f"A: {md_text(_side(d.a))}  \nB: {md_text(_side(d.b))}"]
+    if d.capture:
+        parts.append("\n".join(f"- **{md_text(line)}**" for line in d.capture))
     if gate_text:
         parts.append(f"**{md_text(gate_text)}**")
     parts.append(md_text(headline(d, HEADLINE_ROWS)))
@@ -273,8 +294,11 @@ def body(d: Diff, top: int) -> str:
     timed = [c for c in d.significant() if c.kind not in ("count", "memory")][:top]
     parts = [
         f"<h1>kprof diff: B against A</h1><p>A: {escape(_side(d.a))}<br>B: {escape(_side(d.b))}</p>",
-        f"<p><b>{escape(headline(d, HEADLINE_ROWS))}</b></p>",
     ]
+    if d.capture:
+        parts.append('<ul class="capture">' + "".join(f'<li class="warning">{escape(x)}</li>' for x in d.capture))
+        parts.append("</ul>")
+    parts.append(f"<p><b>{escape(headline(d, HEADLINE_ROWS))}</b></p>")
     if timed:
         parts.append(f"<h2>Significant changes in time per step</h2>{_signed_bars(timed)}")
     for t in tables(d, top, width=300):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import attribution, comm, diagnostics, ops, perstep, stacks, steps
+from . import attribution, comm, diagnostics, health, ops, perstep, stacks, steps
 from .events import PYTHON, build
 from .memory_trace import FileMemory, memory_of
 from .reader import TraceFile
@@ -32,6 +32,7 @@ class FileResult:
     stack: stacks.StackSource
     per_step: perstep.PerStep
     comm: comm.FileComm
+    health: health.FileHealth
     modules: attribution.FileAttribution | None
     memory: FileMemory | None = None
 
@@ -69,6 +70,7 @@ def analyze(trace: TraceFile) -> FileResult:
         ),
         per_step=perstep.with_modules(perstep.from_timeline(tl, tree, costs, times), attributed),
         comm=comm.analyze(tl, times),
+        health=health.gather(tl, times, trace.columns.clipped, trace.world_size),
         modules=attributed,
         memory=memory_of(tl, tree, times.windows),
     )

@@ -1,17 +1,42 @@
-"""Human-readable numbers for tables and diagnostics."""
+"""Human-readable numbers for tables and diagnostics.
+
+The kprof tab formats the same numbers in JavaScript (``tensorboard/static/fmt.js``) with the same rules and the
+same rounding, so a duration or a confidence level reads alike in the terminal, the HTML report and the tab.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from decimal import ROUND_HALF_UP, Decimal
+
+
+def fixed(x: float, digits: int) -> str:
+    """``x`` with ``digits`` decimals, rounded as JavaScript's ``toFixed`` rounds: the float's exact value, a tie
+    away from zero (Python's format rounds a tie to even: 32.25 gives 32.2 here and 32.3 in the tab)."""
+    if x == 0:
+        x = 0.0  # no "-0.0"
+    return str(Decimal(x).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
 
 
 def duration(us: float) -> str:
-    """Microseconds as `812 us`, `12.3 ms` or `1.24 s`."""
+    """Microseconds as `812 us`, `12.3 ms` or `1.24 s` (``fmt.js``'s ``duration`` writes the same)."""
     if abs(us) >= 1e6:
-        return f"{us / 1e6:.2f} s"
+        return f"{fixed(us / 1e6, 2)} s"
     if abs(us) >= 1e3:
-        return f"{us / 1e3:.1f} ms" if abs(us) >= 1e4 else f"{us / 1e3:.2f} ms"
-    return f"{us:.1f} us" if abs(us) < 100 else f"{us:.0f} us"
+        return f"{fixed(us / 1e3, 1)} ms" if abs(us) >= 1e4 else f"{fixed(us / 1e3, 2)} ms"
+    return f"{fixed(us, 1)} us" if abs(us) < 100 else f"{fixed(us, 0)} us"
+
+
+def level(confidence: float) -> str:
+    """A confidence level as a percentage with the decimals it needs to show its miss rate to two significant
+    digits: `95%`, `99.89%`, `99.9975%`; never `100%` (``fmt.js``'s ``level`` writes the same)."""
+    miss = 100.0 * (1.0 - confidence)
+    if not 0.0 < miss < 100.0:
+        raise ValueError(f"a confidence level is between 0 and 1, got {confidence!r}")
+    digits = max(0, 1 - math.floor(math.log10(miss)))
+    text = fixed(100.0 - miss, digits)
+    return (text.rstrip("0").rstrip(".") if "." in text else text) + "%"
 
 
 def size(nbytes: float) -> str:
@@ -30,16 +55,9 @@ def share(fraction: float) -> str:
     return f"{100 * fraction:.0f}%" if fraction >= 0.1 else f"{100 * fraction:.1f}%"
 
 
-def percent(fraction: float) -> str:
-    """A level or a limit as a percentage, as every report prints one: 0.95 -> `95%`, 0.999 -> `99.9%` (never
-    rounded up to `100%`), -0.0 -> `0%`."""
-    value = 100 * fraction + 0.0
-    text = f"{value:.3g}"
-    for digits in range(4, 12):
-        if float(text) != 100 or fraction >= 1:
-            break
-        text = f"{value:.{digits}g}"
-    return f"{text}%"
+def limit(pct: float) -> str:
+    """A gate's limit, given in percent, as every report prints it: 5 -> `+5%`, -0.0 -> `+0%`."""
+    return f"+{pct + 0.0:g}%"
 
 
 def clip(text: str, width: int) -> str:
@@ -53,9 +71,10 @@ def row_name(kind: str, name: str) -> str:
 
 
 def row_label(kind: str, name: str, width: int = 60) -> str:
-    """`aten::mm`, `label 'forward'`, `kernel 'sgemm_largek_lds64<...>'`: a row, clipped, with its kind."""
+    """`aten::mm`, `label 'forward'`, `kernel 'sgemm_largek_lds64<...>'`: a row, clipped, with its kind (operators
+    and the step's own rows, `GPU idle`, go by their names)."""
     shown = clip(row_name(kind, name), width)
-    return shown if kind == "op" else f"{kind} '{shown}'"
+    return shown if kind in ("op", "step") else f"{kind} '{shown}'"
 
 
 def ranges(numbers: Iterable[int]) -> str:

@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import breakdown, fmt, memory_report, svgtimeline
+from . import breakdown, fmt, health, memory_report, svgtimeline
 from .ranktimeline import COLLAPSE_RANKS, RunSlices
 from .reader import TraceError
 from .report import MEMORY_VIEWER, first_worker_steps, op_sort, rank_label, tables
@@ -206,10 +206,14 @@ def summary_body(s: Summary, top: int, sort: str) -> str:
     """One run's report without the page around it (a section of the file, a notebook's view)."""
     names = ", ".join(escape(p.name) for p in s.files[:8]) + (" ..." if len(s.files) > 8 else "")
     parts = [f"<h1>{escape(s.name)}</h1><p>{len(s.files)} trace file(s): {names}</p>"]
-    if s.diagnostics:
+    capture, found = health.split(s.diagnostics)
+    if capture:
+        lines = "".join(f'<li class="warning">{escape(d.message)}</li>' for d in capture)
+        parts.append(f'<ul class="capture">{lines}</ul>')
+    if found:
         parts.append(
-            "<h2>Diagnostics</h2><ul>"
-            + "".join(f'<li class="{d.severity}">{escape(d.message)}</li>' for d in s.diagnostics)
+            "<h2>Findings</h2><ul>"
+            + "".join(f'<li class="{d.severity}">{escape(d.message)}</li>' for d in found)
             + "</ul>"
         )
     if s.steps:

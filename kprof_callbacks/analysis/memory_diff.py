@@ -111,13 +111,14 @@ def gate(d: Diff, pct: float) -> str:
     check_pct(pct)
     m = d.memory
     if m is None:
-        return f"No memory verdict (limit +{pct:g}%): a side recorded no memory events (profile_memory=True)."
+        return f"No memory verdict (limit {fmt.limit(pct)}): a side recorded no memory events (profile_memory=True)."
     figures = (
         f"B's peak allocated is {fmt.size(m.b_median)} against A's {fmt.size(m.a_median)} ({m.change:+.1%}; medians "
         f"over {m.b_steps} and {m.a_steps} steps; highest {fmt.size(m.b_max)} and {fmt.size(m.a_max)})"
     )
     if not more_memory(d, pct):
-        return f"No memory regression (limit +{pct:g}%): {figures}."
+        return f"No memory regression (limit {fmt.limit(pct)}): {figures}."
     grew = [c for c in d.significant(("memory",)) if c.change > 0 and c.name != PEAK][:4]
     what = ", ".join(f"{c.name} +{fmt.size(c.change)}" for c in grew)
-    return f"Memory regression (limit +{pct:g}%): {figures}." + (f" What grew at the peak: {what}." if what else "")
+    grew_text = f" What grew at the peak: {what}." if what else ""
+    return f"Memory regression (limit {fmt.limit(pct)}): {figures}.{grew_text}"

@@ -15,16 +15,18 @@ from typing import Any
 
 import numpy as np
 
+from . import outside
 from .events import DEVICE_KINDS, Events, launch_times, unique_ids
 from .ops import HostCosts, label_events, op_events
 from .steps import StepTimes, Windows
 from .tables import StepStats
 from .tree import Tree
 
-ROW_KINDS = ("op", "label", *DEVICE_KINDS, "module")
+ROW_KINDS = ("op", "label", *DEVICE_KINDS, "module", outside.KIND)
 """What a row measures: op = self CPU time, label = wall time of the range, device kinds = GPU time, module = the GPU
 time of a module (forward and backward, its children included; without a GPU its host time), ``blocks.*`` for
-repeated instances summed."""
+repeated instances summed, step = the step's time outside operators (``outside``: host time between them, GPU idle,
+data loading)."""
 
 
 @dataclasses.dataclass
@@ -41,6 +43,18 @@ class PerStep:
         """The same rows over a subset of the steps (rows absent from all of them are kept, as zeros)."""
         cols = np.asarray(columns, dtype=np.int64)
         return PerStep(self.kind, self.name, self.time_us[:, cols], self.calls[:, cols], [self.steps[i] for i in cols])
+
+    def without(self, kind: str) -> PerStep:
+        """The table less its rows of ``kind``."""
+        keep = np.array([k != kind for k in self.kind], bool).reshape(-1)
+        picked = np.flatnonzero(keep)
+        return PerStep(
+            [self.kind[i] for i in picked],
+            [self.name[i] for i in picked],
+            self.time_us[keep],
+            self.calls[keep],
+            self.steps,
+        )
 
     def to_dict(self, steps: Sequence[StepStats]) -> dict[str, Any]:
         """JSON-safe columns: each column's step as its index in ``steps`` (the Summary's step rows), times rounded
@@ -111,6 +125,10 @@ def from_timeline(tl: Events, tree: Tree, costs: HostCosts, times: StepTimes) ->
         kind += [DEVICE_KINDS[k % len(DEVICE_KINDS)] for k in uniq.tolist()]
         name += [tl.names[k // len(DEVICE_KINDS)] for k in uniq.tolist()]
         blocks.append((time, calls))
+    step_names, step_time, step_calls = outside.rows(tl, times, win)
+    kind += [outside.KIND] * len(step_names)
+    name += step_names
+    blocks.append((step_time, step_calls))
     return PerStep(
         kind, name, np.concatenate([t for t, _ in blocks]), np.concatenate([c for _, c in blocks]), list(times.rows)
     )

@@ -89,7 +89,7 @@ class Event(msgspec.Struct, frozen=True, gc=False):
     pid: int | str = 0
     tid: int | str = 0
     ts: Micros = 0.0
-    dur: Annotated[float, msgspec.Meta(ge=0.0, le=1e14)] = 0.0  # negative: a broken clock, not a duration
+    dur: Micros = 0.0  # negative: a broken clock, not a duration; clipped to 0 and counted (Columns.clipped)
     args: Args = _NO_ARGS
 
 
@@ -196,6 +196,7 @@ class Columns:
     new_ext: bool
     new_dims: bool
     around: _Around | None = None  # the file's keys besides traceEvents, when a whole file was decoded
+    clipped: int = 0  # events whose duration was negative, clipped to 0 (the capture check reports them)
 
     def __len__(self) -> int:
         return int(self.start.size)
@@ -348,13 +349,15 @@ def columns(events: list[Event]) -> Columns:
     collective, group = _collectives(
         args, np.isin(cat, [k for k, c in enumerate(cats) if c.lower() == "kernel"]), names
     )
+    dur = _column(events, _FIELDS["dur"], np.float64)
     return Columns(
+        clipped=int((dur < 0).sum()),
         instant=instant,
         name=name,
         cat=cat,
         lane=lane,
         start=start,
-        end=start + _ns(_column(events, _FIELDS["dur"], np.float64)),
+        end=start + _ns(np.maximum(dur, 0.0)),
         ext=ext,
         corr=_column(args, _ARGS["correlation"], np.int64),
         dims=dims_ids,
@@ -407,6 +410,7 @@ def merge(parts: list[Columns]) -> Columns:
         [_remap(p.dims, p.dims_table, dims) if p.new_dims == new_dims else np.zeros(len(p), np.int32) for p in parts]
     )
     return Columns(
+        clipped=sum(p.clipped for p in parts),
         instant=joined("instant"),
         name=joined("name", names, "names"),
         cat=joined("cat", cats, "cats"),

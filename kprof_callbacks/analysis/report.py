@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from statistics import mean
 from typing import TYPE_CHECKING
 
-from . import breakdown, comm, fmt, memory_report
+from . import breakdown, comm, fmt, health, memory_report
 from .fmt import clip
 from .tables import OpStats, StepStats
 
@@ -352,11 +352,12 @@ _NAMED = {  # tables whose first cells are names
 def markdown(s: Summary, *, top: int, sort: str) -> str:
     """The report as GitHub-flavoured Markdown: a heading, the findings, each table under its title."""
     parts = [f"### kprof summary: {md_text(s.name)}", f"{len(s.files)} trace file{'s' * (len(s.files) != 1)}"]
-    if s.diagnostics:
+    capture, found = health.split(s.diagnostics)
+    if capture:
+        parts.append("\n".join(f"- **{md_text(d.message)}**" for d in capture))
+    if found:
         parts.append(
-            "\n".join(
-                f"- {'**warning**: ' if d.severity == 'warning' else ''}{md_text(d.message)}" for d in s.diagnostics
-            )
+            "\n".join(f"- {'**warning**: ' if d.severity == 'warning' else ''}{md_text(d.message)}" for d in found)
         )
     parts += [
         f"**{md_text(t.title)}**\n\n{markdown_table(t.headers, t.rows, _NAMED.get(t.key, ()))}"
@@ -373,13 +374,12 @@ def render(s: Summary, *, top: int, sort: str) -> str:
     if len(s.ranks) > 1:
         head += f", {len(s.ranks)} {'ranks' if all(r.rank is not None for r in s.ranks) else 'processes'}"
     parts = [f"{head}\n{'=' * len(head)}"]
+    capture, found = health.split(s.diagnostics)
+    if capture:  # the capture's own health, before anything drawn from it
+        parts.append("\n".join(f"! {d.message}" for d in capture))
     parts += [f"{t.title}\n{text_table(t.headers, t.rows)}" for t in tables(s, top, sort)]
-    if s.diagnostics:
-        parts.append(
-            "\n".join(
-                ["Diagnostics"] + [("! " if d.severity == "warning" else "- ") + d.message for d in s.diagnostics]
-            )
-        )
+    if found:
+        parts.append("\n".join(["Findings"] + [("! " if d.severity == "warning" else "- ") + d.message for d in found]))
     if s.memory_snapshots:
         parts.append("\n".join(f"Memory snapshot: {p} (open it at {MEMORY_VIEWER})" for p in s.memory_snapshots))
     if s.problems:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import layout
 from ..progress import ProgressArg
-from . import comm, diagnostics, html, ops, perstep, ranks, reading, report, saved, stacks, trends
+from . import comm, diagnostics, health, html, machine, ops, perstep, ranks, reading, report, saved, stacks, trends
 from . import modules as by_module
 from .file_analysis import FileResult, without_last_step
 from .memory import MemorySummary, merge_memory
@@ -145,12 +145,13 @@ class Summary:
             "lines": rows(self.lines),
             "compiled": self.compiled,
             "memory": None if self.memory is None else self.memory.to_dict(),
+            "machine": machine.to_dict(self.series),  # what the machine did: a saved side of a diff says it too
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Summary:
-        """The Summary `to_dict` wrote (parsed JSON): every table, the findings and the per-step rows; its call
-        stacks and scalar series stay with the trace files."""
+        """The Summary `to_dict` wrote (parsed JSON): every table, the findings, the per-step rows and the machine's
+        samples; its call stacks and the other scalar series stay with the trace files."""
         saved.check(data)
 
         def rows(row: type, items: Iterable[dict[str, Any]]) -> list[Any]:
@@ -180,6 +181,7 @@ class Summary:
             lines=rows(by_module.LineStats, data.get("lines", [])),
             compiled=data.get("compiled", {}),
             memory=MemorySummary.from_dict(data["memory"]) if data.get("memory") else None,
+            series=machine.from_dict(data.get("machine", {})),
         )
 
     def to_pandas(self) -> dict[str, pandas.DataFrame]:
@@ -283,7 +285,9 @@ def _assemble(name: str, found: layout.RunContents, analyzed: list[FileResult | 
     comm_rows, fsdp_rows = [c for r in results for c in r.comm.rows], [f for r in results for f in r.comm.fsdp]
     memory = merge_memory([r.memory for r in results], found.snapshots)
     attributed = by_module.assemble([r.modules for r in results if r.modules is not None], step_rows, evidence.has_gpu)
-    found_all = diagnostics.diagnose(step_rows, rank_rows, evidence, per_step, fsdp=bool(fsdp_rows))
+    found_all = health.check([r.health for r in results], ordered)  # the capture's own health first
+    found_all += machine.findings(series)  # then the machine's: starved of CPU, a GPU slowed
+    found_all += diagnostics.diagnose(step_rows, rank_rows, evidence, per_step, fsdp=bool(fsdp_rows))
     found_all += comm.findings(comm_rows, fsdp_rows, step_rows, evidence.has_gpu) + ranks.findings(rank_rows, skew)
     found_all += ended + memory_findings(memory, series) + _trend_findings(results, step_rows, evidence, series, found)
     wall = sum(s.wall_us for s in step_rows)

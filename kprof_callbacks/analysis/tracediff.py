@@ -24,11 +24,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
-from .. import stats
-from . import diff_report, fmt, memory_diff
+from .. import exits, stats
+from . import diff_report, explain, fmt, health, memory_diff, outside
 from .diagnostics import SCALAR_READ, SYNC_CALLS
 from .diff_inputs import Source, load, select
 from .html import fragment
+from .machine import Change as MachineChange
+from .machine import compare as compare_machines
+from .machine import is_machine, samples
 from .perstep import PerStep
 from .summary import Summary
 from .tables import StepStats
@@ -139,6 +142,28 @@ class Diff:
     noise_threshold: float
     row_confidence: float  # the level of the rows' intervals: 1 - R q / m (false-coverage-adjusted), R of m rows
     memory: memory_diff.MemoryChange | None = None  # each side's memory peak over its steps (profile_memory=True)
+    capture: list[str] = dataclasses.field(default_factory=list)  # each side's capture-health lines, "A: ..."
+    machine: MachineChange | None = None  # how the two sides' machines differed, when they did
+
+    @property
+    def machine_changed(self) -> bool:
+        """The slower side ran on a busier or throttled machine, and that accounts for its slowdown
+        (``machine.compare``): a failed regression gate answers "inconclusive" instead (docs/ci.md)."""
+        return self.machine is not None and self.machine.explains
+
+    def gate_status(self, pct: float) -> int:
+        """The regression gate's exit status at `pct` percent (``exits``): REGRESSION when B ``regressed``,
+        INCONCLUSIVE instead when the machine changed (``machine_changed``) or when a pass could hide a regression
+        behind A's busier machine (``masked``), else OK. ValueError with too few steps, as ``regressed``."""
+        if self.regressed(pct):
+            return exits.INCONCLUSIVE if self.machine_changed else exits.REGRESSION
+        return exits.INCONCLUSIVE if self.masked(pct) else exits.OK
+
+    def masked(self, pct: float) -> bool:
+        """A ran on a busier or throttled machine whose measured losses made its steps more than `pct` percent
+        longer: a regression of B that large could hide behind it, so a gate that passes is "inconclusive"."""
+        m = self.machine
+        return m is not None and m.busier == "A" and m.lost is not None and m.lost > stats.regression_limit(pct)
 
     def significant(self, kinds: Sequence[str] | None = None) -> list[Change]:
         """The significant rows (of `kinds` only, when given), largest change first."""
@@ -172,7 +197,7 @@ class Diff:
         if t.low is None:
             raise ValueError(
                 f"too few steps to tell a regression: {t.a_steps} against {t.b_steps}; the step-time "
-                f"rank test needs {t.min_steps} a side at {fmt.percent(self.confidence)} confidence: profile more "
+                f"rank test needs {t.min_steps} a side at {fmt.level(self.confidence)} confidence: profile more "
                 "steps (active=10)"
             )
         return stats.regressed(t.speedup, t.low, t.high, limit, threshold=self.noise_threshold)
@@ -232,6 +257,8 @@ class Diff:
             "diagnostics": [dataclasses.asdict(d) for d in self.diagnostics],
             "memory": None if self.memory is None else dataclasses.asdict(self.memory),
             "notes": list(self.notes),
+            "capture": list(self.capture),
+            "machine": None if self.machine is None else dataclasses.asdict(self.machine),
             "settings": {
                 "confidence": self.confidence,
                 "noise_threshold": self.noise_threshold,
@@ -394,9 +421,12 @@ def _broad_shift(changes: list[Change]) -> list[str]:
 
 
 def _diagnostic_changes(a: Summary, b: Summary) -> list[DiagnosticChange]:
-    kinds_a, kinds_b = {d.kind for d in a.diagnostics}, {d.kind for d in b.diagnostics}
-    return [DiagnosticChange(d.kind, "appeared", d.message) for d in b.diagnostics if d.kind not in kinds_a] + [
-        DiagnosticChange(d.kind, "went away", d.message) for d in a.diagnostics if d.kind not in kinds_b
+    """The findings on one side only; the capture's health is said per side, the machine's compared (``machine``)."""
+    (_, found_a), (_, found_b) = health.split(a.diagnostics), health.split(b.diagnostics)
+    found_a, found_b = ([d for d in x if not is_machine(d)] for x in (found_a, found_b))
+    kinds_a, kinds_b = {d.kind for d in found_a}, {d.kind for d in found_b}
+    return [DiagnosticChange(d.kind, "appeared", d.message) for d in found_b if d.kind not in kinds_a] + [
+        DiagnosticChange(d.kind, "went away", d.message) for d in found_a if d.kind not in kinds_b
     ]
 
 
@@ -484,8 +514,8 @@ def _steps_note(t: StepTimeChange, confidence: float) -> list[str]:
     return [
         (
             f"{t.a_steps} against {t.b_steps} step{'s' * (t.b_steps != 1)}: the step-time rank test needs at least "
-            f"{t.min_steps} steps a side at {fmt.percent(confidence)} confidence for an interval{rows}; profile "
-            "more steps (active=10) for a verdict."
+            f"{t.min_steps} steps a side at {fmt.level(confidence)} confidence for an interval{rows}; profile more "
+            "steps (active=10) for a verdict."
         )
     ]
 
@@ -504,9 +534,13 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
         raise ValueError(f"noise_threshold must be a number >= 0, got {noise_threshold!r}")
     sides = load(a, b)
     tables = select(sides)
+    if not all(outside.KIND in side.summary.per_step.kind for side in sides):  # a summary saved before these rows
+        tables = tuple(t.without(outside.KIND) for t in tables)
     changes, row_confidence = _rows(*tables, confidence, noise_threshold, memory_diff.rows(sides, tables))
     step_time = _step_time(tables, (sides[0].summary, sides[1].summary), confidence, noise_threshold)
     same_run = sides[0].summary is sides[1].summary
+    evidence = [samples(x.summary.series, [s.step for s in t.steps]) for x, t in zip(sides, tables)]
+    machines = compare_machines(*evidence, step_time.change, step_time.significant, explain.proportional(changes))
     notes = _steps_note(step_time, confidence) + _broad_shift(changes)
     if same_run:
         notes.append("Both sides are steps of one run: its findings (diagnostics) are per run, so none are compared.")
@@ -526,4 +560,8 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
         noise_threshold=noise_threshold,
         row_confidence=row_confidence,
         memory=memory_diff.change(sides, tables),
+        capture=[
+            f"{side}: {d.message}" for side, x in zip("AB", sides) for d in health.split(x.summary.diagnostics)[0]
+        ],
+        machine=machines,
     )

@@ -70,6 +70,12 @@ def _cost_finding(tags: dict[str, Series], window_ends: list[int], where: str) -
         if ends.size
         else ""
     )
+    export = tags.get(layout.AFTER_WINDOW_TAG)
+    if export is not None and export.values.sum() > 0:
+        windows += (
+            f"; the steps right after its windows took {fmt.duration(float(export.values.sum()) * 1e3)} more than "
+            "the steps before them while the traces were exported (kprof/after_window_ms, also left out)"
+        )
     return Diagnostic(
         "profiler_cost",
         "info",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..exits import REGRESSION
+from .. import exits
 from .check import ComparisonError
 from .run import compare
 
@@ -63,7 +63,7 @@ def run_cli(
         )
     except ComparisonError as exc:
         print(f"kprof compare: check failed, nothing timed: {exc}")
-        return 1
+        return exits.FAILED
     print(result.to_markdown() if markdown else result)
     if logdir:
         print(open_hint(result.settings["logdir"]), file=sys.stderr if markdown else sys.stdout)
@@ -77,8 +77,8 @@ def run_cli(
             f"kprof compare: slower than {result.baseline} by more than {fail_if_slower:g}%: {', '.join(slower)}",
             file=sys.stderr,
         )
-        return REGRESSION
-    return 0 if all(v.status == "ok" for v in result.variants.values()) else 1
+        return exits.REGRESSION
+    return exits.OK if all(v.status == "ok" for v in result.variants.values()) else exits.FAILED
 
 
 def _swapped_variants(impls: str) -> dict[str, Callable[[nn.Module], nn.Module]]:
@@ -128,4 +128,4 @@ def _user_setup(spec: str, device: str):
 def _bad_argument(message: str) -> SystemExit:
     """Exit status 2 (bad arguments, as argparse's), after saying why on stderr."""
     print(f"kprof compare: {message}", file=sys.stderr)
-    return SystemExit(2)
+    return SystemExit(exits.USAGE)

@@ -50,7 +50,8 @@ class VariantResult:
     check_tol: float | None = None  # its limit
     check_worst: str | None = None  # the first tensor beyond its limit (None when all agree)
     check_note: str | None = None  # why the check fell back to per-dtype tolerances
-    note: str | None = None  # why the verdict is "noisy measurement"
+    note: str | None = None  # on a noisy machine: why the verdict is "noisy measurement", or why it stands
+    noise_ci: tuple[float, float] | None = None  # on a noisy machine: the interval widened for the steps' spread
     first_step_s: float | None = None  # the first step, untimed (it compiles under torch.compile), in seconds
     trace_dir: str | None = None
     trace_diff: str | None = None  # with a logdir: what changed in the traces against the baseline (trace_summary)
@@ -89,6 +90,7 @@ class VariantResult:
             "ci_high": self.ci[1] if self.ci else None,
             "verdict": self.verdict,
             "note": self.note,
+            "noise_ci": list(self.noise_ci) if self.noise_ci else None,
             "first_step_s": self.first_step_s,
             "peak_mem_mb": self.peak_mem_mb,
             "check_against": self.check_against,
@@ -143,7 +145,8 @@ class Comparison:
     def regressed(self, pct: float) -> list[str]:
         """The variants slower than the baseline by more than `pct` percent with significance (empty: none): the
         timed verdict at the noise threshold is "slower" and the whole bootstrap interval of the slowdown lies above
-        `pct` (``stats.regressed``, the rule of ``kprof.diff(a, b).regressed``)."""
+        `pct` (``stats.regressed``, the rule of ``kprof.diff(a, b).regressed``); on a noisy machine, the interval
+        widened for the steps' spread (``VariantResult.noise_ci``), the one the verdict used."""
         limit = stats.regression_limit(pct)
         threshold = self.settings["noise_threshold"]
         return [
@@ -151,7 +154,7 @@ class Comparison:
             for v in self.variants.values()
             if v.name != self.baseline
             and v.ci is not None
-            and stats.regressed(v.speedup, *v.ci, limit, threshold=threshold)
+            and stats.regressed(v.speedup, *(v.noise_ci or v.ci), limit, threshold=threshold)
         ]
 
     def _heading(self) -> str:
@@ -167,7 +170,7 @@ class Comparison:
             "median ms",
             "p10",
             "p90",
-            f"timed speedup [{fmt.percent(self.settings['confidence'])} CI]",
+            f"timed speedup [{fmt.level(self.settings['confidence'])} CI]",
             "verdict",
             "peak MB",
             "check err (ref's own)",

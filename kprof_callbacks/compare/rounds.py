@@ -11,12 +11,18 @@ from pathlib import Path
 
 import torch
 
-from .. import layout
+from .. import layout, stats
 from ..timing import StepTimer
 from .variants import StepFn, Variant, VariantFailed, cycle
 
-# Profiling schedule for the logdir traces, unless ``profile=`` says otherwise.
-PROFILE_DEFAULTS = dict(wait=1, warmup=1, active=3, repeat=1, record_shapes=True, scalars=False)
+# Profiling schedule for the logdir traces, unless ``profile=`` says otherwise; ``active`` comes from the confidence.
+PROFILE_DEFAULTS = dict(wait=1, warmup=1, repeat=1, record_shapes=True, scalars=False)
+
+
+def profiled_active(confidence: float) -> int:
+    """Steps a variant's window records by default: enough for the trace diff's own step-time verdict at
+    ``confidence`` (``stats.rank_min_steps``) once the window's first step, the profiler's start, is left out."""
+    return stats.rank_min_steps(confidence) + 1
 
 
 def _no_region(name: str) -> contextlib.AbstractContextManager:
@@ -137,11 +143,14 @@ def profile(run: Variant, sess, step_fn: StepFn) -> None:
     run.result.trace_dir = None if sess.run_dir is None else str(sess.run_dir)
 
 
-def make_sessions(runs: list[Variant], logdir, profile: Mapping | None) -> tuple[Path | None, list]:
+def make_sessions(
+    runs: list[Variant], logdir, profile: Mapping | None, confidence: float = 0.95
+) -> tuple[Path | None, list]:
     """The comparison's folder, claimed as a run folder is (a later comparison given the same logdir goes to
     ``<logdir>-2``), and one ``kprof.Session`` per variant in it (folders created now, so an unwritable logdir fails
     before any step), None for each where profiling is off (``KPROF=0``). The schedule is compare's own
-    (``PROFILE_DEFAULTS``, then ``profile``): the ``KPROF_<NAME>`` variables meant for training scripts do not apply."""
+    (``PROFILE_DEFAULTS`` and ``profiled_active(confidence)``, then ``profile``): the ``KPROF_<NAME>`` variables meant
+    for training scripts do not apply."""
     if logdir is None:
         if profile is not None:
             raise ValueError("profile options need a logdir to write the traces to")
@@ -149,7 +158,7 @@ def make_sessions(runs: list[Variant], logdir, profile: Mapping | None) -> tuple
     from ..config import ProfileConfig
     from ..session import Session
 
-    options = {**PROFILE_DEFAULTS, **(profile or {})}
+    options = {**PROFILE_DEFAULTS, "active": profiled_active(confidence), **(profile or {})}
     taken = {"logdir", "run"} & set(options)
     if taken:
         raise ValueError(f"profile must not set {sorted(taken)}: compare writes each variant to logdir/<name>")

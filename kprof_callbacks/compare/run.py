@@ -88,8 +88,10 @@ def compare(
     fails raises ``ComparisonError``; ``check="warn"`` warns instead, ``check=False`` skips it all. A variant whose
     code raises gets ``status="error"``; the others still run.
     ``compile=True`` runs every variant under ``torch.compile`` (variants that are compiled modules already work
-    as they are); each variant's first step, which compiles, is never timed and is reported. A verdict whose step
-    times vary a lot (p90/median > 1.5) or whose interval is wide is "noisy measurement", with why and what to do.
+    as they are); each variant's first step, which compiles, is never timed and is reported. When step times vary a
+    lot (p90/median > 1.5) or the interval is wide, the interval is widened by that spread (``stats.judge``): a
+    difference it still shows stands, with a note that the machine was noisy; else the verdict is "noisy
+    measurement", with each variant's own spread and what to do.
     ``logdir`` also profiles each variant into ``logdir/<name>/`` with a short ``kprof.session`` schedule
     (``profile`` overrides its options; the ``KPROF_<NAME>`` schedule variables do not apply, ``KPROF=0`` turns the
     profiling off) and writes ``logdir/compare.json``. A logdir an earlier comparison (or session) holds is left
@@ -113,7 +115,7 @@ def compare(
             run.model = torch.compile(run.model)
         run.optimizer = make_optimizer(optimizer, run)
         run.data = copy.deepcopy(data)
-    logdir, sessions = make_sessions(runs, logdir, profile)
+    logdir, sessions = make_sessions(runs, logdir, profile, confidence)
 
     total = sum(warmup + steps + profiled_steps(sess) for run, sess in zip(runs, sessions) if run.ok)
     with (
@@ -169,10 +171,16 @@ def _results(runs: list[Variant], settings: dict, device: torch.device) -> Compa
             base.rounds, run.rounds, confidence=settings["confidence"], seed=settings["seed"]
         )
         res.speedup, res.ci = speedup, (low, high)
-        res.verdict = stats.verdict(speedup, low, high, threshold=settings["noise_threshold"])
-        res.note = stats.noise(_flat(base.rounds), _flat(run.rounds), low, high, settings["steps"])
-        if res.note is not None:
-            res.verdict = stats.NOISY
+        res.verdict, res.noise_ci, res.note = stats.judge(
+            speedup,
+            low,
+            high,
+            _flat(base.rounds),
+            _flat(run.rounds),
+            rounds=len(base.rounds),
+            threshold=settings["noise_threshold"],
+            base_name=base.name,
+        )
     return Comparison(
         variants={r.name: r.result for r in runs},
         baseline=base.name if base else None,

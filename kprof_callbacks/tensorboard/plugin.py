@@ -54,7 +54,7 @@ STATIC = Path(__file__).parent / "static"
 _STATIC_TYPES = {
     **{
         f"{name}.js": "text/javascript"
-        for name in ("index", "dom", "charts", "timeline", "diff", "ranks", "memory", "modules")
+        for name in ("index", "dom", "charts", "timeline", "diff", "ranks", "memory", "modules", "fmt")
     },
     "style.css": "text/css",
 }
@@ -232,8 +232,10 @@ class KprofPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _steptime_route(self, request: werkzeug.Request) -> werkzeug.Response:
-        """Step time (ms, without kprof's own cost) of every step TensorBoard holds for the run, and kprof's own
-        cost per step (`profiler`), from the session's scalars."""
+        """Step time (ms, without kprof's own cost) of every step TensorBoard holds for the run, kprof's own cost per
+        step (`profiler`: its work on the training thread, and what the steps right after a window pay for its
+        export), and the slow-step trigger's factor when it was on (`slow_step_trigger`, else null), from the
+        session's scalars."""
         name = self._run(request).name
         data = {}
         if self._provider is not None:
@@ -242,14 +244,17 @@ class KprofPlugin(base_plugin.TBPlugin):
                 experiment_id=plugin_util.experiment_id(request.environ),
                 plugin_name=scalar_metadata.PLUGIN_NAME,
                 downsample=_MAX_POINTS,
-                run_tag_filter=provider.RunTagFilter(runs=[name], tags=[layout.STEP_TIME_TAG, layout.PROFILER_TAG]),
+                run_tag_filter=provider.RunTagFilter(
+                    runs=[name],
+                    tags=[layout.STEP_TIME_TAG, layout.PROFILER_TAG, layout.AFTER_WINDOW_TAG, layout.TRIGGER_TAG],
+                ),
             ).get(name, {})
-        step, own = (
-            [[d.step, d.value] for d in data.get(tag, [])] for tag in (layout.STEP_TIME_TAG, layout.PROFILER_TAG)
-        )
-        return http_util.Respond(
-            request, {"run": name, "tag": layout.STEP_TIME_TAG, "points": step, "profiler": own}, _JSON
-        )
+        export = {d.step: d.value for d in data.get(layout.AFTER_WINDOW_TAG, [])}
+        step = [[d.step, d.value] for d in data.get(layout.STEP_TIME_TAG, [])]
+        own = [[d.step, d.value + export.get(d.step, 0.0)] for d in data.get(layout.PROFILER_TAG, [])]
+        trigger = data.get(layout.TRIGGER_TAG)
+        body = {"run": name, "tag": layout.STEP_TIME_TAG, "points": step, "profiler": own}
+        return http_util.Respond(request, dict(body, slow_step_trigger=trigger[0].value if trigger else None), _JSON)
 
     @wrappers.Request.application
     def _compare_route(self, request: werkzeug.Request) -> werkzeug.Response:

@@ -2,7 +2,7 @@
 // Names, tables and colours are the reports' (diff_report.py, breakdown.py): what `kprof diff` prints, drawn.
 
 import {changeBars, num, rangeBars} from './charts.js';
-import {TOP, duration, getJSON, h, mb, ms, note, query, section, shorten, table, windowsOf} from './dom.js';
+import {TOP, duration, getJSON, h, level, mb, note, query, section, shorten, table, windowsOf} from './dom.js';
 
 const TIMELINE_KIND = {op: 'operator', nccl: 'communication'}; // a row's kind as the timeline colours it
 const CHART_ROWS = 20;
@@ -30,11 +30,13 @@ export async function diffPage(params, {runs, legend, go}) {
   }
   const d = data.diff;
   const rows = d.changes.map((c, i) => ({...c, shown: data.names[i]}));
-  const ci = `${+(100 * d.settings.row_confidence).toPrecision(3)}% CI (FDR-adjusted)`;
-  head.append(
+  const ci = `${level(d.settings.row_confidence)} CI (FDR-adjusted)`;
+  const capture = (d.capture || []).map((line) => h('li', {class: 'diag warning'}, line)); // each side's own check
+  head.append(...[
     h('p', {class: 'meta'}, 'A: ', sideText(d.a), h('br'), 'B: ', sideText(d.b), h('br'),
       `Diffed in ${num(data.seconds)} s at ${new Date(data.computed_at * 1000).toLocaleTimeString()}.`),
-    h('p', {class: 'headline', id: 'diff-headline'}, data.headline));
+    capture.length ? h('ul', {class: 'diagnostics', id: 'diff-capture'}, capture) : null,
+    h('p', {class: 'headline', id: 'diff-headline'}, data.headline)].filter(Boolean));
   return [head, stepSection(d, legend), changesSection(rows, legend),
     data.groups.map((g) => groupSection(g, rows, legend, ci)), findingsSection(d.diagnostics), rulesSection(d)];
 }
@@ -92,9 +94,9 @@ function stepSection(d, legend) {
   const verdict = moved ? `B is ${t.verdict}` : t.verdict;
   const interval = t.low === null
     ? ` (${t.a_steps} against ${t.b_steps} steps; the rank test needs ${t.min_steps} a side)`
-    : ` [${percent(d.settings.confidence)} CI ${times(t.low)}–${times(t.high)}]`;
+    : ` [${level(d.settings.confidence)} CI ${times(t.low)}–${times(t.high)}]`;
   return section('Step time',
-    h('p', {id: 'diff-step-time'}, `Medians ${ms(t.a_median_us)} (A) and ${ms(t.b_median_us)} (B): speedup `
+    h('p', {id: 'diff-step-time'}, `Medians ${duration(t.a_median_us)} (A) and ${duration(t.b_median_us)} (B): speedup `
       + `${times(t.speedup)}${interval}: `,
     h('b', {class: 'verdict', style: moved ? `color:${legend.changes[moved]}` : null}, verdict), '.'),
     h('figure', {}, chart),
@@ -159,7 +161,7 @@ function rulesSection(d) {
   return section('How to read it',
     note(`Rows: per-step means of A and B. A change is significant when it passes the test (${s.test}; false `
       + `discovery rate ${percent(1 - s.confidence)} here) and exceeds ${percent(s.noise_threshold)} of A's value; `
-      + `each interval is Welch's at the level the false-discovery control used (${percent(s.row_confidence)}), so it `
+      + `each interval is Welch's at the level the false-discovery control used (${level(s.row_confidence)}), so it `
       + 'excludes 0 for the rows it kept.'),
     d.notes.map((n) => note(`Note: ${n}`)));
 }

@@ -1,6 +1,9 @@
 // The tab's small helpers, shared by its pages (index.js, diff.js): elements, JSON fetches, numbers, tables.
 
 import {num} from './charts.js';
+import {duration} from './fmt.js';
+
+export {duration, level} from './fmt.js';
 
 export const TOP = 15; // rows a table shows
 
@@ -25,8 +28,7 @@ export async function getJSON(url) {
 }
 
 export const query = (params) => new URLSearchParams(params).toString();
-export const ms = (us) => `${num(us / 1000)} ms`;
-export const duration = (us) => (Math.abs(us) >= 1000 ? ms(us) : `${num(us)} us`); // as the text reports write it
+export const ms = duration; // every duration in the tab is written as the text reports write it (fmt.js)
 export const pct = (share) => `${(100 * share).toFixed(1)}%`;
 export const mb = (bytes) => `${num(bytes / 2 ** 20)} MB`;
 export const shorten = (text, max = 140) => (text.length > max ? `${text.slice(0, max - 1)}…` : text);

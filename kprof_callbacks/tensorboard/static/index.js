@@ -3,7 +3,7 @@
 
 import {PROFILER_COLOR, lineChart, median, num, rangeBars, stackedBars} from './charts.js';
 import {diffPage, diffView} from './diff.js';
-import {getJSON, h, mb, ms, note, pct, query, section, shorten, table, windowsOf} from './dom.js';
+import {getJSON, h, level, mb, ms, note, pct, query, section, shorten, table, windowsOf} from './dom.js';
 import {ranksSection, ranksTimelineSection} from './ranks.js';
 import {memorySection} from './memory.js';
 import {modulesSection} from './modules.js';
@@ -146,7 +146,9 @@ async function runPage(name) {
   if (data.error) parts.push(note(data.error, 'error'));
   if (data.problems.length) parts.push(problemsSection(data.problems));
   if (s) {
-    parts.push(diagnosticsSection(s.diagnostics));
+    const capture = s.diagnostics.filter(isCapture);
+    if (capture.length) parts.push(captureSection(capture));
+    parts.push(diagnosticsSection(s.diagnostics.filter((d) => !isCapture(d))));
   }
   const info = state.runs.find((r) => r.run === name);
   parts.push(stepTimeSection(steptime, s ? s.steps : [], info && info.comparison));
@@ -173,6 +175,14 @@ function problemsSection(problems) {
       h('li', {}, p.file ? h('code', {}, p.file) : null, p.file ? ': ' : null, p.problem))));
 }
 
+/** A capture-health line (analysis/health.py): shown first, apart from the findings drawn from the capture. */
+const isCapture = (d) => d.kind.startsWith('capture_');
+
+function captureSection(lines) {
+  return section('Capture', h('ul', {class: 'diagnostics', id: 'capture'}, lines.map((d) =>
+    h('li', {class: 'diag warning', 'data-kind': d.kind}, d.message))));
+}
+
 function diagnosticsSection(diagnostics) {
   const order = {warning: 0, info: 1};
   const sorted = [...diagnostics].sort((a, b) => (order[a.severity] ?? 2) - (order[b.severity] ?? 2));
@@ -184,7 +194,7 @@ function diagnosticsSection(diagnostics) {
   return section('Findings', body);
 }
 
-function stepTimeSection({points, profiler}, profiledSteps, comparison) {
+function stepTimeSection({points, profiler, slow_step_trigger: trigger}, profiledSteps, comparison) {
   if (!points.length) {
     const why = comparison
       ? [`kprof.compare writes no step-time scalars; the step times of its variants are in the comparison `,
@@ -197,7 +207,7 @@ function stepTimeSection({points, profiler}, profiledSteps, comparison) {
   const typical = median(values);
   const slow = points.filter(([, v]) => v > SLOW * typical);
   const windows = windowsOf(profiledSteps.map((r) => r.step));
-  const after = windows.map(([first]) => slow.filter(([n]) => n < first && first - n <= 4).pop())
+  const after = !trigger ? [] : windows.map(([first]) => slow.filter(([n]) => n < first && first - n <= 4).pop())
     .map((found, i) => (found ? `profiled ${windows[i][0]}–${windows[i][1]} follows slow step ${found[0]}` : null))
     .filter(Boolean);
   const last = values[values.length - 1];
@@ -364,7 +374,7 @@ async function comparePage(dir) {
   const c = data.data;
   const settings = c.settings || {};
   const variants = c.variants || [];
-  const conf = settings.confidence ? `${Math.round(100 * settings.confidence)}% CI` : 'CI';
+  const conf = settings.confidence ? `${level(settings.confidence)} CI` : 'CI';
   const check = (v) => {
     if (v.check_ok === null || v.check_ok === undefined) return v.name === c.baseline ? 'reference' : 'not checked';
     if (v.check_ok) return `ok (max rel err ${v.check_max_rel_err.toExponential(1)})`;
