@@ -36,6 +36,7 @@ PARTIAL = ".partial"
 COMPARE_FILE = "compare.json"
 PROFILE_FILE = "PROFILE"
 CLAIM_FILE = ".kprof-claim"
+MODULE_PREFIX = "kprof.module:"  # a module call's range in a trace (module_ranges.py): the qualified name follows
 GRAPHS_SUFFIX = ".kprof-graphs.json"  # a worker's record of compiled kernels (model=), not a trace
 SNAPSHOT_SUFFIX = ".pickle"  # readers take any pickle in a run folder as a memory snapshot, as the tab shows them
 SCALARS_PREFIX = "events.out.tfevents."  # TensorBoard finds event files by this prefix

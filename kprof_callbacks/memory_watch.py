@@ -131,11 +131,11 @@ class Watch:
 def save_snapshot(path: Path) -> Path | None:
     """Dump the allocator's snapshot to ``path`` and its summary beside it (what the kprof tab shows without reading
     the pickle); the summary's path, None when only the snapshot could be saved."""
-    from .analysis import snapshot
+    from .analysis import save_beside, summarize_value
 
     value = torch_compat.dump_memory_snapshot(path)
     try:
-        return snapshot.save_beside(snapshot.summarize_value(value, path), path)
+        return save_beside(summarize_value(value, path), path)
     except Exception as exc:  # the pickle is saved: the reader summarizes it when it is opened
         log.warning("kprof: could not summarize the memory snapshot %s: %s", path, exc)
         return None

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from . import torch_compat
-from .analysis.events import MODULE_PREFIX as PREFIX  # every range's name starts so; the qualified name follows
+from .layout import MODULE_PREFIX as PREFIX  # every range's name starts so; the qualified name follows
 
 
 def qualified_name(name: str) -> str:

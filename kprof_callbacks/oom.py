@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from . import layout, torch_compat
-from .analysis import fmt
-from .analysis.snapshot import site_of
+from .analysis import fmt, site_of
 from .memory_watch import last_oom, save_snapshot
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
-"""How kprof names itself in the commands it prints (``open the traces: kprof tensorboard log``): as the user's shell
-would run this installation."""
+"""How kprof names itself in the commands it prints (``open the traces: kprof tensorboard log``), as the user's shell
+would run this installation, and how it starts a module of its own in a fresh interpreter (workers, TensorBoard)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+
+_SAFE_PATH = sys.version_info >= (3, 11)  # python -P: no current folder on sys.path
 
 
 def typed_command() -> str:
@@ -30,3 +32,14 @@ def _as_typed(path: Path) -> str:
     if relative.startswith(".."):
         return str(path.absolute())
     return relative if os.sep in relative else f".{os.sep}{relative}"
+
+
+def module_command(module: str) -> list[str]:
+    """The command running ``module`` as a script in a fresh interpreter that never imports from the current folder
+    (a ``logging.py`` of the user's project would run in it): ``python -P -m``, which keeps ``PYTHONPATH``; before
+    3.11, ``python -I``, which ignores it, with this process's ``sys.path`` set by the command."""
+    if _SAFE_PATH:
+        return [sys.executable, "-P", "-m", module]
+    path = [p for p in sys.path if p]
+    run = f"import runpy, sys; sys.path[:0] = {path!r}; runpy.run_module({module!r}, run_name='__main__')"
+    return [sys.executable, "-I", "-c", run]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kprof_callbacks import shell
 from kprof_callbacks.analysis import workers as workers_module
 from kprof_callbacks.analysis.workers import WorkerError, Workers
 
@@ -82,7 +83,7 @@ def test_workers_never_import_from_the_current_folder(tmp_path, monkeypatch, saf
     """A `logging.py` or `tokenize.py` in the user's folder ran in every worker (and failed the summary)."""
     _shadowing_modules(tmp_path)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(workers_module, "_SAFE_PATH", safe_path, raising=False)
+    monkeypatch.setattr(shell, "_SAFE_PATH", safe_path)
     with Workers(2) as workers:
         assert workers.submit(os.getpid).result(timeout=WAIT) != os.getpid()
         assert workers.submit(eval, "__import__('logging').__file__").result(timeout=WAIT) != str(

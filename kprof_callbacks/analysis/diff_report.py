@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import stats
 from . import explain, fmt, outside
@@ -322,3 +322,11 @@ def write_html(d: Diff, path: Path, top: int) -> Path:
     """Write the report as one HTML page."""
     path.write_text(page(f"kprof diff: {d.a.source} vs {d.b.source}", body(d, top)), encoding="utf-8")
     return path
+
+
+def diff_view(d: Diff) -> dict[str, Any]:
+    """A diff as the kprof tab draws it: `to_dict()`, the headline, each row's name as the reports show it (parallel to
+    `changes`) and the reports' tables (title, kinds, whether its rows are times or counts)."""
+    groups = [{"title": title, "kinds": list(kinds), "value": value} for title, kinds, value in GROUPS]
+    names = [fmt.row_name(c.kind, c.name) for c in d.changes]
+    return {"diff": d.to_dict(), "headline": d.headline(), "names": names, "groups": groups}

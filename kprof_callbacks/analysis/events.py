@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 
+from ..layout import MODULE_PREFIX
 from .reader import Columns, TraceError, TraceFile
 
 # host event kinds
@@ -43,7 +44,6 @@ _HIDDEN = (
     "aten::_version",
 )
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
-MODULE_PREFIX = "kprof.module:"  # a module call's range (module_ranges.py): the qualified name follows
 CPU_MEMORY = (0, 12, 13)  # c10::DeviceType CPU, MKLDNN, IDEEP: key_averages' "CPU Mem"
 CUDA_MEMORY = (1, 6)  # CUDA, HIP: key_averages' "CUDA Mem"
 

@@ -185,7 +185,7 @@ def _missing_ranks(files: Sequence[FileHealth]) -> list[Diagnostic]:
 def _clock_skew(workers: Sequence[ranks.Worker]) -> list[Diagnostic]:
     """Hosts whose clock still disagrees with the reference host's after the alignment by the median offset: the
     ends of one collective (which finish together) spread wider than SKEW_US."""
-    matched = ranks._match(list(workers))  # the matching the alignment itself uses
+    matched = ranks.match(list(workers))  # the matching the alignment itself uses
     if matched is None or len(set(matched.hosts)) < 2:
         return []
     offsets = ranks.clock_offsets(matched)

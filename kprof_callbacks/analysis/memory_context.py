@@ -20,13 +20,13 @@ import dataclasses
 
 import numpy as np
 
+from ..layout import MODULE_PREFIX
 from .events import ANNOTATION, OP, PYTHON, Events
 from .steps import Windows
 from .tree import Tree
 
 PHASES = ("forward", "backward", "optimizer", "zero_grad", "other")
 FORWARD, BACKWARD, OPTIMIZER, ZERO_GRAD, OTHER = range(len(PHASES))
-MODULE_PREFIX = "kprof.module:"
 BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 _OPTIMIZER_PREFIX, _ZERO_GRAD_PREFIX = "Optimizer.step#", "Optimizer.zero_grad#"
 _NOT_LABELS = ("ProfilerStep#", _OPTIMIZER_PREFIX, _ZERO_GRAD_PREFIX, MODULE_PREFIX, "kprof.")

@@ -5,14 +5,17 @@ the record attributed)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import fmt
 from .fmt import clip
-from .modules import GROUP_MIN, ModuleStats, ancestors, is_module, label, pattern, rollup
+from .modules import GROUP_MIN, ModuleStats, ancestors, is_module, label, pattern, rollup, tree
 from .report import Table
+
+LINES = 30  # source lines the module view lists
 
 if TYPE_CHECKING:
     from .summary import Summary
@@ -137,3 +140,15 @@ def tables(s: Summary, top: int, width: int) -> list[Table]:
     """The module view's tables that have rows, in report order."""
     found = [modules_table(s, width), lines_table(s, top, width), compiled_table(s, width)]
     return [t for t in found if t is not None]
+
+
+def module_view(s: Summary) -> dict[str, Any]:
+    """The module view as the kprof tab draws it: the module tree (GPU time, or host time without a GPU), the top
+    lines, what ran compiled."""
+    lines = sorted(s.lines, key=lambda r: -(r.gpu_us if s.has_gpu else r.cpu_us))[:LINES]
+    return {
+        "gpu": s.has_gpu,
+        "tree": tree(s.modules, s.has_gpu),
+        "lines": [dataclasses.asdict(r) for r in lines],
+        "compiled": s.compiled,
+    }

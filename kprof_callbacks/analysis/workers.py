@@ -10,8 +10,8 @@ is replaced, and its replacement gets the task it was running once more (then Wo
 it. Whatever else goes wrong in a feeder (no process or thread can start, the memory runs out, an answer that cannot
 be unpickled) fails the tasks it holds, never leaves them pending. The caller is a worker too: while it waits for
 results (``wait``), it runs queued tasks itself, which also covers the workers' start-up (and feeders that could not
-start). Workers import from the caller's ``sys.path`` alone, never from the current folder (``module_command``), run
-numpy single-threaded and keep the memory they free (``keep_freed_memory``).
+start). Workers import from the caller's ``sys.path`` alone, never from the current folder
+(``shell.module_command``), run numpy single-threaded and keep the memory they free (``keep_freed_memory``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_any
 from typing import IO, Any
 
+from .. import shell
+
 _LENGTH = struct.Struct("<Q")
 # Tasks a worker holds: the one it runs and the next, already in its pipe, while the queue has a task for every process
 # (else a worker could sit on a whole file another would start at once). On a 2-core machine a worker fed one task at a
@@ -40,7 +42,6 @@ _PIPE_BYTES = 1 << 20  # the unprivileged maximum on Linux
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt() parameters
 # Workers never multiply matrices: no BLAS thread pool (numpy's OpenBLAS starts a thread per core in each process).
 _ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-_SAFE_PATH = sys.version_info >= (3, 11)  # python -P: no current folder on sys.path
 _TRIES = 2  # a task whose worker died is sent once more, to the worker that replaces it
 
 
@@ -51,17 +52,6 @@ class WorkerError(RuntimeError):
 def default_jobs() -> int:
     """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def module_command(module: str) -> list[str]:
-    """The command running ``module`` as a script in a fresh interpreter that never imports from the current folder
-    (a ``logging.py`` of the user's project would run in it): ``python -P -m``, which keeps ``PYTHONPATH``; before
-    3.11, ``python -I``, which ignores it, with this process's ``sys.path`` set by the command."""
-    if _SAFE_PATH:
-        return [sys.executable, "-P", "-m", module]
-    path = [p for p in sys.path if p]
-    run = f"import runpy, sys; sys.path[:0] = {path!r}; runpy.run_module({module!r}, run_name='__main__')"
-    return [sys.executable, "-I", "-c", run]
 
 
 def _pickled(obj: object) -> bytes:
@@ -156,7 +146,9 @@ class Workers:
         self.close()
 
     def _start(self) -> subprocess.Popen:
-        proc = subprocess.Popen(module_command(__name__), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env)
+        proc = subprocess.Popen(
+            shell.module_command(__name__), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env
+        )
         for pipe in (proc.stdin, proc.stdout):
             _widen(pipe)
         return proc

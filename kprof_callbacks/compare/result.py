@@ -13,9 +13,7 @@ import numpy as np
 import torch
 
 from .. import stats
-from ..analysis import fmt
-from ..analysis.html import fragment, table
-from ..analysis.report import markdown_table, md_text, text_table
+from ..analysis import fmt, fragment, markdown_table, md_text, table, text_table
 from ..timing import Timing
 
 if TYPE_CHECKING:

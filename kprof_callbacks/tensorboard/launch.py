@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..analysis.workers import module_command
+from ..shell import module_command
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 6006

@@ -34,16 +34,25 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from werkzeug import wrappers
 
 from .. import layout
-from ..analysis import breakdown, diff_report, fmt
-from ..analysis import modules as by_module
-from ..analysis.diff_inputs import Input, parse_steps
-from ..analysis.ranktimeline import COLLAPSE_RANKS, RunSlices
-from ..analysis.reader import TraceError
-from ..analysis.reading import PROGRESS_BYTES
-from ..analysis.slices import TraceSlices, median_step
-from ..analysis.summary import Summary, Unreadable, summarize_contents
-from ..analysis.tracediff import Diff, diff
-from ..analysis.workers import default_jobs
+from ..analysis import (
+    COLLAPSE_RANKS,
+    PROGRESS_BYTES,
+    Input,
+    RunSlices,
+    Summary,
+    TraceError,
+    TraceSlices,
+    Unreadable,
+    default_jobs,
+    diff,
+    diff_view,
+    fmt,
+    legend,
+    median_step,
+    module_view,
+    parse_steps,
+    summarize_contents,
+)
 from . import logdir
 from .cache import FileCache
 
@@ -65,7 +74,6 @@ _DECODED_TRACES = 4  # decoded trace files kept for the timeline: 49 bytes per e
 _STEP = re.compile(r"-?[0-9]{1,18}")  # beyond 18 digits a step number would not fit the trace's int64
 _RANK_RUNS = 2  # runs whose every rank's traces are kept decoded for the timeline of all ranks
 _DIFFS = 16  # diffs kept, ~0.4 KB of JSON per row: under 1 MB each for 2,000 operators and kernels
-_LINES = 30  # source lines the module view lists
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,26 +103,6 @@ def summarize_run(run: logdir.RunFiles, progress: Callable[[int, int], None] | N
         transient = any(p.transient for p in summary.problems)
     body = dict(result, summarized_at=time.time(), seconds=time.perf_counter() - start)
     return RunSummary(summary, body, transient)
-
-
-def diff_body(d: Diff) -> dict[str, Any]:
-    """A diff for the page: `to_dict()`, the headline, each row's name as the reports show it (parallel to
-    `changes`) and the reports' tables (title, kinds, whether its rows are times or counts)."""
-    groups = [{"title": title, "kinds": list(kinds), "value": value} for title, kinds, value in diff_report.GROUPS]
-    names = [fmt.row_name(c.kind, c.name) for c in d.changes]
-    return {"diff": d.to_dict(), "headline": d.headline(), "names": names, "groups": groups}
-
-
-def module_body(s: Summary) -> dict[str, Any]:
-    """What `/modules` serves: the module tree (GPU time, or host time without a GPU), the top lines, what ran
-    compiled."""
-    lines = sorted(s.lines, key=lambda r: -(r.gpu_us if s.has_gpu else r.cpu_us))[:_LINES]
-    return {
-        "gpu": s.has_gpu,
-        "tree": by_module.tree(s.modules, s.has_gpu),
-        "lines": [dataclasses.asdict(r) for r in lines],
-        "compiled": s.compiled,
-    }
 
 
 def read_comparison(path: Path) -> dict[str, Any]:
@@ -203,7 +191,7 @@ class KprofPlugin(base_plugin.TBPlugin):
                     for r in runs
                 ],
                 "comparisons": listed,
-                "legend": breakdown.legend(),
+                "legend": legend(),
             },
             _JSON,
         )
@@ -346,11 +334,11 @@ class KprofPlugin(base_plugin.TBPlugin):
         summarized = self._summary(run)
         if summarized.summary is None:
             return _unprocessable(request, f"run {run.name!r}: {summarized.body['error']}")
-        return http_util.Respond(request, module_body(summarized.summary), _JSON)
+        return http_util.Respond(request, module_view(summarized.summary), _JSON)
 
     @wrappers.Request.application
     def _diff_route(self, request: werkzeug.Request) -> werkzeug.Response:
-        """`kprof.diff` of run `b` against run `a` (each optionally `a_steps`/`b_steps`: `2-4,7`), see `diff_body`;
+        """`kprof.diff` of run `b` against run `a` (each optionally `a_steps`/`b_steps`: `2-4,7`), see `diff_view`;
         computed again only when either run's files change."""
         sides = [(self._run(request, side), _selection(request, side)) for side in "ab"]
         key = tuple((run.name, steps and tuple(steps)) for run, steps in sides)
@@ -361,7 +349,7 @@ class KprofPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, body, _JSON)
 
     def _diff(self, sides: list[tuple[logdir.RunFiles, list[int] | None]]) -> dict[str, Any]:
-        """`diff_body` of the two sides, with when it was made (`computed_at`) and how long it took (`seconds`)."""
+        """`diff_view` of the two sides, with when it was made (`computed_at`) and how long it took (`seconds`)."""
         start = time.perf_counter()
         inputs = []
         for run, steps in sides:
@@ -370,7 +358,7 @@ class KprofPlugin(base_plugin.TBPlugin):
                 raise ValueError(f"run {run.name!r}: {summarized.body['error']}")
             source = f"{run.name}@steps={fmt.ranges(steps)}" if steps else run.name
             inputs.append(Input(source, None, steps, summarized.summary))
-        body = diff_body(diff(*inputs))
+        body = diff_view(diff(*inputs))
         return dict(body, computed_at=time.time(), seconds=time.perf_counter() - start)
 
     # -- request helpers ---------------------------------------------------------------------------------------
