@@ -93,6 +93,7 @@ def cuda_allocator(monkeypatch):
         return {"segments": blocks, "device_traces": [[]]}
 
     _model_now: list = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the tensors are the CPU's: watched there
     monkeypatch.setattr(torch_compat, "allocator_snapshot", snapshot)
     monkeypatch.setattr(
         torch_compat,

@@ -135,3 +135,20 @@ def test_a_sleep_in_the_plain_loop_is_named_by_the_gate(tmp_path):
     first = re.match(r"(.+?) \+\S+ (?:us|ms|s) per step \(increased, (\d+)%\)", grew)
     assert first[1] == BETWEEN_OPS, grew  # the largest share (93% on a quiet machine; the rest: cold caches)
     assert int(re.search(r"the rows that grew explain (\d+)% of it together", grew)[1]) >= 90
+
+
+def test_gpu_idle_is_named_right_after_the_host_time_that_made_the_gpu_wait():
+    """On a GPU a sleep in the step grows GPU idle as much as the time between operators (more: cold caches after
+    it): the host's row, the cause, is named first, GPU idle after it, other rows by their share."""
+    from types import SimpleNamespace
+
+    from kprof_callbacks.analysis.explain import explain
+
+    def rows(shares: dict[str, float]) -> SimpleNamespace:
+        changes = [SimpleNamespace(kind="op" if n.startswith("aten") else "step", name=n) for n in shares]
+        return SimpleNamespace(significant=lambda: changes, share_of_step_change=lambda c: shares[c.name])
+
+    gpu = {GPU_IDLE: 0.98, "aten::mm": 0.30, BETWEEN_OPS: 0.85, "aten::add": 0.9}
+    assert [c.name for c in explain(rows(gpu), top=4).rows] == ["aten::add", BETWEEN_OPS, GPU_IDLE, "aten::mm"]
+    alone = {GPU_IDLE: 0.98, "aten::mm": 0.30}  # no host time grew: GPU idle by its own share
+    assert [c.name for c in explain(rows(alone), top=4).rows] == [GPU_IDLE, "aten::mm"]

@@ -58,12 +58,22 @@ def together(d: Diff, rows: Sequence[Change]) -> float:
 def explain(d: Diff, top: int, min_share: float = MIN_SHARE) -> Explanation:
     """The significant rows (counts aside) that moved the way the mean step time did, each at least ``min_share`` of
     that change, largest share first (``top`` of them), and what all the significant rows that moved that way
-    explain together."""
+    explain together. GPU idle, the GPU waiting for the host, comes right after the time between operators when both
+    moved: a sleep or Python work in the step makes the GPU wait as long, and the host's row names the cause."""
     moved = [c for c in d.significant() if c.kind != "count" and d.share_of_step_change(c) > 0]
-    rows = sorted(
-        (c for c in moved if d.share_of_step_change(c) >= min_share), key=lambda c: -d.share_of_step_change(c)
-    )
+    named = [c for c in moved if d.share_of_step_change(c) >= min_share]
+    between = max((d.share_of_step_change(c) for c in named if _is(c, outside.BETWEEN_OPS)), default=None)
+
+    def rank(c: Change) -> tuple[float, bool]:
+        share, effect = d.share_of_step_change(c), between is not None and _is(c, outside.GPU_IDLE)
+        return -(min(share, between) if effect else share), effect
+
+    rows = sorted(named, key=rank)
     return Explanation(rows[:top], [d.share_of_step_change(c) for c in rows[:top]], together(d, moved))
+
+
+def _is(c: Change, name: str) -> bool:
+    return c.kind == outside.KIND and c.name == name
 
 
 def proportional(changes: Sequence[Change]) -> float:
