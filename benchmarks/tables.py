@@ -80,6 +80,8 @@ class _Cells(string.Formatter):
             return ", ".join(format(item, format_spec) for item in value)
         if isinstance(value, bool):
             return "yes" if value else "no"
+        if isinstance(value, dict):
+            return "; ".join(f"{key}: {self.format_field(v, format_spec)}" for key, v in value.items())
         return super().format_field(value, format_spec)
 
     def cell(self, fmt: str, row: dict) -> str:
@@ -427,6 +429,34 @@ TABLES: dict[str, Table] = {
     "fsdp2": Table("fsdp2-h100x2.json", _FSDP2),
     "fsdp2-h200": Table("fsdp2-h200x2.json", _FSDP2),
     "module_overhead": Table("module_overhead-cpu.json", _MODULE_OVERHEAD),
+    "attribution": Table(
+        "attribution-h100.json",
+        (
+            _t("run", "{mode}"),
+            Col("step ms", "{step_ms:.1f}"),
+            Col("GPU busy ms", "{gpu_busy_ms:.1f}"),
+            Col("modules ms", "{modules_ms:.1f}"),
+            Col("loss head", "{loss_head:.0%}"),
+            Col("unattributed", "{unattributed:.1%}"),
+            Col("compiled GPU time attributed", "{compiled_attributed:.1%}"),
+            Col("graphs / breaks a step", "{graphs_per_step} / {breaks_per_step}"),
+            _t("checks", "{verdict}"),
+        ),
+    ),
+    **{
+        f"multi-gpu-{family}": Table(
+            f"{family}-h100x4.json",
+            (
+                _t("run", "{run}"),
+                Col("ranks", "{ranks}"),
+                Col("step ms", "{step_ms:.1f}"),
+                Col("exposed comm ms", "{exposed_comm_ms:.1f}"),
+                Col("others wait for rank 2 ms", "{others_wait_for_rank2_ms:.1f}"),
+                _t("claims", "{claims}"),
+            ),
+        )
+        for family in ("fsdp2", "hsdp", "ddp")
+    },
     "calibration": _calibration("calibration-cpu.json", noise=True),
     "calibration-real": _calibration("calibration-real-cpu.json", noise=False),
     "calibration-load": _calibration("calibration-load-cpu.json", noise=False),

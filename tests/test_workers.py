@@ -144,7 +144,7 @@ def test_a_worker_whose_caller_was_killed_ends_without_a_traceback(tmp_path):
     done = subprocess.run(
         [sys.executable, "-c", caller],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH"))))},
         capture_output=True,
         text=True,
         timeout=WAIT,
