@@ -505,3 +505,17 @@ def test_a_big_run_is_summarized_in_the_background_with_progress_while_other_req
         threading.Event().wait(0.1)
     assert data["error"] is None
     assert data["summary"] == _roundtrip(kprof.summarize(big).to_dict())
+
+
+def test_the_module_view_of_a_compiled_gpt_renders_its_tree_note_and_lines(tmp_path, chromium, group_leftovers):
+    """The H100 fixture of a compiled GPT: the tree, the compiled note and the source lines are drawn as elements
+    (a list among the view's parts once came out as "[object HTMLTableElement]" text)."""
+    shutil.copytree(Path(__file__).parent / "fixtures" / "attribution" / "compiled", tmp_path / "log" / "gpt")
+    with TensorBoardServer(tmp_path / "log") as server:
+        dom = chromium(
+            f"{server.url}data/plugin_entry.html?name=kprof#run=gpt", "--dump-dom", "--virtual-time-budget=20000"
+        )
+    assert not group_leftovers(server.pid)
+    view = dom.split("<h2>Time by module</h2>")[1].split("<h2>")[0]
+    assert 'data-module="lm_head"' in view and "Compiled: 1 graph(s) a step" in view
+    assert "<h3>Top source lines</h3>" in view and "[object" not in view and ">null<" not in view

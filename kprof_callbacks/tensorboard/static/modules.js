@@ -5,11 +5,11 @@ import {getJSON, h, ms, note, pct, query, section, shorten, table} from './dom.j
 
 const COLUMNS = ['forward', 'backward', 'total', 'self', 'share', 'calls'];
 
-/** The section, filled in when the route answers. */
+/** The section, filled in when the route answers (a view's parts may be lists, or null where it has none). */
 export function modulesSection(name) {
   const body = h('div', {class: 'modules'}, note('Loading the module view…'));
   getJSON(`modules?${query({run: name})}`).then(
-    (data) => body.replaceChildren(...moduleView(data)),
+    (data) => body.replaceChildren(...moduleView(data).flat(Infinity).filter(Boolean)),
     (err) => body.replaceChildren(note(`Could not load the module view: ${err.message}`, 'error')));
   return section('Time by module', body);
 }
