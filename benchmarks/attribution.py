@@ -23,7 +23,6 @@ import json
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ import kprof_callbacks as kprof
 from kprof_callbacks import models
 
 from _isolated import Isolated
+from _record import command, header
 
 MODES = {"eager": None, "compiled": "default", "reduce-overhead": "reduce-overhead", "graph break": "default"}
 QUICK_MODES = ("eager", "compiled", "graph break")
@@ -161,11 +161,9 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append(dict(mode=mode, seconds=round(time.monotonic() - started, 1), **got, checks=met, verdict=verdict))
         print(f"  {mode}: {rows[-1]['checks']} ({rows[-1]['seconds']} s)", file=sys.stderr, flush=True)
     result = {
-        "date": time.strftime("%Y-%m-%d"),
-        "device": torch.cuda.get_device_name() if gpu else f"CPU ({platform.machine()})",
-        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()},
-        "code": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
-        "command": " ".join(["python", "benchmarks/attribution.py", *(sys.argv[1:] if argv is None else argv)]),
+        **header(
+            torch.cuda.get_device_name() if gpu else f"CPU ({platform.machine()})", command("attribution.py", argv)
+        ),
         "model": "tiny GPT" if args.quick else "GPT-2 small, bf16 autocast, fused AdamW, batch 8 x 512",
         "rows": rows,
         "met": all(v for r in rows for v in r["checks"].values() if v is not None),

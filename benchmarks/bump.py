@@ -17,14 +17,12 @@ Targets: the step-time scalars show <= 10% of the step after a window on a CPU, 
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +35,7 @@ import kprof_callbacks as kprof
 from kprof_callbacks import layout
 from kprof_callbacks.analysis.series import read_series
 
+from _record import command, header
 from overhead import Loop
 
 WINDOWS, WAIT, ACTIVE = 12, 12, 3
@@ -112,13 +111,6 @@ def _device_name(device: str) -> str:
     return f"CPU, {os.cpu_count()} cores ({platform.machine()}), shared with other work"
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -161,11 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.out:
         doc = {
-            "date": datetime.date.today().isoformat(),
-            "device": _device_name(device),
-            "versions": {"torch": torch.__version__, "python": platform.python_version()},
-            "code": _commit(),
-            "command": "python benchmarks/after_window.py --bump " + " ".join(argv or sys.argv[2:]),
+            **header(_device_name(device), command("after_window.py", ["--bump", *(argv or sys.argv[2:])])),
             "target": target,
             "rows": rows,
         }

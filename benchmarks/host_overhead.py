@@ -38,6 +38,8 @@ from torch import nn
 
 from kprof_callbacks import kernels
 
+from _record import commit
+
 TARGET = 1.1
 ROWS, WIDTH = 8, 64  # the tiny activation: [8, 64]
 
@@ -152,6 +154,7 @@ def table(rows: list[dict]) -> str:
 def environment(device: str) -> dict:
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
     return {
+        "commit": commit(),
         "device": name,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

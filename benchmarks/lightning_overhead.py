@@ -32,6 +32,7 @@ from pathlib import Path
 
 from _isolated import Isolated, change_cell
 from _isolated import rounds as budget_rounds
+from _record import commit
 
 SCHEDULE = dict(wait=1, warmup=1, active=3, repeat=2)
 WINDOW = range(1, 5)  # batches of the first window in both profilers: warm-up at 1, recorded 2-4
@@ -163,6 +164,7 @@ def environment() -> dict:
 
     cuda = torch.cuda.is_available()
     return {
+        "commit": commit(),
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

@@ -22,12 +22,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import json
 import platform
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import traceback
@@ -38,6 +35,8 @@ import torch
 import kprof_callbacks as kprof
 from kprof_callbacks import models
 from kprof_callbacks.analysis import fmt
+
+from _record import command, header
 
 WINDOW = {"wait": 1, "warmup": 1, "active": 3}
 TOLERANCE = 0.05
@@ -260,14 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(result))
     if args.out:
         device = torch.cuda.get_device_name() if setup.device == "cuda" else f"cpu ({platform.machine()})"
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        command = shlex.join(["python", "benchmarks/memory.py", *(sys.argv[1:] if argv is None else argv)])
         doc = {
-            "commit": commit,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": device,
-            "torch": torch.__version__,
-            "command": command,
+            **header(device, command("memory.py", argv)),
             "workload": f"GPT {cfg.n_layer}x{cfg.n_embd}, vocab {cfg.vocab_size}, batch {setup.batch} x "
             f"{cfg.block_size}, {'bf16 autocast, fused AdamW' if setup.device == 'cuda' else 'fp32, AdamW'}",
             **result,

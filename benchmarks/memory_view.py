@@ -15,11 +15,9 @@ reader on its own: seconds and MB/s, and the resident memory of the process that
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
-import shlex
 import shutil
 import subprocess
 import sys
@@ -28,6 +26,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from _record import command, header
 
 KEYS = ("action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata")
 SEGMENT_WORDS = ("device", "address", "total_size", "blocks", "state", "active_allocated", "inactive")
@@ -299,20 +299,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(0.02 if args.quick else args.gigabytes, chromium)
     if args.out:
         import msgspec
-        import torch
 
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         doc = {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": f"CPU, {os.cpu_count()} cores ({platform.machine()}), load average {os.getloadavg()[0]:.1f}",
-            "versions": {
-                "python": platform.python_version(),
-                "torch": torch.__version__,
-                "numpy": np.__version__,
-                "msgspec": msgspec.__version__,
-            },
-            "commit": commit,
-            "command": shlex.join(["python", "benchmarks/memory_view.py", *(sys.argv[1:] if argv is None else argv)]),
+            **header(
+                f"CPU, {os.cpu_count()} cores ({platform.machine()}), load average {os.getloadavg()[0]:.1f}",
+                command("memory_view.py", argv),
+                numpy=np.__version__,
+                msgspec=msgspec.__version__,
+            ),
             "rows": rows,
         }
         args.out.write_text(json.dumps(doc, indent=1) + "\n")

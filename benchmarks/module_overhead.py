@@ -20,7 +20,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ import kprof_callbacks as kprof
 from kprof_callbacks.attribution import ModelCapture
 
 from _isolated import Isolated
+from _record import command, header
 
 SIZES = {"full": (256, 24, 64, 60), "quick": (32, 4, 8, 20)}  # width, blocks, batch, paired steps
 TARGETS = {"inside": 0.05, "outside": 0.01}
@@ -153,13 +153,11 @@ def main(argv: list[str] | None = None) -> dict:
 def _record(rows: list[dict], sizes: str, cores: list[int]) -> dict:
     width, blocks, batch, pairs = SIZES[sizes]
     cuda = torch.cuda.is_available()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {
-        "date": time.strftime("%Y-%m-%d"),
-        "device": torch.cuda.get_device_name() if cuda else f"CPU, {len(cores)} pinned cores ({platform.machine()})",
-        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()},
-        "code": commit,
-        "command": " ".join(["python", "benchmarks/module_overhead.py", *sys.argv[1:]]),
+        **header(
+            torch.cuda.get_device_name() if cuda else f"CPU, {len(cores)} pinned cores ({platform.machine()})",
+            command("module_overhead.py", None),
+        ),
         "model": f"{blocks} blocks of Linear({width}, {width}) + ReLU, batch {batch}, AdamW; {pairs} step pairs",
         "targets": TARGETS,
         "rows": [

@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 import kprof_callbacks as kprof
 from kprof_callbacks.analysis import comm
 from kprof_callbacks.analysis.ranktimeline import RunSlices
+
+from _record import header
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -171,11 +172,6 @@ def device(quick: bool) -> tuple[str, str]:
     return f"{count}x {name}, NCCL", f"{tag}x{count}"
 
 
-def commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return done.stdout.strip() or "unknown"
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny models on the CPU with gloo (a smoke test)")
@@ -223,20 +219,14 @@ def main(argv: list[str] | None = None) -> int:
 def write(rows: dict[str, list[dict]], args: argparse.Namespace, seconds: float) -> None:
     """One results file per family, with commit, date, device, versions and command (the results of record's
     provenance, as benchmarks/tables.py reads it), a row per run."""
-    import torch
-
     name, tag = device(args.quick)
     folders = [args.out or (None if args.quick else RESULTS)] + (
         [Path(os.environ["OUT"])] if os.environ.get("OUT") else []
     )
-    command = "python benchmarks/multi_gpu.py" + (" --quick" if args.quick else "")
+    invocation = "python benchmarks/multi_gpu.py" + (" --quick" if args.quick else "")
     for family, items in rows.items():
         doc = {
-            "commit": commit(),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "device": name,
-            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()},
-            "command": command,
+            **header(name, invocation),
             "seconds": round(seconds, 1),
             "rows": items,
         }

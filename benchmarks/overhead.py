@@ -35,6 +35,7 @@ import kprof_callbacks as kprof
 
 from _isolated import Isolated, change_cell
 from _isolated import rounds as budget_rounds
+from _record import commit
 
 
 def mlp(width: int, depth: int) -> nn.Module:
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     # torch.optim imports torch._dynamo at an optimizer's first use: 1.5-2 s in every fresh process, imported once here
     isolated = Isolated(preload=("torch", "torch._dynamo", "kprof_callbacks"))
     results = {
+        "commit": commit(),
         "device": torch.cuda.get_device_name() if sizes == "cuda" else "cpu",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

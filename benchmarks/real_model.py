@@ -23,10 +23,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import json
 import math
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +35,8 @@ from torch import nn
 
 import kprof_callbacks as kprof
 from kprof_callbacks import kernels, models
+
+from _record import command, header
 
 MODES = ("fp32", "bf16", "compile", "reduce-overhead")
 ROUNDS = 5  # rounds of the bare loops
@@ -267,11 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ntraining check: {json.dumps({k: v for k, v in training.items() if k != 'loss'})}", flush=True)
     if args.out is not None:
         record = {
-            "device": device,
-            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0]},
-            "commit": _commit(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python benchmarks/real_model.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            **header(device, command("real_model.py", argv)),
             "steps": args.steps,
             "model": dataclasses.asdict(cfg),
             "batch": batch,
@@ -281,14 +277,6 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=1))
     return 0
-
-
-def _commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-    except OSError:
-        return None
-    return out.stdout.strip() or None
 
 
 if __name__ == "__main__":

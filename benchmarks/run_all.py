@@ -35,6 +35,7 @@ import torch
 from kprof_callbacks.bench.timing import best_other_ms
 
 from _isolated import change_cell
+from _record import commit
 
 HERE = Path(__file__).resolve().parent
 # name -> (script, extra arguments for a full run). The step-time benchmarks add rounds while their time budget
@@ -306,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     results = {
+        "commit": commit(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,

@@ -36,6 +36,8 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from kprof_callbacks.analysis import summarize
 from kprof_callbacks.analysis.workers import default_jobs
 
+from _record import commit
+
 
 def profile_training(
     model: nn.Module, loss: Callable[[], torch.Tensor], n_steps: int, on_ready, with_stack: bool = False
@@ -146,9 +148,10 @@ def rows_by_size(args: argparse.Namespace, measure) -> list[dict]:
 
 
 def write_results(path: Path, rows: list[dict]) -> None:
-    """The rows with the date, the machine and the versions, as JSON."""
+    """The rows with the commit, the date, the machine and the versions, as JSON."""
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
+        "commit": commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
         "versions": {

@@ -27,7 +27,7 @@ def test_the_documents_tables_match_the_results_of_record():
 def test_every_result_of_record_has_its_provenance_and_a_table():
     used = {table.source for table in tables.TABLES.values()}
     for path in sorted(tables.RESULTS.glob("*.json")):
-        data = tables.load(path)  # date, device, versions, command (or one per row), rows
+        data = tables.load(path)  # commit, date, device, versions, command (or one per row), rows
         assert path.name in used, f"{path.name} is shown by no table"
         assert tables.provenance(data).count(" · ") >= 2
     marked = "".join((REPO / name).read_text() for name in tables.DOCUMENTS)
@@ -92,6 +92,17 @@ def test_a_result_without_its_provenance_is_refused(copies):
     path.write_text(json.dumps(data))
     done = run("--check", "--results", str(results), str(document))
     assert done.returncode == 2 and "mfu-h100.json: no date, command" in done.stderr
+
+
+def test_a_result_that_names_no_commit_is_refused_and_tables_show_the_commit(copies):
+    results, document = copies
+    path = results / "mfu-h100.json"
+    data = json.loads(path.read_text())
+    assert f"· commit {data['commit'][:7]} ·" in tables.render("mfu", results)
+    del data["commit"]
+    path.write_text(json.dumps(data))
+    done = run("--check", "--results", str(results), str(document))
+    assert done.returncode == 2 and "mfu-h100.json: no commit" in done.stderr
 
 
 def test_cells_say_what_is_missing_and_format_lists():

@@ -367,7 +367,7 @@ def test_module_overhead_quick_measures_the_module_view_in_and_after_a_window(tm
     assert json.loads(out.read_text()) == result
     (row,) = result["rows"]
     assert row["module_calls"] == 13 and row["step_ms"] > 0 and len(row["inside"]) == 3
-    assert {"date", "device", "versions", "command", "code"} <= set(result)
+    assert {"date", "device", "versions", "command", "commit"} <= set(result)
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled", "reduce-overhead"])
