@@ -1,7 +1,7 @@
 """Trace analysis: `summarize(path)` reads torch.profiler trace files into a `Summary`; `diff(a, b)` compares two.
 
 These names are the package's boundary: the rest of kprof (the CLI, the session, the tab, compare, the out-of-memory
-report) imports only them, never a module inside (tests/test_layout.py checks). Each is imported on first use, so a
+report) imports only them, never a module inside (tests/test_package.py checks). Each is imported on first use, so a
 submodule (the CLI's help text, the sort keys) costs only itself.
 """
 
