@@ -15,7 +15,7 @@ from test_fsdp2_analysis import Layout, _Trace
 import kprof_callbacks as kprof
 from kprof_callbacks.analysis import diff, summarize
 from kprof_callbacks.analysis.health import is_capture
-from kprof_callbacks.analysis.report import md_text
+from kprof_callbacks.analysis.report_table import md_text
 from kprof_callbacks.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -24,7 +24,7 @@ _NAMES = {
     "diff_view": ".diff_report",
     "module_view": ".modules_report",
     **dict.fromkeys(("fragment", "table"), ".html"),  # report pieces for compare's report
-    **dict.fromkeys(("markdown_table", "md_text", "text_table"), ".report"),
+    **dict.fromkeys(("markdown_table", "md_text", "text_table"), ".report_table"),
     **dict.fromkeys(("save_beside", "site_of", "summarize_value"), ".snapshot"),  # memory snapshots, OOM reports
     "fmt": ".fmt",  # one rounding for every report (fmt.js writes the same)
     **dict.fromkeys(

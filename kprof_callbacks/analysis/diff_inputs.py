@@ -11,7 +11,7 @@ from pathlib import Path
 from ..progress import ProgressArg
 from . import fmt, perstep, saved
 from .perstep import PerStep
-from .summary import Summary, runs_of, summarize_runs
+from .summary import Summary, read_saved, runs_of, summarize_runs
 
 SELECTION = re.compile(r"^(?P<path>.*)@steps=(?P<spec>[^@/]*)$")
 MAX_STEPS = 100_000  # in one selection: more than any trace holds; a typo such as 2-2000000000 fails at once
@@ -104,7 +104,7 @@ def _several(path: Path, names: list[str]) -> ValueError:
 
 def _one_run(path: Path) -> Summary:
     """The one run's Summary saved in ``path`` (`kprof summary --json`)."""
-    found = saved.read(path)
+    found = read_saved(path)
     if isinstance(found, dict):
         if len(found) != 1:
             raise _several(path, list(found))

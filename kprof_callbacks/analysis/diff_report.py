@@ -16,7 +16,8 @@ from .events import DEVICE_KINDS
 from .fmt import clip
 from .html import page, table
 from .memory_diff import memory_order
-from .report import NAME_WIDTH, Table, markdown_table, md_text, text_table
+from .report import NAME_WIDTH
+from .report_table import Table, markdown_table, md_text, text_table
 
 if TYPE_CHECKING:
     from .tracediff import Change, Diff, Side

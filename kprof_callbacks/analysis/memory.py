@@ -23,6 +23,7 @@ KINDS = tuple(p.key for p in MEMORY_KINDS)
 """The kinds alive at a peak, in the order the reports list them; they add up to the peak."""
 STEP_KINDS = ("activations", "temporaries", "inputs", "other")
 """The kinds each step makes anew (a step's largest block is of these)."""
+BEFORE = "(before the trace)"  # the module of blocks allocated before the trace began
 
 
 @dataclasses.dataclass(frozen=True)

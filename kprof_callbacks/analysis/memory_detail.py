@@ -10,7 +10,7 @@ import numpy as np
 
 from . import memory_context as mc
 from .events import ANNOTATION, Events
-from .memory import KINDS, MemoryBlock, ModuleMemory, RepeatedModule
+from .memory import BEFORE, KINDS, MemoryBlock, ModuleMemory, RepeatedModule
 from .steps import Windows
 
 if TYPE_CHECKING:
@@ -83,8 +83,6 @@ def blocks(b: _Blocks, tl: Events, alive: np.ndarray, names: list[str], start: i
 def module_kinds(b: _Blocks, alive: np.ndarray, names: list[str], residual: dict[str, int]) -> list[ModuleMemory]:
     """Bytes alive at the peak by (module, kind), largest first; what the trace never saw allocated is under the
     blocks from before it."""
-    from .memory_trace import BEFORE
-
     totals: dict[tuple[str, str], int] = {}
     for name, kind, nbytes in zip(names, b.kind[alive].tolist(), np.abs(b.nbytes[alive]).tolist()):
         totals[name, KINDS[kind]] = totals.get((name, KINDS[kind]), 0) + nbytes

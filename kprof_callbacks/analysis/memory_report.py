@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from html import escape
 from statistics import median
-from typing import TYPE_CHECKING
 
 from . import fmt
 from .breakdown import MEMORY_KINDS
 from .memory import KINDS, MemorySummary
-
-if TYPE_CHECKING:
-    from .report import Table
+from .report_table import Table
 
 _KIND_NAME = {p.key: p.name for p in MEMORY_KINDS}
 _KIND_COLOR = {p.key: p.color for p in MEMORY_KINDS}
@@ -31,8 +28,6 @@ def _title(m: MemorySummary) -> str:
 
 def kinds_table(m: MemorySummary) -> Table:
     """What was alive at the shown peak by kind, with each kind's median and range over the steps."""
-    from .report import Table
-
     s = m.shown
     rows = []
     for kind in KINDS:
@@ -54,8 +49,6 @@ def kinds_table(m: MemorySummary) -> Table:
 
 def modules_table(m: MemorySummary, top: int, width: int) -> Table:
     """Bytes alive at the shown peak by the module (or site) that allocated them, with their kinds."""
-    from .report import Table
-
     totals: dict[str, dict[str, int]] = {}
     for row in m.modules:
         totals.setdefault(row.module, {})[row.kind] = totals.get(row.module, {}).get(row.kind, 0) + row.bytes
@@ -81,7 +74,6 @@ def modules_table(m: MemorySummary, top: int, width: int) -> Table:
 
 def blocks_table(m: MemorySummary, top: int, width: int) -> Table:
     """The largest blocks alive at the shown peak: size, kind, what allocated them, when (ms from the step's start)."""
-    from .report import Table
 
     def when(us: float | None, missing: str) -> str:
         return missing if us is None else f"{us / 1e3:.1f} ms"

@@ -26,14 +26,14 @@ import numpy as np
 
 from . import memory_context as mc
 from .events import Events
-from .memory import KINDS, STEP_KINDS, MemoryBlock, MemoryStep, ModuleMemory, RepeatedModule
+from .memory import BEFORE, KINDS, STEP_KINDS, MemoryBlock, MemoryStep, ModuleMemory, RepeatedModule
+from .memory_detail import blocks, curve, module_kinds, phases, repeated
 from .steps import Windows, memory_rows
 from .tree import Tree
 
 CURVE_POINTS = 400  # the allocated-memory curve of the shown step, at most this many points
 TOP_BLOCKS = 20  # the largest blocks alive at the shown step's peak
 TOP_MODULES = 12  # modules kept per step for kprof.diff
-BEFORE = "(before the trace)"
 OPTIMIZER = "(optimizer)"
 _K = {k: i for i, k in enumerate(KINDS)}
 _NEVER = np.iinfo(np.int64).max
@@ -220,8 +220,6 @@ def memory_of(tl: Events, tree: Tree, win: Windows) -> FileMemory | None:
 
 def _detail(out: FileMemory, b: _Blocks, tl: Events, win: Windows, shown: MemoryStep, alive: np.ndarray) -> None:
     """The shown step's curve, phases, largest blocks, modules by kind and repeated modules."""
-    from .memory_detail import blocks, curve, module_kinds, phases, repeated
-
     i = int(np.flatnonzero(win.number == shown.step)[0])
     out.shown = shown
     out.curve = curve(b.time, b.total, b.sites.window == i, win.start[i], CURVE_POINTS)

@@ -13,7 +13,7 @@ import numpy as np
 from . import fmt
 from .fmt import clip
 from .modules import GROUP_MIN, ModuleStats, ancestors, is_module, label, pattern, rollup, tree
-from .report import Table
+from .report_table import Table
 
 LINES = 30  # source lines the module view lists
 

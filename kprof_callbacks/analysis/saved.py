@@ -1,4 +1,5 @@
-"""A Summary saved as JSON (`kprof summary --json > base.json`, `Summary.to_dict`) and read back.
+"""A Summary saved as JSON (`kprof summary --json > base.json`, `Summary.to_dict`): how it is told from a trace and
+checked as it is read back (`summary.read_saved`).
 
 The file holds every table and the per-step rows `kprof.diff` tests, so CI can keep a file of kilobytes for the main
 branch instead of its traces, and diff a pull request's run against it. It starts with a format key, which tells it
@@ -11,17 +12,13 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
-import json
 import math
 import numbers
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .tables import StepStats
-
-if TYPE_CHECKING:
-    from .summary import Summary
 
 FORMAT_KEY = "kprof_summary"  # the first key of a saved summary (of each run's, in a file of several runs)
 VERSION = 1  # bumped when a field the reader needs changes
@@ -39,10 +36,10 @@ def is_saved(path: Path) -> bool:
         return False
     with path.open("rb") as f:
         head = f.read(_HEAD)
-    return _OPENS.match(head.decode(_encoding(head), errors="ignore")) is not None
+    return _OPENS.match(head.decode(encoding(head), errors="ignore")) is not None
 
 
-def _encoding(head: bytes) -> str:
+def encoding(head: bytes) -> str:
     return next((name for bom, name in _BOMS if head.startswith(bom)), "utf-8")
 
 
@@ -71,17 +68,3 @@ def check(data: dict[str, Any]) -> None:
 def _number(where: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{where} must be a finite number >= 0, got {value!r}")
-
-
-def read(path: Path) -> Summary | dict[str, Summary]:
-    """The Summary saved in ``path``, or a dict run name -> Summary for a file of several runs (a logdir's)."""
-    from .summary import Summary
-
-    try:
-        raw = path.read_bytes()
-        data = json.loads(raw.decode(_encoding(raw)))
-        if FORMAT_KEY in data:
-            return Summary.from_dict(data)
-        return {name: Summary.from_dict(run) for name, run in data.items()}
-    except (OSError, ValueError, AttributeError, IndexError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: cannot read this saved kprof summary ({type(exc).__name__}: {exc})") from None

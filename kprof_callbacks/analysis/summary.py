@@ -7,6 +7,7 @@ then added up here, with one entry per rank (or worker) for the multi-rank view,
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -385,7 +386,7 @@ def summarize(path: str | Path, *, progress: ProgressArg = False, jobs: int = 1)
     A summary saved as JSON (`kprof summary --json`) is read back as it was saved (`Summary.from_dict`).
     """
     if isinstance(path, (str, os.PathLike)) and saved.is_saved(Path(path)):
-        return saved.read(Path(path))
+        return read_saved(Path(path))
     many, runs = runs_of(path)
     results = summarize_runs(list(runs.items()), progress=progress, jobs=jobs)
     if not many:
@@ -400,3 +401,15 @@ def summarize(path: str | Path, *, progress: ProgressArg = False, jobs: int = 1)
     if not out:
         raise ValueError("; ".join(map(str, results)))
     return out
+
+
+def read_saved(path: Path) -> Summary | dict[str, Summary]:
+    """The Summary saved in ``path``, or a dict run name -> Summary for a file of several runs (a logdir's)."""
+    try:
+        raw = path.read_bytes()
+        data = json.loads(raw.decode(saved.encoding(raw)))
+        if saved.FORMAT_KEY in data:
+            return Summary.from_dict(data)
+        return {name: Summary.from_dict(run) for name, run in data.items()}
+    except (OSError, ValueError, AttributeError, IndexError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: cannot read this saved kprof summary ({type(exc).__name__}: {exc})") from None
