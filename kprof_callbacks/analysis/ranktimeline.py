@@ -139,24 +139,27 @@ def _collapse(s: RankStep, parts: list, rows: list[RankLanes]) -> RankStep:
         ):
             cols[key] += [busy, events]
     c = {k: np.concatenate(v) for k, v in cols.items()}
-    n = c["start"].size
     lanes = [Lane(f"rank {r.rank}", "rank", 1) for r in rows]
-    piece = dataclasses.replace(
-        p,
-        lanes=lanes,
-        names=names,
-        shapes=[],
-        lane=c["lane"].astype(np.int32),
-        row=np.zeros(n, np.int32),
-        start=c["start"].astype(np.int64),
-        dur=c["dur"].astype(np.int64),
-        name=c["name"].astype(np.int32),
-        kind=c["kind"].astype(np.int8),
-        shape=np.full(n, -1, np.int32),
-        parent=np.full(n, -1, np.int32),
-        link=np.full(n, -1, np.int32),
-    )
+    piece = dataclasses.replace(p, lanes=lanes, names=names, **_events(c, np.zeros(c["start"].size, np.int32)))
     return dataclasses.replace(s, piece=piece, coll=c["coll"].astype(np.int32), wait=c["wait"], ranks=rows)
+
+
+def _events(c: dict[str, np.ndarray], row: np.ndarray) -> dict[str, Any]:
+    """A Slice's event columns from the merged columns ``c`` (lane, start, dur, name, kind) on rows ``row``: no shapes,
+    parents or links (a merged step draws spans, not their nesting)."""
+    n = c["start"].size
+    return {
+        "shapes": [],
+        "lane": c["lane"].astype(np.int32),
+        "row": row,
+        "start": c["start"].astype(np.int64),
+        "dur": c["dur"].astype(np.int64),
+        "name": c["name"].astype(np.int32),
+        "kind": c["kind"].astype(np.int8),
+        "shape": np.full(n, -1, np.int32),
+        "parent": np.full(n, -1, np.int32),
+        "link": np.full(n, -1, np.int32),
+    }
 
 
 def _in_step(t: Transfers, number: int) -> Transfers:
@@ -277,16 +280,7 @@ class _Merger:
             span_ns=self.span,
             lanes=[dataclasses.replace(lane, rows=max(lane.rows, 1)) for lane in self.lanes],
             names=list(self.names),
-            shapes=[],
-            lane=c["lane"].astype(np.int32),
-            row=c["row"].astype(np.int32),
-            start=c["start"].astype(np.int64),
-            dur=c["dur"].astype(np.int64),
-            name=c["name"].astype(np.int32),
-            kind=c["kind"].astype(np.int8),
-            shape=np.full(n, -1, np.int32),
-            parent=np.full(n, -1, np.int32),
-            link=np.full(n, -1, np.int32),
+            **_events(c, c["row"].astype(np.int32)),
         )
         coll, wait = np.full(n, -1, np.int32), np.zeros(n)
         collectives, waited, late = self._collectives(m, offsets, coll, wait)
