@@ -528,10 +528,8 @@ def diff(a: Source, b: Source, *, confidence: float = 0.95, noise_threshold: flo
     the step time's interval and the false discovery rate of the rows (1 - confidence); changes under
     `noise_threshold` (a fraction of A's value) are never significant. The result is deterministic.
     """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be between 0 and 1, got {confidence!r}")
-    if isinstance(noise_threshold, bool) or not isinstance(noise_threshold, (int, float)) or not noise_threshold >= 0:
-        raise ValueError(f"noise_threshold must be a number >= 0, got {noise_threshold!r}")
+    stats.check_confidence(confidence)
+    stats.check_noise_threshold(noise_threshold)
     sides = load(a, b)
     tables = select(sides)
     if not all(outside.KIND in side.summary.per_step.kind for side in sides):  # a summary saved before these rows
