@@ -174,9 +174,8 @@ class Columns:
     ext: np.ndarray  # int64 external id, -1 if none
     corr: np.ndarray  # int64 correlation id, -1 if none
     dims: np.ndarray  # int32 -> dims_table; 0 (b"") where input shapes were not recorded
-    types: (
-        np.ndarray
-    )  # int32 -> types_table: input types of matrix products (flops.MATMULS) and log_softmax; 0 elsewhere
+    # int32 -> types_table: input types of matrix products (flops.MATMULS) and log_softmax; 0 elsewhere
+    types: np.ndarray
     copy_bytes: np.ndarray  # int64 size of a copy or set
     mem_bytes: np.ndarray  # int64: `[memory]` instants' allocation (+) or free (-)
     mem_device: np.ndarray  # int64 c10::DeviceType
@@ -224,6 +223,17 @@ _ARGS = {
         "fwd_tid",
     )
 }
+_PLAIN_ARGS = {"corr": "correlation", "copy_bytes": "copy_bytes"}  # Columns field -> the Args field it copies
+# `[memory]` instants' Columns fields -> the Args field each copies
+_MEMORY_ARGS = {
+    "mem_bytes": "mem_bytes",
+    "mem_device": "mem_device_type",
+    "mem_total": "total_allocated",
+    "mem_addr": "addr",
+    "mem_reserved": "total_reserved",
+}
+_ARRAY_FIELDS = [f.name for f in dataclasses.fields(Columns) if f.type == "np.ndarray"]
+_ID_TABLES = {"name": "names", "cat": "cats", "lane": "lanes", "types": "types_table"}  # id column -> its table
 _PH_CODE = {"X": 0, "i": 1, "M": 2}
 _OPERATOR_CATEGORIES = ("cpu_op", "operator", "")  # "": pre-kineto traces, which name no category
 LOG_SOFTMAX = frozenset({"aten::_log_softmax", "aten::log_softmax"})  # a loss over logits: their dtype is read too
@@ -311,76 +321,105 @@ def columns(events: list[Event]) -> Columns:
     timed = ph <= 1
     if not timed.all():
         events, ph, kind = list(compress(events, timed.tolist())), ph[timed], kind[timed]
-    instant = ph == 1
-    names, cats, lanes, dims = _Interner(), _Interner(), _Interner(), _Interner({b"": 0})
-    name_ids, cat_ids, lane_ids = _kind_ids(kinds, (kind_ph <= 1).tolist(), names, cats, lanes)
-    name, cat, lane = name_ids[kind], cat_ids[kind], lane_ids[kind]
+    tables = _new_tables()
+    ids = _kind_ids(kinds, (kind_ph <= 1).tolist(), tables["names"], tables["cats"], tables["lanes"])
+    found = dict(zip(("name", "cat", "lane"), (column[kind] for column in ids)), instant=ph == 1)
     args = list(map(_FIELDS["args"], events))  # fetched once: most columns come from the args
     start = _ns(_column(events, _FIELDS["ts"], np.float64))
-    ext = _column(args, _ARGS["external_id"], np.int64)
-    new_ext = bool((ext >= 0).any())
-    if not new_ext:
-        ext = _column(args, _ARGS["external_id_old"], np.int64)
-    # input shapes: recorded on operators only, so only their events are looked at
-    ops = np.isin(cat, [k for k, c in enumerate(cats) if c.lower() in _OPERATOR_CATEGORIES])
-    shaped = list(compress(args, ops.tolist()))
-    dims_ids = np.zeros(len(events), np.int32)
-    dims_ids[ops] = _interned_raw(map(_ARGS["input_dims"], shaped), dims, len(shaped))
-    new_dims = len(dims) > 1
-    if not new_dims:
-        dims_ids[ops] = _interned_raw(map(_ARGS["input_dims_old"], shaped), dims, len(shaped))
-    autograd = {f: np.full(len(events), -1, np.int64) for f in ("seq", "fwd_tid")}
-    autograd["seq"][ops] = _column(shaped, _ARGS["seq"], np.int64)
-    nodes = np.flatnonzero(np.isin(name, [k for k, n in enumerate(names) if n.startswith(AUTOGRAD_NODE)]))
-    if nodes.size:  # only autograd nodes' forward thread is read: each column costs ~5% of the decoding
-        autograd["fwd_tid"][nodes] = _column([args[i] for i in nodes.tolist()], _ARGS["fwd_tid"], np.int64)
-    mem_fields = ("mem_bytes", "mem_device_type", "total_allocated", "addr", "total_reserved")
-    mem = {f: np.zeros(len(events), np.int64) for f in mem_fields}
-    if instant.any():
-        rows = np.flatnonzero(instant)
-        picked = list(compress(args, instant.tolist()))
-        for f, column in mem.items():
-            column[rows] = _column(picked, _ARGS[f], np.int64)
-    types = _Interner({b"": 0})
-    type_ids = np.zeros(len(events), np.int32)
-    if events and isinstance(events[0], _TypedEvent):  # the matrix products' dtype sets the peak their FLOPs run at
-        products = np.flatnonzero(ops & np.isin(name, [k for k, n in enumerate(names) if n in _TYPED]))
-        type_ids[products] = _interned_raw((args[i].input_type for i in products.tolist()), types, products.size)
-    collective, group = _collectives(
-        args, np.isin(cat, [k for k, c in enumerate(cats) if c.lower() == "kernel"]), names
-    )
     dur = _column(events, _FIELDS["dur"], np.float64)
-    return Columns(
+    found.update(start=start, end=start + _ns(np.maximum(dur, 0.0)))
+    found.update({field: _column(args, _ARGS[arg], np.int64) for field, arg in _PLAIN_ARGS.items()})
+    found["ext"], new_ext = _external_ids(args)
+    # input shapes: recorded on operators only, so only their events are looked at
+    ops = np.isin(found["cat"], _ids_of(tables["cats"], lambda c: c.lower() in _OPERATOR_CATEGORIES))
+    found["dims"], new_dims = _input_dims(args, ops, tables["dims_table"])
+    found.update(_autograd(args, ops, found["name"], tables["names"]))
+    found.update(_memory(args, found["instant"]))
+    found["types"] = _input_types(events, args, ops, found["name"], tables)
+    kernels = np.isin(found["cat"], _ids_of(tables["cats"], lambda c: c.lower() == "kernel"))
+    found["collective"], found["group"] = _collectives(args, kernels, tables["names"])
+    return _assemble(
+        found,
+        tables,
         clipped=int((dur < 0).sum()),
-        instant=instant,
-        name=name,
-        cat=cat,
-        lane=lane,
-        start=start,
-        end=start + _ns(np.maximum(dur, 0.0)),
-        ext=ext,
-        corr=_column(args, _ARGS["correlation"], np.int64),
-        dims=dims_ids,
-        types=type_ids,
-        copy_bytes=_column(args, _ARGS["copy_bytes"], np.int64),
-        mem_bytes=mem["mem_bytes"],
-        mem_device=mem["mem_device_type"],
-        mem_total=mem["total_allocated"],
-        mem_addr=mem["addr"],
-        mem_reserved=mem["total_reserved"],
-        seq=autograd["seq"],
-        collective=collective,
-        group=group,
-        fwd_tid=autograd["fwd_tid"],
-        names=list(names),
-        cats=list(cats),
-        lanes=list(lanes),
-        dims_table=list(dims),
-        types_table=list(types),
         thread_labels=_thread_labels(meta),
         new_ext=new_ext,
         new_dims=new_dims,
     )
+
+
+def _ids_of(table: _Interner, keep: Callable[[str], bool]) -> list[int]:
+    """The ids of the values in ``table`` that ``keep`` picks."""
+    return [k for k, value in enumerate(table) if keep(value)]
+
+
+def _external_ids(args: list[Args]) -> tuple[np.ndarray, bool]:
+    """The external id of each event, and whether it is the current spelling (else the older one, or none)."""
+    ext = _column(args, _ARGS["external_id"], np.int64)
+    new_ext = bool((ext >= 0).any())
+    return (ext if new_ext else _column(args, _ARGS["external_id_old"], np.int64)), new_ext
+
+
+def _input_dims(args: list[Args], ops: np.ndarray, dims: _Interner) -> tuple[np.ndarray, bool]:
+    """The input shapes' ids in ``dims`` of the operators ``ops`` (0 elsewhere), and whether they are spelled the
+    current way (else the older one)."""
+    shaped = list(compress(args, ops.tolist()))
+    dims_ids = np.zeros(len(args), np.int32)
+    dims_ids[ops] = _interned_raw(map(_ARGS["input_dims"], shaped), dims, len(shaped))
+    new_dims = len(dims) > 1
+    if not new_dims:
+        dims_ids[ops] = _interned_raw(map(_ARGS["input_dims_old"], shaped), dims, len(shaped))
+    return dims_ids, new_dims
+
+
+def _autograd(args: list[Args], ops: np.ndarray, name: np.ndarray, names: _Interner) -> dict[str, np.ndarray]:
+    """``seq`` of the operators and ``fwd_tid`` of the autograd nodes' ranges (-1 elsewhere)."""
+    autograd = {f: np.full(len(args), -1, np.int64) for f in ("seq", "fwd_tid")}
+    autograd["seq"][ops] = _column(list(compress(args, ops.tolist())), _ARGS["seq"], np.int64)
+    nodes = np.flatnonzero(np.isin(name, _ids_of(names, lambda n: n.startswith(AUTOGRAD_NODE))))
+    if nodes.size:  # only autograd nodes' forward thread is read: each column costs ~5% of the decoding
+        autograd["fwd_tid"][nodes] = _column([args[i] for i in nodes.tolist()], _ARGS["fwd_tid"], np.int64)
+    return autograd
+
+
+def _memory(args: list[Args], instant: np.ndarray) -> dict[str, np.ndarray]:
+    """The `[memory]` instants' columns (0 on the other events)."""
+    mem = {field: np.zeros(len(args), np.int64) for field in _MEMORY_ARGS}
+    if instant.any():
+        rows = np.flatnonzero(instant)
+        picked = list(compress(args, instant.tolist()))
+        for field, column in mem.items():
+            column[rows] = _column(picked, _ARGS[_MEMORY_ARGS[field]], np.int64)
+    return mem
+
+
+def _input_types(
+    events: list[Event], args: list[Args], ops: np.ndarray, name: np.ndarray, tables: dict[str, _Interner]
+) -> np.ndarray:
+    """The input types' ids in ``tables["types_table"]`` of the matrix products and log_softmax (0 elsewhere), read
+    only from a trace decoded with them (one that lists a GPU)."""
+    type_ids = np.zeros(len(events), np.int32)
+    if events and isinstance(events[0], _TypedEvent):  # the matrix products' dtype sets the peak their FLOPs run at
+        products = np.flatnonzero(ops & np.isin(name, _ids_of(tables["names"], lambda n: n in _TYPED)))
+        raws = (args[i].input_type for i in products.tolist())
+        type_ids[products] = _interned_raw(raws, tables["types_table"], products.size)
+    return type_ids
+
+
+def _new_tables() -> dict[str, _Interner]:
+    """Empty string tables of a `Columns`, by field name (the raw JSON ones number b"" as 0: nothing recorded)."""
+    return {
+        "names": _Interner(),
+        "cats": _Interner(),
+        "lanes": _Interner(),
+        "dims_table": _Interner({b"": 0}),
+        "types_table": _Interner({b"": 0}),
+    }
+
+
+def _assemble(arrays: dict[str, np.ndarray], tables: dict[str, _Interner], **rest: object) -> Columns:
+    """The `Columns` of these array columns (by field name), string tables and other fields."""
+    return Columns(**arrays, **{field: list(table) for field, table in tables.items()}, **rest)
 
 
 def _remap(ids: np.ndarray, local: list, table: _Interner) -> np.ndarray:
@@ -392,50 +431,31 @@ def merge(parts: list[Columns]) -> Columns:
     """One file's pieces, in order, as one `Columns`."""
     if len(parts) == 1:
         return parts[0]
-    names, cats, lanes, dims, types = _Interner(), _Interner(), _Interner(), _Interner({b"": 0}), _Interner({b"": 0})
+    tables = _new_tables()
     new_ext, new_dims = any(p.new_ext for p in parts), any(p.new_dims for p in parts)
-
-    def joined(field: str, table: _Interner | None = None, local: str = "") -> np.ndarray:
-        arrays = [getattr(p, field) for p in parts]
-        if table is not None:
-            arrays = [_remap(a, getattr(p, local), table) for a, p in zip(arrays, parts)]
-        return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
-
-    ext = np.concatenate([p.ext if p.new_ext == new_ext else np.full(len(p), -1, np.int64) for p in parts])
-    collective, group = (
-        np.concatenate([np.where(ids >= 0, _remap(np.maximum(ids, 0), p.names, names), -1) for ids, p in pairs])
-        for pairs in ([(p.collective, p) for p in parts], [(p.group, p) for p in parts])
+    merged = {"ext": np.concatenate([p.ext if p.new_ext == new_ext else np.full(len(p), -1, np.int64) for p in parts])}
+    for field in ("collective", "group"):  # -1: none said
+        ids = [getattr(p, field) for p in parts]
+        merged[field] = np.concatenate(
+            [np.where(i >= 0, _remap(np.maximum(i, 0), p.names, tables["names"]), -1) for i, p in zip(ids, parts)]
+        )
+    merged["dims"] = np.concatenate(
+        [
+            _remap(p.dims, p.dims_table, tables["dims_table"]) if p.new_dims == new_dims else np.zeros(len(p), np.int32)
+            for p in parts
+        ]
     )
-    dim_ids = np.concatenate(
-        [_remap(p.dims, p.dims_table, dims) if p.new_dims == new_dims else np.zeros(len(p), np.int32) for p in parts]
-    )
-    return Columns(
+    for field in _ARRAY_FIELDS:
+        if field not in merged:
+            arrays = [getattr(p, field) for p in parts]
+            if field in _ID_TABLES:
+                table = _ID_TABLES[field]
+                arrays = [_remap(a, getattr(p, table), tables[table]) for a, p in zip(arrays, parts)]
+            merged[field] = np.concatenate(arrays)
+    return _assemble(
+        merged,
+        tables,
         clipped=sum(p.clipped for p in parts),
-        instant=joined("instant"),
-        name=joined("name", names, "names"),
-        cat=joined("cat", cats, "cats"),
-        lane=joined("lane", lanes, "lanes"),
-        start=joined("start"),
-        end=joined("end"),
-        ext=ext,
-        corr=joined("corr"),
-        dims=dim_ids,
-        types=joined("types", types, "types_table"),
-        copy_bytes=joined("copy_bytes"),
-        mem_bytes=joined("mem_bytes"),
-        mem_device=joined("mem_device"),
-        mem_total=joined("mem_total"),
-        mem_addr=joined("mem_addr"),
-        mem_reserved=joined("mem_reserved"),
-        seq=joined("seq"),
-        collective=collective,
-        group=group,
-        fwd_tid=joined("fwd_tid"),
-        names=list(names),
-        cats=list(cats),
-        lanes=list(lanes),
-        dims_table=list(dims),
-        types_table=list(types),
         thread_labels=[t for p in parts for t in p.thread_labels],
         new_ext=new_ext,
         new_dims=new_dims,
