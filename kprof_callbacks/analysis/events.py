@@ -13,7 +13,8 @@ import re
 import numpy as np
 
 from ..layout import MODULE_PREFIX
-from .reader import Columns, TraceError, TraceFile
+from .eventcolumns import Columns
+from .reader import TraceError, TraceFile
 
 # host event kinds
 OP, ANNOTATION, PYTHON, RUNTIME = 0, 1, 2, 3
@@ -131,7 +132,7 @@ class Device:
     corr: np.ndarray
     nbytes: np.ndarray  # copy/set size, 0 if unknown
     collective: np.ndarray  # int32 id into Events.names of the c10d collective an NCCL kernel runs, -1 if not said
-    group: np.ndarray  # int32 id into Events.names of its process group (`reader.group_text`), -1 if not said
+    group: np.ndarray  # int32 id into Events.names of its process group (`eventcolumns.group_text`), -1 if not said
 
 
 @dataclasses.dataclass
