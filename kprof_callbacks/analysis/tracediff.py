@@ -309,16 +309,7 @@ def _rows(
 ) -> tuple[list[Change], float]:
     """Every row present on either side (with the ``memory`` rows: names, bytes per step of A and B), tested
     together; and the level of their intervals."""
-    count_names, a_counts, b_counts = *_counts(a), _counts(b)[1]
-    memory_names, a_memory, b_memory = memory
-    kinds = a.kind + ["count"] * len(count_names) + ["memory"] * len(memory_names)
-    names = a.name + count_names + memory_names
-    xa, xb = np.concatenate([a.time_us, a_counts, a_memory]), np.concatenate([b.time_us, b_counts, b_memory])
-    ca = np.concatenate([a.calls, a_counts, a_memory > 0])
-    cb = np.concatenate([b.calls, b_counts, b_memory > 0])
-    present = (ca.sum(axis=1) > 0) | (cb.sum(axis=1) > 0)
-    kinds, names = [k for k, keep in zip(kinds, present) if keep], [n for n, keep in zip(names, present) if keep]
-    xa, xb, ca, cb = xa[present], xb[present], ca[present], cb[present]
+    kinds, names, (xa, xb), (ca, cb) = _present_rows(a, b, memory)
     presence = (ca.sum(axis=1) == 0) | (cb.sum(axis=1) == 0)
     p = np.where(presence, stats.welch_p(ca, cb), stats.welch_p(xa, xb))
     q = 1.0 - confidence
@@ -369,6 +360,23 @@ def _rows(
             )
         )
     return sorted(rows, key=lambda c: (not c.significant, not c.presence_changed, -abs(c.change))), 1.0 - alpha
+
+
+def _present_rows(
+    a: PerStep, b: PerStep, memory: tuple[list[str], np.ndarray, np.ndarray]
+) -> tuple[list[str], list[str], tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The rows present on either side: their kinds and names, their values per step on A and B (a row per row, a
+    column per step) and their calls per step (for counts the count; for memory whether it was allocated)."""
+    count_names, a_counts, b_counts = *_counts(a), _counts(b)[1]
+    memory_names, a_memory, b_memory = memory
+    kinds = a.kind + ["count"] * len(count_names) + ["memory"] * len(memory_names)
+    names = a.name + count_names + memory_names
+    xa, xb = np.concatenate([a.time_us, a_counts, a_memory]), np.concatenate([b.time_us, b_counts, b_memory])
+    ca = np.concatenate([a.calls, a_counts, a_memory > 0])
+    cb = np.concatenate([b.calls, b_counts, b_memory > 0])
+    present = (ca.sum(axis=1) > 0) | (cb.sum(axis=1) > 0)
+    kinds, names = [k for k, keep in zip(kinds, present) if keep], [n for n, keep in zip(names, present) if keep]
+    return kinds, names, (xa[present], xb[present]), (ca[present], cb[present])
 
 
 def _verdict(
