@@ -116,12 +116,20 @@ class RealLoop:
 
 def real_detectors(loop: RealLoop) -> tuple[Detector, ...]:
     """The detectors end to end on ``loop``'s machine: (name, run, effect, fired(rng, sigma, inject))."""
+    return (*_run_rows(loop), *_hog_rows(loop), *(_gpu_rows(loop) if loop.device == "cuda" else ()))
 
-    def finding(kind: str, effect: str, steps: int = 14, **options):
-        def fired(rng, sigma, inject) -> bool:
-            return kind in {d.kind for d in loop.run(steps, effect if inject else "", **options).summary().diagnostics}
 
-        return fired
+def _finding(loop: RealLoop, kind: str, effect: str, steps: int = 14, **options):
+    """Fires when a run of ``steps`` steps (with ``effect`` when injected) has a ``kind`` finding."""
+
+    def fired(rng, sigma, inject) -> bool:
+        return kind in {d.kind for d in loop.run(steps, effect if inject else "", **options).summary().diagnostics}
+
+    return fired
+
+
+def _run_rows(loop: RealLoop) -> list[Detector]:
+    """The findings, the diff and its gate, and the slow-step trigger, on runs of ``loop``."""
 
     def leak(rng, sigma, inject) -> bool:
         session = loop.run(100, "leak" if inject else "", {"wait": 97, "warmup": 1, "active": 2, "repeat": 1})
@@ -142,11 +150,10 @@ def real_detectors(loop: RealLoop) -> tuple[Detector, ...]:
         )
         return bool(session.captures)
 
-    rows = [
-        Detector("slow step", "10 profiled steps", "one step 2x (a sleep or spin)", finding("slow_step", "slow")),
-        Detector(
-            "data loading", "10 profiled steps", "a data_loading region 15% of each step", finding("dataloader", "data")
-        ),
+    slow, data = _finding(loop, "slow_step", "slow"), _finding(loop, "dataloader", "data")
+    return [
+        Detector("slow step", "10 profiled steps", "one step 2x (a sleep or spin)", slow),
+        Detector("data loading", "10 profiled steps", "a data_loading region 15% of each step", data),
         Detector("memory growth", "100 steps, memory_every=5", "1 MB kept every step", leak),
         Detector(
             "diff: step time", "10 against 10 profiled steps", "B's steps 20% longer (a sleep or spin)", step_time
@@ -159,8 +166,12 @@ def real_detectors(loop: RealLoop) -> tuple[Detector, ...]:
         ),
         Detector("slow-step trigger", "120 steps, factor 3", "one step 4x (a sleep or spin)", trigger),
     ]
+
+
+def _hog_rows(loop: RealLoop) -> list[Detector]:
+    """The diff's gate and compare's verdict while CPU hogs load the machine."""
     statuses = Counter()  # the gate's exit statuses, with and without hogs
-    rows += [
+    return [
         Detector(
             "diff: machine changed",
             "14 steps a side, the same code (false positive: the gate at 5% calls a code regression)",
@@ -179,14 +190,16 @@ def real_detectors(loop: RealLoop) -> tuple[Detector, ...]:
             for effect in (1.5, 10.0)
         ),
     ]
-    if loop.device == "cuda":
-        rows += [
-            Detector("syncs", "10 profiled steps", "loss.item() every step", finding("sync", "item")),
-            Detector(
-                "launch-bound",
-                "10 profiled steps of a compute-bound MLP",
-                "300 tiny kernels a step",
-                finding("launch_bound", "tiny"),
-            ),
-        ]
-    return tuple(rows)
+
+
+def _gpu_rows(loop: RealLoop) -> list[Detector]:
+    """The findings that need a GPU."""
+    return [
+        Detector("syncs", "10 profiled steps", "loss.item() every step", _finding(loop, "sync", "item")),
+        Detector(
+            "launch-bound",
+            "10 profiled steps of a compute-bound MLP",
+            "300 tiny kernels a step",
+            _finding(loop, "launch_bound", "tiny"),
+        ),
+    ]
