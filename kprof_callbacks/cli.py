@@ -164,115 +164,131 @@ def _bench_description() -> str:
 
 def commands() -> list[Command]:
     """Every subcommand, in the order ``kprof --help`` lists them."""
-    return [
-        Command(
-            "demo",
-            "train a small model under the profiler and print where the time went",
-            ".demo:run_cli",
-            (
-                arg("--logdir", default="log", help="where traces go (default: log)"),
-                arg("--steps", type=at_least(None), default=60, help="training steps (default: 60)"),
-                DEVICE,
+    return [_demo(), _summary(), _diff(), _tensorboard(), _compare(), _bench()]
+
+
+def _demo() -> Command:
+    return Command(
+        "demo",
+        "train a small model under the profiler and print where the time went",
+        ".demo:run_cli",
+        (
+            arg("--logdir", default="log", help="where traces go (default: log)"),
+            arg("--steps", type=at_least(None), default=60, help="training steps (default: 60)"),
+            DEVICE,
+        ),
+    )
+
+
+def _summary() -> Command:
+    return Command(
+        "summary",
+        "summarize torch.profiler traces (a file, a run folder or a logdir)",
+        ".analysis:run_summary",
+        (
+            arg(
+                "path",
+                type=Path,
+                metavar="LOGDIR",
+                help="trace file (.pt.trace.json[.gz]), run folder, logdir of runs, or a summary saved with --json",
             ),
-        ),
-        Command(
-            "summary",
-            "summarize torch.profiler traces (a file, a run folder or a logdir)",
-            ".analysis:run_summary",
-            (
-                arg(
-                    "path",
-                    type=Path,
-                    metavar="LOGDIR",
-                    help="trace file (.pt.trace.json[.gz]), run folder, logdir of runs, or a summary saved with --json",
-                ),
-                *_formats("tables (JSON: with the per-step rows kprof diff needs)"),
-                HTML,
-                TOP,
-                arg(
-                    "--sort",
-                    choices=SORT_KEYS,
-                    default="cuda",
-                    help="sort operators by self CUDA time, self CPU time or self memory (default cuda; cpu without "
-                    "GPU events)",
-                ),
-                arg(
-                    "--stacks",
-                    type=Path,
-                    metavar="OUT.folded",
-                    help="write flamegraph folded stacks of self CPU time (one file per run when several)",
-                ),
-                _jobs(),
+            *_formats("tables (JSON: with the per-step rows kprof diff needs)"),
+            HTML,
+            TOP,
+            arg(
+                "--sort",
+                choices=SORT_KEYS,
+                default="cuda",
+                help="sort operators by self CUDA time, self CPU time or self memory (default cuda; cpu without "
+                "GPU events)",
             ),
-            SUMMARY_HELP,
-        ),
-        Command(
-            "diff",
-            "what changed between two runs, trace files or step selections (with CIs and verdicts)",
-            ".analysis:run_diff",
-            (
-                arg(
-                    "a",
-                    help="the baseline: run folder, trace file, saved summary (kprof summary --json) or "
-                    "PATH@steps=SPEC",
-                ),  # fmt: skip
-                arg("b", help="the run compared with it (same forms)"),
-                *_formats("diff"),
-                _gate(
-                    "B's step time is",
-                    f"; {exits.INCONCLUSIVE} when B ran on a busier or throttled machine that slowed its step alike",
-                ),
-                arg(
-                    "--fail-if-more-memory",
-                    type=percent,
-                    metavar="PCT",
-                    help=f"exit status {exits.REGRESSION} when B's peak allocated memory (the median over its steps) "
-                    "is above A's by more than PCT percent; both sides profiled with profile_memory=True (docs/ci.md)",
-                ),
-                HTML,
-                TOP,
-                arg(
-                    "--confidence",
-                    type=fraction,
-                    default=0.95,
-                    help="interval level; 1 - confidence is the false discovery rate (default 0.95)",
-                ),
-                _jobs(),
+            arg(
+                "--stacks",
+                type=Path,
+                metavar="OUT.folded",
+                help="write flamegraph folded stacks of self CPU time (one file per run when several)",
             ),
-            DIFF_HELP,
+            _jobs(),
         ),
-        Command(
-            "tensorboard",
-            "serve LOGDIR with TensorBoard on 127.0.0.1 and print the URL",
-            ".tensorboard.launch:serve",
-            (
-                arg("logdir", nargs="?", default="log", help="the logdir kprof wrote (default: log)"),
-                arg(
-                    "--port",
-                    type=at_least(None),
-                    default=6006,
-                    help="port on 127.0.0.1 (default: 6006; 0 picks a free one)",
-                ),  # fmt: skip
+        SUMMARY_HELP,
+    )
+
+
+def _diff() -> Command:
+    return Command(
+        "diff",
+        "what changed between two runs, trace files or step selections (with CIs and verdicts)",
+        ".analysis:run_diff",
+        (
+            arg(
+                "a",
+                help="the baseline: run folder, trace file, saved summary (kprof summary --json) or PATH@steps=SPEC",
+            ),  # fmt: skip
+            arg("b", help="the run compared with it (same forms)"),
+            *_formats("diff"),
+            _gate(
+                "B's step time is",
+                f"; {exits.INCONCLUSIVE} when B ran on a busier or throttled machine that slowed its step alike",
             ),
+            arg(
+                "--fail-if-more-memory",
+                type=percent,
+                metavar="PCT",
+                help=f"exit status {exits.REGRESSION} when B's peak allocated memory (the median over its steps) "
+                "is above A's by more than PCT percent; both sides profiled with profile_memory=True (docs/ci.md)",
+            ),
+            HTML,
+            TOP,
+            arg(
+                "--confidence",
+                type=fraction,
+                default=0.95,
+                help="interval level; 1 - confidence is the false discovery rate (default 0.95)",
+            ),
+            _jobs(),
         ),
-        Command(
-            "compare",
-            "time a model with and without kprof.swap (custom kernels) and check they agree",
-            ".compare.command:run_cli",
-            _compare_args(),
-            "Train a model and its kprof.swap copy (or one copy per --impls choice: CUDA, C++, Triton or torch's own "
-            "ops in the kprof layers) on the same batches, check that outputs and gradients agree, and print step "
-            "times with a bootstrap confidence interval on the speedup. Exit status 0, 1 when a variant failed (its "
-            f"code raised, or the check), 2 for bad arguments, {exits.REGRESSION} for a regression (--fail-if-slower).",
+        DIFF_HELP,
+    )
+
+
+def _tensorboard() -> Command:
+    return Command(
+        "tensorboard",
+        "serve LOGDIR with TensorBoard on 127.0.0.1 and print the URL",
+        ".tensorboard.launch:serve",
+        (
+            arg("logdir", nargs="?", default="log", help="the logdir kprof wrote (default: log)"),
+            arg(
+                "--port",
+                type=at_least(None),
+                default=6006,
+                help="port on 127.0.0.1 (default: 6006; 0 picks a free one)",
+            ),  # fmt: skip
         ),
-        Command(
-            "bench",
-            "time every custom layer (and its Triton twin) against eager PyTorch and torch.compile",
-            ".bench:run",
-            _bench_args(),
-            _bench_description,
-        ),
-    ]
+    )
+
+
+def _compare() -> Command:
+    return Command(
+        "compare",
+        "time a model with and without kprof.swap (custom kernels) and check they agree",
+        ".compare.command:run_cli",
+        _compare_args(),
+        "Train a model and its kprof.swap copy (or one copy per --impls choice: CUDA, C++, Triton or torch's own "
+        "ops in the kprof layers) on the same batches, check that outputs and gradients agree, and print step "
+        "times with a bootstrap confidence interval on the speedup. Exit status 0, 1 when a variant failed (its "
+        f"code raised, or the check), 2 for bad arguments, {exits.REGRESSION} for a regression (--fail-if-slower).",
+    )
+
+
+def _bench() -> Command:
+    return Command(
+        "bench",
+        "time every custom layer (and its Triton twin) against eager PyTorch and torch.compile",
+        ".bench:run",
+        _bench_args(),
+        _bench_description,
+    )
 
 
 def _compare_args() -> tuple[Arg, ...]:

@@ -15,6 +15,7 @@ at the level the false-discovery control used (``welch_interval``).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from statistics import NormalDist
 
@@ -26,6 +27,18 @@ SAME = "no significant difference"
 NOISY = "noisy measurement"
 NOISY_SPREAD = 1.5  # p90 / median of a variant's step times above which its timing is called noisy
 NOISY_CI = 1.25  # an interval whose high / low exceeds this is too wide for a verdict on its own
+
+
+def check_confidence(confidence: object) -> None:
+    """A ValueError naming ``confidence`` unless it is a number strictly between 0 and 1 (a bool is not)."""
+    if isinstance(confidence, bool) or not isinstance(confidence, numbers.Real) or not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be a number between 0 and 1, got {confidence!r}")
+
+
+def check_noise_threshold(noise_threshold: object) -> None:
+    """A ValueError naming ``noise_threshold`` unless it is a number >= 0 (a fraction of A's value; a bool is not)."""
+    if isinstance(noise_threshold, bool) or not isinstance(noise_threshold, numbers.Real) or not noise_threshold >= 0:
+        raise ValueError(f"noise_threshold must be a number >= 0, got {noise_threshold!r}")
 
 
 def spread(times: Sequence[float]) -> float:
@@ -104,8 +117,7 @@ def speedup_interval(
     b = [np.asarray(r, dtype=np.float64) for r in other]
     if any(r.size == 0 for r in a + b):
         raise ValueError("every round needs at least one step time")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    check_confidence(confidence)
     picks = np.random.default_rng(seed).integers(0, len(a), size=(_RESAMPLES, len(a)))
     ratios = _resampled_medians(a, picks) / _resampled_medians(b, picks)
     tail = (1.0 - confidence) / 2.0
@@ -186,8 +198,7 @@ def rank_ratio(
     a, b = (np.log(np.maximum(np.asarray(x, dtype=np.float64), 1e-12)) for x in (base, other))
     if a.size == 0 or b.size == 0:
         raise ValueError(f"need at least one step on each side, got {a.size} and {b.size}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    check_confidence(confidence)
     a, b = (np.quantile(x, np.linspace(0, 1, _MAX_SIDE)) if x.size > _MAX_SIDE else x for x in (a, b))
     logs = np.sort((a[:, None] - b[None, :]).ravel())
     ratio = float(np.exp(np.median(logs)))

@@ -604,6 +604,21 @@ def test_bad_input_is_rejected_before_any_step(variants, kwargs, error, match):
         compare(variants, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs", [{"confidence": 1.0}, {"confidence": "0.9"}, {"noise_threshold": -0.1}, {"noise_threshold": True}]
+)
+def test_compare_and_diff_reject_a_bad_confidence_or_noise_threshold_in_the_same_words(kwargs):
+    """One check for both front doors: the same ValueError, said before any run is read or any step runs."""
+    from kprof_callbacks.analysis import diff
+
+    with pytest.raises(ValueError) as in_diff:
+        diff("no-such-run-a", "no-such-run-b", **kwargs)
+    with pytest.raises(ValueError) as in_compare:
+        compare({"a": mlp()}, _never_called, BATCHES, **kwargs)
+    assert str(in_diff.value) == str(in_compare.value)
+    assert str(in_diff.value).startswith(f"{next(iter(kwargs))} must be a number")
+
+
 def test_profile_options_cannot_redirect_the_run_folders(tmp_path):
     with pytest.raises(ValueError, match="must not set"):
         compare({"a": mlp()}, _never_called, BATCHES, logdir=tmp_path, profile={"run": "x"})

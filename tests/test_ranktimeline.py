@@ -171,7 +171,7 @@ def test_html_report_collapses_many_ranks_to_a_row_each(run, monkeypatch):
 
 def test_process_group_as_kineto_writes_it_in_its_spellings():
     from kprof_callbacks.analysis.comm import group_parts
-    from kprof_callbacks.analysis.reader import Event, group_text
+    from kprof_callbacks.analysis.eventcolumns import Event, group_text
 
     def text(args: dict) -> str:
         return group_text(msgspec.json.decode(json.dumps({"args": args}), type=Event).args)

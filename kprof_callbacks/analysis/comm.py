@@ -73,7 +73,7 @@ class Calls:
     end: np.ndarray
     launch: np.ndarray  # when the host issued it: its step and FSDP phase follow from this
     carrier: np.ndarray  # bool: the transfer itself (NCCL kernel, gloo range), not the host op that issues it
-    group: np.ndarray  # int32 id into the trace's names of its process group (`reader.group_text`), -1 if not said
+    group: np.ndarray  # int32 id into the trace's names of its process group (`eventcolumns.group_text`), -1: none
 
 
 @dataclasses.dataclass
@@ -87,7 +87,7 @@ class Transfers:
     start: np.ndarray
     end: np.ndarray
     group: np.ndarray  # index into `groups`
-    groups: list[str]  # `reader.group_text` of each process group; "" where the trace does not say
+    groups: list[str]  # `eventcolumns.group_text` of each process group; "" where the trace does not say
 
 
 @dataclasses.dataclass
@@ -145,7 +145,7 @@ def calls(tl: Events) -> Calls:
 
 
 def group_parts(text: str) -> tuple[str, int]:
-    """A process group's label and size from its `reader.group_text` ("", 0 where the trace does not say)."""
+    """A process group's label and size from its `eventcolumns.group_text` ("", 0 where the trace does not say)."""
     label, _, rest = text.partition("\t")
     size = rest.partition("\t")[0]
     return label, int(size) if size.isdigit() else 0

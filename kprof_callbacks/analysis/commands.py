@@ -19,6 +19,7 @@ from .. import exits
 
 if TYPE_CHECKING:
     from .summary import Summary
+    from .tracediff import Diff
 
 
 def _per_run(path: Path, run: str, many: bool) -> Path:
@@ -152,21 +153,14 @@ def run_diff(
     fail_if_more_memory: float | None = None,
 ) -> int:
     """Run `kprof diff`; returns the exit status."""
-    from .diff_inputs import load, split
-    from .diff_report import gate
-    from .memory_diff import gate as memory_gate
+    from .diff_inputs import load
     from .tracediff import diff
     from .workers import keep_freed_memory
 
     keep_freed_memory()
 
     jobs = _capped(jobs, "diff")
-    bad = _bad_output(html, "--html")
-    try:
-        for side in (a, b):
-            split(side)  # a malformed step selection is a bad argument, said before any trace is read
-    except ValueError as exc:
-        bad = bad or str(exc)
+    bad = _bad_diff_arguments(a, b, html)
     if bad:
         print(f"kprof diff: {bad}", file=sys.stderr)
         return exits.USAGE
@@ -175,34 +169,9 @@ def run_diff(
     except (FileNotFoundError, ValueError) as exc:
         print(f"kprof diff: {exc}", file=sys.stderr)
         return exits.FAILED
-    status, no_verdict = None, None
-    if fail_if_slower is not None:
-        try:
-            status = result.gate_status(fail_if_slower)
-        except ValueError as exc:  # too few steps: the report says so too
-            no_verdict = f"--fail-if-slower: {exc}"
-    more_memory = None
-    if fail_if_more_memory is not None:
-        try:
-            more_memory = result.more_memory(fail_if_more_memory)
-        except ValueError as exc:  # no memory events: the report says so too
-            no_verdict = f"--fail-if-more-memory: {exc}"
+    status, more_memory, no_verdict = _gates(result, fail_if_slower, fail_if_more_memory)
     if as_json:
-        doc = result.to_dict()
-        if fail_if_slower is not None:
-            doc["gate"] = {
-                "fail_if_slower_pct": fail_if_slower,
-                "regressed": None if status is None else result.regressed(fail_if_slower),
-                "inconclusive": status == exits.INCONCLUSIVE,
-                "report": gate(result, fail_if_slower),
-            }
-        if fail_if_more_memory is not None:
-            doc["memory_gate"] = {
-                "fail_if_more_memory_pct": fail_if_more_memory,
-                "regressed": more_memory,
-                "report": memory_gate(result, fail_if_more_memory),
-            }
-        print(json.dumps(doc, indent=1))
+        print(json.dumps(_diff_json(result, status, more_memory, fail_if_slower, fail_if_more_memory), indent=1))
     elif markdown:
         print(result.to_markdown(top=top, fail_if_slower=fail_if_slower, fail_if_more_memory=fail_if_more_memory))
     else:
@@ -215,3 +184,64 @@ def run_diff(
     if no_verdict:
         print(f"kprof diff: {no_verdict}", file=sys.stderr)
     return exits.OK if written and not no_verdict else exits.FAILED
+
+
+def _bad_diff_arguments(a: str, b: str, html: Path | None) -> str | None:
+    """What is wrong with `kprof diff`'s arguments, said before any trace is read (None: nothing)."""
+    from .diff_inputs import split
+
+    bad = _bad_output(html, "--html")
+    try:
+        for side in (a, b):
+            split(side)  # a malformed step selection is a bad argument
+    except ValueError as exc:
+        bad = bad or str(exc)
+    return bad
+
+
+def _gates(
+    result: Diff, fail_if_slower: float | None, fail_if_more_memory: float | None
+) -> tuple[int | None, bool | None, str | None]:
+    """The step-time gate's status, whether B's memory grew past its gate, and why a gate has no verdict (each None
+    where its gate was not asked for or has no verdict)."""
+    status, no_verdict = None, None
+    if fail_if_slower is not None:
+        try:
+            status = result.gate_status(fail_if_slower)
+        except ValueError as exc:  # too few steps: the report says so too
+            no_verdict = f"--fail-if-slower: {exc}"
+    more_memory = None
+    if fail_if_more_memory is not None:
+        try:
+            more_memory = result.more_memory(fail_if_more_memory)
+        except ValueError as exc:  # no memory events: the report says so too
+            no_verdict = f"--fail-if-more-memory: {exc}"
+    return status, more_memory, no_verdict
+
+
+def _diff_json(
+    result: Diff,
+    status: int | None,
+    more_memory: bool | None,
+    fail_if_slower: float | None,
+    fail_if_more_memory: float | None,
+) -> dict:
+    """The diff as `kprof diff --json` prints it: with the gates' verdicts and reports where they were asked for."""
+    from .diff_report import gate
+    from .memory_diff import gate as memory_gate
+
+    doc = result.to_dict()
+    if fail_if_slower is not None:
+        doc["gate"] = {
+            "fail_if_slower_pct": fail_if_slower,
+            "regressed": None if status is None else result.regressed(fail_if_slower),
+            "inconclusive": status == exits.INCONCLUSIVE,
+            "report": gate(result, fail_if_slower),
+        }
+    if fail_if_more_memory is not None:
+        doc["memory_gate"] = {
+            "fail_if_more_memory_pct": fail_if_more_memory,
+            "regressed": more_memory,
+            "report": memory_gate(result, fail_if_more_memory),
+        }
+    return doc

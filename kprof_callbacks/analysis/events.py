@@ -13,7 +13,8 @@ import re
 import numpy as np
 
 from ..layout import MODULE_PREFIX
-from .reader import Columns, TraceError, TraceFile
+from .eventcolumns import Columns
+from .reader import TraceError, TraceFile
 
 # host event kinds
 OP, ANNOTATION, PYTHON, RUNTIME = 0, 1, 2, 3
@@ -131,7 +132,7 @@ class Device:
     corr: np.ndarray
     nbytes: np.ndarray  # copy/set size, 0 if unknown
     collective: np.ndarray  # int32 id into Events.names of the c10d collective an NCCL kernel runs, -1 if not said
-    group: np.ndarray  # int32 id into Events.names of its process group (`reader.group_text`), -1 if not said
+    group: np.ndarray  # int32 id into Events.names of its process group (`eventcolumns.group_text`), -1 if not said
 
 
 @dataclasses.dataclass
@@ -242,48 +243,81 @@ def build(trace: TraceFile) -> Events:
     device_rows = np.flatnonzero(code >= _DEVICE_CODE)
     if device_rows.size and not host_rows.size:
         raise TraceError("GPU events but no host events: profile with ProfilerActivity.CPU too")
-    memory_id = c.names.index("[memory]") if "[memory]" in c.names else -1
-    memory_rows = np.flatnonzero((c.name == memory_id) & c.instant)
-
     threads, thread_ids = _dense(_host_lanes(c, code, host_rows))
     streams, stream_ids = _dense(c.lane[device_rows])
     shape, shape_table = _recorded(c.dims[host_rows], c.dims_table)
     types, type_table = _recorded(c.types[host_rows], c.types_table)
-    host = Host(
-        c.name[host_rows],
-        code[host_rows],
+    host = _host(c, code, host_rows, threads, shape, types)
+    steps, is_step = _steps(c.names, host)
+    events = Events(
+        trace,
+        c.names,
+        shape_table,
+        type_table,
+        host,
+        _device(c, code, device_rows, streams),
+        _memory(c, thread_ids),
+        steps,
+        [c.lanes[k] for k in thread_ids.tolist()],
+        [c.lanes[k] for k in stream_ids.tolist()],
+    )
+    return _without_empty_last_step(events, is_step)
+
+
+def _host(
+    c: Columns, code: np.ndarray, rows: np.ndarray, threads: np.ndarray, shape: np.ndarray, types: np.ndarray
+) -> Host:
+    """The host events at ``rows`` of ``c``, on their dense ``threads``, with their recorded ``shape`` and ``types``."""
+    return Host(
+        c.name[rows],
+        code[rows],
         threads,
-        c.start[host_rows],
-        c.end[host_rows],
-        c.ext[host_rows],
-        c.corr[host_rows],
+        c.start[rows],
+        c.end[rows],
+        c.ext[rows],
+        c.corr[rows],
         shape,
         types,
-        c.seq[host_rows],
-        c.fwd_tid[host_rows],
+        c.seq[rows],
+        c.fwd_tid[rows],
     )
-    device = Device(
-        c.name[device_rows],
-        code[device_rows] - _DEVICE_CODE,
+
+
+def _device(c: Columns, code: np.ndarray, rows: np.ndarray, streams: np.ndarray) -> Device:
+    """The device events at ``rows`` of ``c``, on their dense ``streams``."""
+    return Device(
+        c.name[rows],
+        code[rows] - _DEVICE_CODE,
         streams,
-        c.start[device_rows],
-        c.end[device_rows],
-        c.ext[device_rows],
-        c.corr[device_rows],
-        c.copy_bytes[device_rows],
-        c.collective[device_rows],
-        c.group[device_rows],
+        c.start[rows],
+        c.end[rows],
+        c.ext[rows],
+        c.corr[rows],
+        c.copy_bytes[rows],
+        c.collective[rows],
+        c.group[rows],
     )
-    memory = Memory(
-        c.start[memory_rows],
-        c.mem_bytes[memory_rows],
-        c.mem_device[memory_rows],
-        c.mem_total[memory_rows],
-        c.mem_addr[memory_rows],
-        c.mem_reserved[memory_rows],
-        match(np.arange(thread_ids.size), thread_ids, c.lane[memory_rows]).astype(np.int32),
+
+
+def _memory(c: Columns, thread_ids: np.ndarray) -> Memory:
+    """The `[memory]` instants of ``c``, each on its dense host thread (-1 where none of ``thread_ids``)."""
+    memory_id = c.names.index("[memory]") if "[memory]" in c.names else -1
+    rows = np.flatnonzero((c.name == memory_id) & c.instant)
+    return Memory(
+        c.start[rows],
+        c.mem_bytes[rows],
+        c.mem_device[rows],
+        c.mem_total[rows],
+        c.mem_addr[rows],
+        c.mem_reserved[rows],
+        match(np.arange(thread_ids.size), thread_ids, c.lane[rows]).astype(np.int32),
     )
-    step_number = {k: int(m[1]) for k, n in enumerate(c.names) if (m := _STEP.match(n))}
+
+
+def _steps(names: list[str], host: Host) -> tuple[np.ndarray, np.ndarray]:
+    """The ``ProfilerStep#N`` ranges among the host events as (number, start, end) rows by start, and which host
+    events they are."""
+    step_number = {k: int(m[1]) for k, n in enumerate(names) if (m := _STEP.match(n))}
     if any(number >= 2**62 for number in step_number.values()):
         raise TraceError(f"a step number out of range: {max(step_number.values())}")
     is_step = np.isin(host.name, list(step_number))
@@ -295,17 +329,4 @@ def build(trace: TraceFile) -> Events:
         ],
         axis=1,
     ).reshape(-1, 3)
-    steps = steps[np.argsort(steps[:, 1], kind="stable")]
-    events = Events(
-        trace,
-        c.names,
-        shape_table,
-        type_table,
-        host,
-        device,
-        memory,
-        steps,
-        [c.lanes[k] for k in thread_ids.tolist()],
-        [c.lanes[k] for k in stream_ids.tolist()],
-    )
-    return _without_empty_last_step(events, is_step)
+    return steps[np.argsort(steps[:, 1], kind="stable")], is_step

@@ -18,9 +18,9 @@ from collections import Counter
 import numpy as np
 
 from . import graphs
+from .eventcolumns import LOG_SOFTMAX
 from .events import Events
 from .flops import MATMULS
-from .reader import LOG_SOFTMAX
 
 WIDE = 8192  # a vocabulary: graph_record.WIDE
 _BYTES = {"float": 4, "float32": 4, "c10::BFloat16": 2, "bfloat16": 2, "c10::Half": 2, "float16": 2, "double": 8}

@@ -9,9 +9,9 @@ import re
 
 import numpy as np
 
+from .eventcolumns import AUTOGRAD_NODE
 from .events import MODULE_PREFIX, RUNTIME, Events, match
 from .ops import Totals, launcher_of_device_events
-from .reader import AUTOGRAD_NODE
 from .steps import is_dataloader_name
 from .tree import Tree
 

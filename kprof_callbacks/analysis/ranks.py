@@ -173,7 +173,7 @@ class Matched:
     start: np.ndarray  # (ranks, collectives), NaN where a rank lacks it
     end: np.ndarray
     keys: np.ndarray  # (collectives, 4): step number, process group (index into `groups`), KINDS index, order
-    groups: list[str]  # `reader.group_text` of each process group ("" where the traces do not say)
+    groups: list[str]  # `eventcolumns.group_text` of each process group ("" where the traces do not say)
 
     @property
     def step(self) -> np.ndarray:
@@ -186,7 +186,7 @@ def match(workers: list[Worker]) -> Matched | None:
     ranked = [w for w in workers if w.rank is not None and w.transfers]
     if len(ranked) < 2:
         return None
-    groups: dict[str, int] = {}  # process groups by `reader.group_text`: alike on every rank of one group
+    groups: dict[str, int] = {}  # process groups by `eventcolumns.group_text`: alike on every rank of one group
     keys = [np.concatenate([_keys(t, groups) for t in w.transfers]) for w in ranked]
     columns, column, counts = np.unique(np.concatenate(keys), axis=0, return_inverse=True, return_counts=True)
     shared = counts >= 2

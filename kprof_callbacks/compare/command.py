@@ -13,6 +13,7 @@ from torch import nn
 
 from .. import exits
 from .check import ComparisonError
+from .result import Comparison
 from .run import compare
 
 
@@ -36,7 +37,6 @@ def run_cli(
     a variant failed (its code raised, or the check), 2 for bad arguments, 3 when ``fail_if_slower`` is given and a
     variant is slower than the baseline by more than that many percent (``Comparison.regressed``)."""
     from ..config import ProfileConfig
-    from ..tensorboard.launch import open_hint
 
     if logdir is not None:
         try:
@@ -64,13 +64,7 @@ def run_cli(
     except ComparisonError as exc:
         print(f"kprof compare: check failed, nothing timed: {exc}")
         return exits.FAILED
-    print(result.to_markdown() if markdown else result)
-    if logdir:
-        print(open_hint(result.settings["logdir"]), file=sys.stderr if markdown else sys.stdout)
-        print(
-            "  the kprof tab shows this comparison, and each variant's profiled run",
-            file=sys.stderr if markdown else sys.stdout,
-        )
+    _print_result(result, markdown, bool(logdir))
     slower = [] if fail_if_slower is None else result.regressed(fail_if_slower)
     if slower:
         print(
@@ -79,6 +73,20 @@ def run_cli(
         )
         return exits.REGRESSION
     return exits.OK if all(v.status == "ok" for v in result.variants.values()) else exits.FAILED
+
+
+def _print_result(result: Comparison, markdown: bool, profiled: bool) -> None:
+    """The table (as Markdown with ``markdown``), and where the profiled runs are to be seen when they were
+    profiled (on stderr under Markdown, which is meant for a pull-request comment)."""
+    from ..tensorboard.launch import open_hint
+
+    print(result.to_markdown() if markdown else result)
+    if profiled:
+        print(open_hint(result.settings["logdir"]), file=sys.stderr if markdown else sys.stdout)
+        print(
+            "  the kprof tab shows this comparison, and each variant's profiled run",
+            file=sys.stderr if markdown else sys.stdout,
+        )
 
 
 def _swapped_variants(impls: str) -> dict[str, Callable[[nn.Module], nn.Module]]:

@@ -63,48 +63,77 @@ def compare(
     compile: bool = False,
     progress: ProgressArg = False,
 ) -> Comparison:
-    """Time model variants on the same batches and check that they agree.
+    """Time model variants on the same batches and check that they agree; the first variant that runs is the
+    baseline of the speedups and the reference of the check (docs/kernels.md says more).
 
-    The first variant that runs is the baseline of the speedups and the reference of the check.
+    ``variants`` maps names to models, or to zero-argument factories (``lambda: kprof.swap(model)``): a variant that
+    fails to build, or whose code raises, gets ``status="error"`` and the others still run. ``step_fn(model, batch)``
+    returns the scalar loss; a timed step also covers ``zero_grad(set_to_none=True)``, ``backward()`` and, with an
+    ``optimizer`` factory (``lambda params: torch.optim.AdamW(params)``), ``step()`` of one optimizer per variant.
+    ``steps`` timed steps per variant follow ``warmup`` untimed ones, in rounds of ``block`` steps a variant in a random
+    order seeded by ``seed``; the speedup's interval resamples whole rounds (``stats.speedup_interval``). Step ``i``
+    uses ``batches[i % len(batches)]`` (an iterator is read once, up to ``warmup + steps`` batches).
 
-    ``variants`` maps names to models, or to zero-argument factories (``lambda: kprof.swap(model)``) so that a
-    variant that fails to build is reported instead of stopping the others. ``step_fn(model, batch)`` runs the
-    forward pass and returns the scalar loss tensor; the harness does the rest of a training step:
-    ``zero_grad(set_to_none=True)``, ``loss.backward()`` and, when ``optimizer`` is a factory such as
-    ``lambda params: torch.optim.AdamW(params)``, ``step()`` of one optimizer per variant. A timed step covers
-    all of that.
+    ``check=True`` loads the first variant's weights into the others (in place), runs one step of each, and one of the
+    first in float64: a variant passes when every output, the loss and every gradient is at most ``check.K`` times as
+    far from float64 as the first variant's own, plus a few ulps; ``tol=`` holds every tensor to that max relative error
+    against the first variant instead. A failure raises ``ComparisonError``; ``check="warn"`` warns, ``check=False``
+    skips. ``compile=True`` runs every variant under ``torch.compile``; each variant's first step, which compiles, is
+    reported and never timed. Noisy step times (p90/median > 1.5) or a wide interval widen the interval
+    (``stats.judge``): a difference that still shows stands, with a note; else the verdict is "noisy measurement".
 
-    ``steps`` timed steps per variant follow ``warmup`` untimed ones. Timing runs in rounds: each round, every
-    variant runs ``block`` steps, in a random order (seeded by ``seed``); the confidence interval on the speedup
-    resamples whole rounds (``stats.speedup_interval``), so more, shorter rounds give a better interval, and a
-    longer ``block`` measures steady-state throughput with fewer device syncs. Step ``i`` of every variant uses
-    ``batches[i % len(batches)]`` (an iterator is read once, up to ``warmup + steps`` batches).
-
-    ``check=True`` loads the first variant's weights into the others (in place; names and shapes must match), runs
-    one step of each on its copy of the first batch, and also one of the first variant in float64; a variant passes
-    when every output, the loss and every gradient is at most ``check.K`` times as far from the float64 result as
-    the first variant's own (plus a few ulps), so bf16 autocast needs no tolerance (see ``compare/check.py``).
-    ``tol=`` instead holds every tensor to that max relative error against the first variant. A variant that
-    fails raises ``ComparisonError``; ``check="warn"`` warns instead, ``check=False`` skips it all. A variant whose
-    code raises gets ``status="error"``; the others still run.
-    ``compile=True`` runs every variant under ``torch.compile`` (variants that are compiled modules already work
-    as they are); each variant's first step, which compiles, is never timed and is reported. When step times vary a
-    lot (p90/median > 1.5) or the interval is wide, the interval is widened by that spread (``stats.judge``): a
-    difference it still shows stands, with a note that the machine was noisy; else the verdict is "noisy
-    measurement", with each variant's own spread and what to do.
-    ``logdir`` also profiles each variant into ``logdir/<name>/`` with a short ``kprof.session`` schedule
-    (``profile`` overrides its options; the ``KPROF_<NAME>`` schedule variables do not apply, ``KPROF=0`` turns the
-    profiling off) and writes ``logdir/compare.json``. A logdir an earlier comparison (or session) holds is left
-    alone: this one goes to ``<logdir>-2`` (``settings["logdir"]`` names the folder used). ``progress=True`` shows
-    a bar of the variants' training steps (warm-up, timed and profiled; on stderr, or a notebook's widget), a
-    callable gets ``(steps done, steps in all)``.
+    ``logdir`` also profiles each variant into ``logdir/<name>/`` with a short ``kprof.session`` schedule (``profile``
+    overrides its options; ``KPROF_<NAME>`` schedule variables do not apply, ``KPROF=0`` turns it off) and writes
+    ``logdir/compare.json``; a logdir an earlier comparison holds is left alone, for ``<logdir>-2``
+    (``settings["logdir"]``). ``progress=True``: a bar of the steps (stderr, or a notebook's widget), or a callable of
+    ``(steps done, steps in all)``.
     """
-    check_options(step_fn, steps, warmup, block, seed, check, tol, confidence, noise_threshold, optimizer)
-    if check_bool("compile", compile) and warmup < 1:
-        raise ValueError("compile=True needs warmup >= 1: each variant's first step compiles and must not be timed")
+    settings = _checked_settings(
+        step_fn, steps, warmup, block, seed, check, tol, confidence, noise_threshold, optimizer, compile
+    )
     runs = build_variants(variants)
     data = take_batches(batches, warmup + steps)
     device = device_of(runs, data[0])
+    truth = _prepare(runs, data, check, tol, compile, optimizer)
+    logdir, sessions = make_sessions(runs, logdir, profile, confidence)
+    settings["logdir"] = None if logdir is None else str(logdir)
+    _train(runs, sessions, step_fn, device, truth, settings, tol, progress)
+    result = _results(runs, settings, device)
+    if logdir is not None:
+        _diff_traces(result)
+        data = json.dumps(result.to_dict(), indent=2, allow_nan=False).encode()
+        layout.atomic_write(logdir / layout.COMPARE_FILE, data)
+    return result
+
+
+def _checked_settings(
+    step_fn, steps, warmup, block, seed, check, tol, confidence, noise_threshold, optimizer, compile
+) -> dict[str, Any]:
+    """``compare``'s options, checked before any work, as ``Comparison.settings`` records them (``logdir`` is set
+    once the folder is claimed)."""
+    check_options(step_fn, steps, warmup, block, seed, check, tol, confidence, noise_threshold, optimizer)
+    if check_bool("compile", compile) and warmup < 1:
+        raise ValueError("compile=True needs warmup >= 1: each variant's first step compiles and must not be timed")
+    return dict(
+        steps=steps,
+        warmup=warmup,
+        block=block,
+        seed=seed,
+        confidence=confidence,
+        noise_threshold=noise_threshold,
+        check=check,
+        optimizer=optimizer is not None,
+        logdir=None,
+        compile=compile,
+    )
+
+
+def _prepare(
+    runs: list[Variant], data: list, check: bool | str, tol: float | None, compile: bool, optimizer
+) -> list[nn.Module | None]:
+    """Give the variants the first one's weights (with ``check``), then each its compiled module (with ``compile``),
+    optimizer and copy of the batches. Returns the float64 copy of the check's reference (None without one) in a
+    list, from which the check takes it, so that it is freed before the timing."""
     truth_model = None
     if check:
         load_same_weights(runs)
@@ -115,44 +144,45 @@ def compare(
             run.model = torch.compile(run.model)
         run.optimizer = make_optimizer(optimizer, run)
         run.data = copy.deepcopy(data)
-    logdir, sessions = make_sessions(runs, logdir, profile, confidence)
+    return [truth_model]
 
-    total = sum(warmup + steps + profiled_steps(sess) for run, sess in zip(runs, sessions) if run.ok)
+
+def _train(
+    runs: list[Variant],
+    sessions: list,
+    step_fn: StepFn,
+    device: torch.device,
+    truth: list[nn.Module | None],
+    settings: dict[str, Any],
+    tol: float | None,
+    progress: ProgressArg,
+) -> None:
+    """The check, the warm-up, the timed rounds and the profiled steps of every variant, on ``device``, with one
+    progress bar over all their steps."""
+    warmup, check = settings["warmup"], settings["check"]
+    total = sum(warmup + settings["steps"] + profiled_steps(sess) for run, sess in zip(runs, sessions) if run.ok)
     with (
         torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext(),
         Progress(progress, total, "kprof compare", unit="step") as meter,
     ):
         if check:
-            check_agreement(runs, step_fn, seed, tol, check, truth_model)
-            del truth_model
+            check_agreement(runs, step_fn, settings["seed"], tol, check, truth.pop())
         for run in runs:
             run_steps(run, step_fn, cycle(run.data, 0, warmup))
             meter.add(warmup)
         timed_rounds(
-            runs, step_fn, steps=steps, warmup=warmup, block=block, seed=seed, device=device, on_block=meter.add
+            runs,
+            step_fn,
+            steps=settings["steps"],
+            warmup=warmup,
+            block=settings["block"],
+            seed=settings["seed"],
+            device=device,
+            on_block=meter.add,
         )
         for run, sess in zip(runs, sessions):
             profile_variant(run, sess, step_fn)
             meter.add(profiled_steps(sess))
-
-    settings = dict(
-        steps=steps,
-        warmup=warmup,
-        block=block,
-        seed=seed,
-        confidence=confidence,
-        noise_threshold=noise_threshold,
-        check=check,
-        optimizer=optimizer is not None,
-        logdir=None if logdir is None else str(logdir),
-        compile=compile,
-    )
-    result = _results(runs, settings, device)
-    if logdir is not None:
-        _diff_traces(result)
-        data = json.dumps(result.to_dict(), indent=2, allow_nan=False).encode()
-        layout.atomic_write(logdir / layout.COMPARE_FILE, data)
-    return result
 
 
 def _results(runs: list[Variant], settings: dict, device: torch.device) -> Comparison:

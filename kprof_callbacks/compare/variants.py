@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import layout, torch_compat
+from .. import layout, stats, torch_compat
 from ..checks import check_int
 from .result import ERROR, VariantResult
 
@@ -52,10 +52,8 @@ def check_options(step_fn, steps, warmup, block, seed, check, tol, confidence, n
         raise ValueError(f"check must be True, False or 'warn', got {check!r}")
     if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0):
         raise ValueError(f"tol must be a number > 0 or None, got {tol!r}")
-    if not isinstance(confidence, float) or not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be a float between 0 and 1, got {confidence!r}")
-    if isinstance(noise_threshold, bool) or not isinstance(noise_threshold, (int, float)) or not noise_threshold >= 0:
-        raise ValueError(f"noise_threshold must be a number >= 0, got {noise_threshold!r}")
+    stats.check_confidence(confidence)
+    stats.check_noise_threshold(noise_threshold)
     if optimizer is not None and not callable(optimizer):
         raise TypeError(f"optimizer must be a factory taking parameters (or None), got {type(optimizer).__name__}")
 
