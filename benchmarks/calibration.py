@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
 import os
 import platform
-import shlex
 import sys
 import tempfile
 import time
@@ -58,6 +56,7 @@ import calibration_ranks  # noqa: E402
 import calibration_real  # noqa: E402
 from calibration_base import Detector  # noqa: E402
 
+import _record  # noqa: E402
 import load_cases  # noqa: E402
 
 NOISE = (0.05, 0.15)
@@ -335,23 +334,18 @@ def _met(meets: bool | None) -> str:
     return "MISSED" if meets is False else "met" if meets else "false positives met, detection published"
 
 
-def environment(real: bool) -> dict:
-    """Where and when: the synthetic numbers do not depend on the device (no kernel runs), the versions might."""
+def environment(real: bool, run: str) -> dict:
+    """Where and when (``_record.header``): the synthetic numbers do not depend on the device (no kernel runs), the
+    versions might."""
     import torch
 
     from kprof_callbacks import __version__
 
     gpu = real and torch.cuda.is_available()
+    device = torch.cuda.get_device_name() if gpu else f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
     return {
-        "device": torch.cuda.get_device_name() if gpu else f"cpu ({platform.machine()}, {os.cpu_count()} cores)",
+        **_record.header(device, run, kprof_callbacks=__version__, numpy=np.__version__),
         "mode": "real" if real else "synthetic",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "versions": {
-            "kprof_callbacks": __version__,
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "torch": torch.__version__,
-        },
     }
 
 
@@ -381,19 +375,18 @@ def main(argv: list[str] | None = None) -> int:
     print("| detector | noise | false positives [95% CI] | detection [95% CI] | injected effect | targets |")
     print("|---|---:|---:|---:|---|---|")
     started = time.perf_counter()
-    command = shlex.join(["python", "benchmarks/calibration.py", *(sys.argv[1:] if argv is None else argv)])
+    command = _record.command("calibration.py", argv)
 
     def write(rows: list[dict]) -> None:
         if args.out is None:
             return
         result = {
-            **environment(args.real),
+            **environment(args.real, command),
             "trials": trials,
             "seed": args.seed,
             "seconds": round(time.perf_counter() - started, 1),
             "targets": {"false_positive_rate": FP_TARGET, "detection_rate": DETECTION_TARGET},
             "rows": rows,
-            "command": command,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
