@@ -49,7 +49,9 @@ def main() -> None:
     model = TinyLM().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     flops = 6 * sum(p.numel() for p in model.parameters()) * BATCH * CONTEXT  # forward + backward, per step
-    with kprof.session("log", run="plain-loop", wait=3, warmup=2, active=5, repeat=2, record_shapes=True) as s:
+    with kprof.session(
+        "log", run="plain-loop", model=model, wait=3, warmup=2, active=5, repeat=2, record_shapes=True
+    ) as s:
         for step, (x, y) in enumerate(batches(device)):
             with s.region("forward"):
                 loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())

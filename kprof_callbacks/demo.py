@@ -91,7 +91,7 @@ def run_demo(logdir: str = "log", steps: int = 60, device: str | None = None) ->
     model = ToyModel().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
-    with kprof.Session(config) as s:
+    with kprof.Session(config, model=model) as s:  # model=: the summary says which of its modules took the time
         for x, y in synthetic_batches(steps, device=device):
             with s.region("forward"):
                 loss = nn.functional.cross_entropy(model(x), y)

@@ -69,6 +69,7 @@ def test_demo_hints_run_as_typed_without_the_venv_on_path(tmp_path: Path, group_
     )
     assert summary.returncode == 0, summary.stderr[-3000:]
     assert "Steps: 10 profiled" in summary.stdout
+    assert "Top modules by CPU time" in summary.stdout and "blocks.*.down (4)" in summary.stdout  # the ToyModel's
 
     # `--port 0`: the same command on a free port (a shared machine may already serve 6006)
     server = subprocess.Popen(
