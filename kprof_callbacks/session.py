@@ -31,7 +31,7 @@ from .attribution import ModelCapture
 from .config import ProfileConfig, check_activities
 from .history import History
 from .timing import StepTimer
-from .triggers import make_trigger
+from .triggers import Plan, make_trigger
 from .writer import Capture, TraceWriter
 
 if TYPE_CHECKING:
@@ -49,63 +49,6 @@ _SAMPLES, _FLOPS = 0, 1
 _START = threading.Lock()  # makes "is another profiler running?" and "now this one is" one step
 _INTERRUPTED_WRITE_TIMEOUT = 10.0  # at most this long to finish trace writes after Ctrl-C or SIGTERM
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)  # the steps module ranges are recorded in
-
-
-class _Plan:
-    """The schedule torch.profiler asks at every step: torch's own for trigger="schedule", else armed windows."""
-
-    def __init__(self, cfg: ProfileConfig, allowed: Callable[[], bool]) -> None:
-        self.cfg = cfg
-        self.allowed = allowed  # the disk budget: may a new window start?
-        self.fixed = (
-            torch.profiler.schedule(
-                skip_first=cfg.skip_first, wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat
-            )
-            if cfg.trigger == "schedule"
-            else None
-        )
-        self.armed_at: int | None = None  # first step of an armed (triggered) window
-        self.window_start: int | None = None  # first step of the window in progress, any trigger
-        self.reason = cfg.trigger
-        self._last = ProfilerAction.NONE
-        self.started = 0  # windows begun, counted against max_captures
-
-    def arm(self, step: int, reason: str) -> bool:
-        """Start a window at ``step`` (warmup, then ``active`` recorded steps) unless one is running."""
-        if self.armed_at is not None or self.window_start is not None:
-            return False
-        self.armed_at, self.reason = step, reason
-        return True
-
-    def planned(self, step: int) -> ProfilerAction:
-        """The action for ``step`` before the budgets have their say; no side effects."""
-        if self.armed_at is not None:
-            return _window_action(step - self.armed_at, self.cfg.warmup, self.cfg.active)
-        return self.fixed(step) if self.fixed is not None else ProfilerAction.NONE
-
-    def __call__(self, step: int) -> ProfilerAction:
-        """torch.profiler calls this once per step with the step about to run."""
-        action = self.planned(step)
-        if self.armed_at is not None and action is ProfilerAction.NONE and step > self.armed_at:
-            self.armed_at = None
-        if action is not ProfilerAction.NONE and self._last in (ProfilerAction.NONE, ProfilerAction.RECORD_AND_SAVE):
-            if self.allowed() and (self.cfg.max_captures is None or self.started < self.cfg.max_captures):
-                self.window_start = step
-                self.started += 1
-            else:
-                action, self.armed_at = ProfilerAction.NONE, None
-        if action is ProfilerAction.NONE:
-            self.window_start = None
-        self._last = action
-        return action
-
-
-def _window_action(offset: int, warmup: int, active: int) -> ProfilerAction:
-    if offset < 0 or offset >= warmup + active:
-        return ProfilerAction.NONE
-    if offset < warmup:
-        return ProfilerAction.WARMUP
-    return ProfilerAction.RECORD_AND_SAVE if offset == warmup + active - 1 else ProfilerAction.RECORD
 
 
 class Session:
@@ -166,7 +109,7 @@ class Session:
             config = self.config  # profiling is off when the disk was full
         if config.enabled:
             self._activities = _usable_activities(config.resolved_activities())
-        self._plan = _Plan(config, self._may_capture)
+        self._plan = Plan(config, self._may_capture)
         self._trigger = make_trigger(config, self.arm, self._own_step_times(), self.run_dir) if config.enabled else None
 
     # -- public surface ---------------------------------------------------------------------------------------
