@@ -52,7 +52,7 @@ from kprof_callbacks.analysis.comm import CollectiveTotals, Transfers
 from kprof_callbacks.analysis.perstep import PerStep
 from kprof_callbacks.analysis.tables import FsdpStep, RankStats, StepStats
 from kprof_callbacks.config import ProfileConfig
-from kprof_callbacks.session import EARLY_MEMORY_STEPS
+from kprof_callbacks.metrics import EARLY_MEMORY_STEPS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibration_memory  # noqa: E402

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import logging
-import math
 import numbers
 import os
 import signal
@@ -25,12 +23,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from . import layout, machine, memory_watch, peaks, scalars, torch_compat
-from .afterwindow import AfterWindow
+from . import layout, memory_watch, scalars, torch_compat
 from .attribution import ModelCapture
 from .config import ProfileConfig, check_activities
-from .history import History
-from .timing import StepTimer
+from .metrics import Rows, StepMetrics
 from .triggers import Plan, make_trigger
 from .writer import Capture, TraceWriter
 
@@ -41,11 +37,7 @@ log = logging.getLogger(__name__)
 # Each window is written as it ends, so torch's reminder that a new cycle starts empty is noise here.
 warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
 
-_SCALAR_EVERY = 50  # steps between hand-offs of step times to the scalar writer
-EARLY_MEMORY_STEPS = 50  # memory is sampled at every one of the first steps, then every memory_every steps
 _FORK_WAIT = 2.0  # seconds a window's end waits at most for the trace writer to fork its export process
-_STEP_COLUMNS = ("samples", "flops", *layout.MEMORY_TAGS.values())  # what the session keeps per step (History)
-_SAMPLES, _FLOPS = 0, 1
 _START = threading.Lock()  # makes "is another profiler running?" and "now this one is" one step
 _INTERRUPTED_WRITE_TIMEOUT = 10.0  # at most this long to finish trace writes after Ctrl-C or SIGTERM
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)  # the steps module ranges are recorded in
@@ -79,19 +71,9 @@ class Session:
         self._model = ModelCapture(model)  # module ranges and compiled kernels for the module view (model=)
         self.steps = 0
         self.captures: list[Capture] = []
-        self._timer = StepTimer()
-        self._steps = History(len(_STEP_COLUMNS))  # per step: samples, flops as step() got them; memory samples
-        self._probe: scalars.MemoryProbe | None = None
         self._memory: memory_watch.Watch | None = None  # the optimizers' note in traces, out-of-memory reports
-        self._machine: machine.MachineProbe | None = None  # what the machine did, with the scalars
-        self._after = AfterWindow()  # the steps right after a window: what they pay for its export is kprof's
-        self.peak_tflops: float | None = None  # the dense peak MFU is measured against (None: unknown device)
-        self._peak_noted = False
-        self._scalar_times = self._timer.reader(own=True)
-        self._read_new_times = self._timer.reader(own=True)
         self._prof = None
         self._writer: TraceWriter | None = None
-        self._scalars: scalars.EventFile | None = None
         self._state = "new"
         self._interrupt: KeyboardInterrupt | None = None  # Ctrl-C caught inside torch's step, raised once it is done
         self._thread: threading.Thread | None = None  # the thread that started profiling: torch records its steps
@@ -107,10 +89,13 @@ class Session:
         if config.enabled:
             self.run_dir = continues.run_dir if not self._own_folder else self._claim_folder()
             config = self.config  # profiling is off when the disk was full
+        self._metrics = StepMetrics(config)  # step times, samples, FLOPs, memory and machine samples, the scalars
         if config.enabled:
             self._activities = _usable_activities(config.resolved_activities())
         self._plan = Plan(config, self._may_capture)
-        self._trigger = make_trigger(config, self.arm, self._own_step_times(), self.run_dir) if config.enabled else None
+        self._trigger = (
+            make_trigger(config, self.arm, self._metrics.own_step_times(), self.run_dir) if config.enabled else None
+        )
 
     # -- public surface ---------------------------------------------------------------------------------------
     @property
@@ -123,26 +108,17 @@ class Session:
         """Seconds per completed step without kprof's own cost (what the steps right after a window pay for its
         export included: ``afterwindow.py``), the last ``history.KEEP_STEPS`` steps (every step is in the
         ``kprof/step_time_ms`` scalars); waits for outstanding CUDA events, so call it outside the hot loop."""
-        self._timer.drain()
-        times = self._timer.times()
-        first = self._timer.count - len(times)
-        return [t - self._after.charge(first + k, t, self._timer.seconds) for k, t in enumerate(times)]
+        return self._metrics.step_times()
 
-    def _own_step_times(self) -> Callable[[], tuple[int, list[float]]]:
-        """A cursor over the steps' times, as ``StepTimer.reader``, less what the steps right after a window pay for
-        its export: the slow-step trigger must not take a window's own cost for a slow step and start another."""
-        read = self._timer.reader()
-
-        def own() -> tuple[int, list[float]]:
-            start, times = read()
-            return start, [t - self._after.charge(start + k, t, self._timer.seconds) for k, t in enumerate(times)]
-
-        return own
-
-    def new_step_metrics(self) -> list[tuple[int, dict[str, float]]]:
+    def new_step_metrics(self) -> Rows:
         """``(step, scalars)`` of the steps completed since the last call (``scalars.step_metrics`` plus memory at
         sampled steps), without waiting for the GPU."""
-        return self._metrics(*self._read_new_times())
+        return self._metrics.new_rows()
+
+    @property
+    def peak_tflops(self) -> float | None:
+        """The dense peak MFU is measured against (``peak_tflops=``, else the device's; None: unknown device)."""
+        return self._metrics.peak_tflops
 
     @property
     def writer_wait_s(self) -> float:
@@ -175,8 +151,7 @@ class Session:
 
     def _begin_step(self) -> None:
         """The next step begins: its time, and its page faults when it is right after a window (``afterwindow``)."""
-        self._after.started(self.steps)
-        self._timer.start()
+        self._metrics.begin(self.steps)
 
     def _end_step(self, samples: int | None, flops: float | None) -> None:
         """Check the arguments, end the step's time, and do the session's bookkeeping (timed as its own)."""
@@ -189,34 +164,17 @@ class Session:
             raise ValueError(f"samples must be the batch size (an int >= 0) or None, got {samples!r}")
         if flops is not None:
             flops = scalars.check_flops("flops", flops)
-        self._timer.end()
-        self._after.finished(self.steps)
+        self._metrics.end(self.steps)
         try:
             self._bookkeeping(samples, flops)
         except BaseException:
-            self._timer.start()
+            self._metrics.timer.start()
             raise
 
     def _bookkeeping(self, samples: int | None, flops: float | None) -> None:
         """Everything ``step()`` does between the end of one step and the start of the next."""
         step, self.steps = self.steps, self.steps + 1
-        if samples is not None:
-            self._steps.put(step, _SAMPLES, samples)
-        if flops is not None:
-            self._steps.put(step, _FLOPS, flops)
-        if flops and self.peak_tflops is None and not self._peak_noted:
-            self._peak_noted = True
-            warnings.warn(
-                "kprof: no dense peak FLOP/s is known for this device, so TFLOP/s is reported without MFU; "
-                "pass peak_tflops= (and mfu_dtype=) to kprof.session",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        if self._probe is not None and (step < EARLY_MEMORY_STEPS or self.steps % self.config.memory_every == 0):
-            for tag, mb in self._probe.sample().items():
-                self._steps.put(step, _STEP_COLUMNS.index(tag), mb)
-        if self._machine is not None:
-            self._machine.on_step(step)
+        self._metrics.record(step, samples, flops)
         if self._nvtx:
             torch.cuda.nvtx.range_pop()
             torch.cuda.nvtx.range_push(f"step {self.steps}")
@@ -231,12 +189,11 @@ class Session:
         self._model.sync(self._prof.current_action in _RECORDING)
         if len(self.captures) > windows:  # a window ended: its export forks now, inside kprof's time
             self._writer.wait_forked(_FORK_WAIT)
-            self._after.ended(self.captures[-1].first_step - self.config.warmup, self.captures[-1].last_step)
+            self._metrics.window_ended(self.captures[-1].first_step - self.config.warmup, self.captures[-1].last_step)
         else:  # an export that could not fork at its window's end (the writer was busy) forks here
             self._writer.let_fork(_FORK_WAIT)
         self._raise_interrupt()
-        if self.config.scalars and self.steps % _SCALAR_EVERY == 0:
-            self._send_scalars()
+        self._metrics.hand_off(self.steps)
 
     def region(self, name: str) -> contextlib.AbstractContextManager:
         """A labelled range (``record_function``) in the trace, free outside profiling windows.
@@ -353,7 +310,7 @@ class Session:
                     "was left running, so training without it or a new session both work"
                 ) from exc
         self._state = "running"
-        self._timer.start()
+        self._metrics.timer.start()
         if self._nvtx:
             torch.cuda.nvtx.range_push("step 0")
         return self
@@ -379,18 +336,7 @@ class Session:
             on_trace_ready=self._trace_ready,
             **self.config.profiler_kwargs(),
         )
-        if self.config.scalars:  # import now: an import mid-training would hold the GIL for ~0.1 s
-            importlib.import_module("torch.utils.tensorboard")
-            self._scalars = scalars.EventFile(layout.scalars_path(self.run_dir, self._writer.worker))
-        cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
-        if self.config.memory_every:
-            self._probe = scalars.MemoryProbe(cuda_device)
-        if self.config.scalars:
-            gpu = None if cuda_device is None else machine.pci_bus_id(torch.cuda.get_device_properties(cuda_device))
-            self._machine = machine.MachineProbe(pci_bus_id=gpu)
-        self.peak_tflops = self.config.peak_tflops
-        if self.peak_tflops is None and cuda_device is not None:
-            self.peak_tflops = peaks.peak_tflops(torch.cuda.get_device_name(cuda_device), self.config.mfu_dtype)
+        self._metrics.start(self._writer, self.run_dir)
         if self.config.memory_snapshot and torch.cuda.is_available():
             torch_compat.record_memory_history(True)
         self._memory = memory_watch.Watch(self.config, self.run_dir, self._writer.worker)
@@ -419,12 +365,9 @@ class Session:
         self._model.stop()
         if self._writer is not None:
             self._writer.close(1.0)
-        if self._probe is not None:
-            self._probe.close()
+        self._metrics.close()
         if self._memory is not None:
             self._memory.close()
-        if self._machine is not None:
-            self._machine.close()
         self._give_back_folder()
         Session._active = None
 
@@ -471,16 +414,8 @@ class Session:
                 self._trigger.stop()
             if self.config.memory_snapshot and torch.cuda.is_available():
                 self._dump_memory_snapshot()
-            if self._probe is not None:
-                self._probe.close()
             self._model.stop(self._writer, self.run_dir)
-            if self._machine is not None:
-                self._machine.close()
-            self._after.close()
-            if self.config.scalars:
-                self._timer.drain()
-                self._send_scalars()
-                self._writer.submit_call(self._scalars.close)
+            self._metrics.finish()
             interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
             timeout = self.config.write_timeout
             if interrupted or self._interrupt is not None:
@@ -563,34 +498,6 @@ class Session:
         if self._interrupt is not None:
             exc, self._interrupt = self._interrupt, None
             raise exc
-
-    def _metrics(self, start: int, times: list[tuple[float, float]]) -> list[tuple[int, dict[str, float]]]:
-        """``(step, scalars)`` for the steps ``start, start + 1, ...`` whose ``times`` are (step seconds, kprof's own
-        seconds after it)."""
-        rows = []
-        recorded = self._steps.rows(start, start + len(times))
-        for step, (seconds, own), row in zip(range(start, start + len(times)), times, recorded):
-            samples, flops = (None if math.isnan(x) else x for x in row[:2])
-            export = self._after.charge(step, seconds, self._timer.seconds)
-            metrics = scalars.step_metrics(
-                seconds - export, None if samples is None else int(samples), flops, self.peak_tflops, own
-            )
-            if self._after.charged(step):
-                metrics[layout.AFTER_WINDOW_TAG] = export * 1e3
-            metrics.update((tag, mb) for tag, mb in zip(_STEP_COLUMNS[2:], row[2:]) if not math.isnan(mb))
-            if self._machine is not None:
-                metrics.update(self._machine.metrics(step))
-            if step == 0 and self.peak_tflops:
-                metrics[layout.PEAK_TAG] = self.peak_tflops
-            if step == 0 and self.config.trigger == "slow_step":  # the tab names the trigger only when it was on
-                metrics[layout.TRIGGER_TAG] = self.config.slow_factor
-            rows.append((step, metrics))
-        return rows
-
-    def _send_scalars(self) -> None:
-        rows = self._metrics(*self._scalar_times())
-        if rows:
-            self._writer.submit_call(self._scalars.writer(rows))
 
 
 def _encodes(text: str) -> bool:
