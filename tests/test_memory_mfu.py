@@ -155,7 +155,7 @@ def test_a_quarter_million_steps_keep_the_sessions_state_flat(tmp_path, monkeypa
     within 256 KB: about a byte a step, less than any object or array slot kept per step."""
     monkeypatch.setattr(scalars.EventFile, "writer", lambda self, rows: lambda: None)  # no 250k events on disk
     with kprof.session(tmp_path, run="r", wait=10**7, trigger="slow_step", peak_tflops=1.0) as s:
-        s._prof.step = lambda: None
+        s._recorder.prof.step = lambda: None
         timer = s._metrics.timer
         for _ in range(KEEP_STEPS):
             s.step(samples=8, flops=1e9)

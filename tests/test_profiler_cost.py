@@ -22,7 +22,7 @@ import kprof_callbacks as kprof
 from kprof_callbacks import layout, metrics, timing, torch_compat
 from kprof_callbacks.analysis.fmt import duration
 from kprof_callbacks.analysis.series import read_series
-from kprof_callbacks.session import Session
+from kprof_callbacks.recorder import Recorder
 from kprof_callbacks.timing import StepTimer
 
 SCHEDULE = dict(wait=2, warmup=1, active=3, repeat=3)  # windows end at steps 5, 11 and 17
@@ -56,7 +56,7 @@ def clock(monkeypatch) -> Clock:
     clock = Clock()
     monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock.perf_counter))
     monkeypatch.setattr(metrics, "StepTimer", functools.partial(StepTimer, cuda=False))
-    step, ready = torch.profiler.profile.step, Session._trace_ready
+    step, ready = torch.profiler.profile.step, Recorder._trace_ready
 
     def costly_step(self) -> None:
         clock.advance(STEP_COST)
@@ -67,7 +67,7 @@ def clock(monkeypatch) -> Clock:
         ready(self, prof)
 
     monkeypatch.setattr(torch.profiler.profile, "step", costly_step)
-    monkeypatch.setattr(Session, "_trace_ready", costly_ready)
+    monkeypatch.setattr(Recorder, "_trace_ready", costly_ready)
     return clock
 
 
