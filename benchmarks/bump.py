@@ -49,14 +49,13 @@ def _sync(device: str) -> None:
 
 
 def _writer(in_process: bool):
-    """The session module's TraceWriter, exporting in-process when asked (kprof forks an export process)."""
-    import importlib
+    """The recorder module's TraceWriter, exporting in-process when asked (kprof forks an export process)."""
+    from kprof_callbacks import recorder
 
-    session_module = importlib.import_module("kprof_callbacks.session")
-    original = session_module.TraceWriter
+    original = recorder.TraceWriter
     if in_process:
-        session_module.TraceWriter = functools.partial(original, fork=False)
-    return session_module, original
+        recorder.TraceWriter = functools.partial(original, fork=False)
+    return recorder, original
 
 
 def run(loop: Loop, variant: str, logdir: Path) -> dict:

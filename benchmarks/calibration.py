@@ -47,7 +47,7 @@ from kprof_callbacks import stats, triggers
 from kprof_callbacks.analysis import Summary, diagnostics, diff, growth
 from kprof_callbacks.analysis.perstep import PerStep
 from kprof_callbacks.config import ProfileConfig
-from kprof_callbacks.session import EARLY_MEMORY_STEPS
+from kprof_callbacks.metrics import EARLY_MEMORY_STEPS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import calibration_base as common  # noqa: E402

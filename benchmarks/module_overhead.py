@@ -72,13 +72,13 @@ def inside(sizes: str) -> dict:
         with kprof.session(logdir, model=loop.model, wait=0, warmup=1, active=2 * pairs + 2, scalars=False) as s:
             s.step()
             for _ in range(pairs):
-                s._model.sync(True)
+                s._recorder.model.sync(True)
                 on_s.append(loop.step())
                 s.step()
-                s._model.sync(False)
+                s._recorder.model.sync(False)
                 off_s.append(loop.step())
                 s.step()
-            s._model.sync(True)
+            s._recorder.model.sync(True)
     ratios = [a / b for a, b in zip(on_s, off_s)]
     return {
         "step_ms": statistics.median(off_s) * 1e3,

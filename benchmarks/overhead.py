@@ -124,7 +124,7 @@ def blocking(loop: Loop, tool: str, active: int, logdir: Path) -> dict:
     else:
         with kprof.session(out.parent, run=out.name, **sched) as s:
             _, hooks = loop.run(active + 3, s.step)
-            stats = s._prof.profiler._stats
+            stats = s._recorder.prof.profiler._stats
         files = s.trace_files
     return {
         "blocked_ms": hooks[active] * 1e3,

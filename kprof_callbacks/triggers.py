@@ -1,7 +1,8 @@
-"""Triggers that arm a capture while training runs: on demand (signal or a PROFILE file) or after a slow step.
+"""When captures start: the ``Plan`` torch.profiler asks at every step, and the triggers that arm it while training
+runs, on demand (signal or a PROFILE file) or after a slow step.
 
-A trigger only calls ``arm(reason)`` (``Session.arm``); the session's plan then records the next warm-up + ``active``
-steps exactly as a scheduled window would, and budgets (``max_captures``, ``max_trace_mb``) still apply.
+A trigger only calls ``arm(reason)`` (``Session.arm``); the plan then records the next warm-up + ``active`` steps
+exactly as a scheduled window would, and budgets (``max_captures``, ``max_trace_mb``) still apply.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerAction
 
 from . import layout
 from .config import ProfileConfig
@@ -109,3 +113,61 @@ def make_trigger(cfg: ProfileConfig, arm: Arm, read: StepTimes, run_dir: Path) -
     if cfg.trigger == "slow_step":
         return SlowStep(cfg, arm, read)
     return None
+
+
+class Plan:
+    """The schedule torch.profiler asks at every step: torch's own for trigger="schedule", else armed windows."""
+
+    def __init__(self, cfg: ProfileConfig, allowed: Callable[[], bool]) -> None:
+        self.cfg = cfg
+        self.allowed = allowed  # the disk budget: may a new window start?
+        self.fixed = (
+            torch.profiler.schedule(
+                skip_first=cfg.skip_first, wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat
+            )
+            if cfg.trigger == "schedule"
+            else None
+        )
+        self.armed_at: int | None = None  # first step of an armed (triggered) window
+        self.window_start: int | None = None  # first step of the window in progress, any trigger
+        self.reason = cfg.trigger
+        self._last = ProfilerAction.NONE
+        self.started = 0  # windows begun, counted against max_captures
+
+    def arm(self, step: int, reason: str) -> bool:
+        """Start a window at ``step`` (warmup, then ``active`` recorded steps) unless one is running."""
+        if self.armed_at is not None or self.window_start is not None:
+            return False
+        self.armed_at, self.reason = step, reason
+        return True
+
+    def planned(self, step: int) -> ProfilerAction:
+        """The action for ``step`` before the budgets have their say; no side effects."""
+        if self.armed_at is not None:
+            return window_action(step - self.armed_at, self.cfg.warmup, self.cfg.active)
+        return self.fixed(step) if self.fixed is not None else ProfilerAction.NONE
+
+    def __call__(self, step: int) -> ProfilerAction:
+        """torch.profiler calls this once per step with the step about to run."""
+        action = self.planned(step)
+        if self.armed_at is not None and action is ProfilerAction.NONE and step > self.armed_at:
+            self.armed_at = None
+        if action is not ProfilerAction.NONE and self._last in (ProfilerAction.NONE, ProfilerAction.RECORD_AND_SAVE):
+            if self.allowed() and (self.cfg.max_captures is None or self.started < self.cfg.max_captures):
+                self.window_start = step
+                self.started += 1
+            else:
+                action, self.armed_at = ProfilerAction.NONE, None
+        if action is ProfilerAction.NONE:
+            self.window_start = None
+        self._last = action
+        return action
+
+
+def window_action(offset: int, warmup: int, active: int) -> ProfilerAction:
+    """What an armed window does at ``offset`` steps from its first: warm-up, record, and save at its last step."""
+    if offset < 0 or offset >= warmup + active:
+        return ProfilerAction.NONE
+    if offset < warmup:
+        return ProfilerAction.WARMUP
+    return ProfilerAction.RECORD_AND_SAVE if offset == warmup + active - 1 else ProfilerAction.RECORD

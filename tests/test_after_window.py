@@ -5,7 +5,6 @@ chart does not show the user's code slowing after every window; a step slow for 
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 import os
 import types
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 import kprof_callbacks as kprof
-from kprof_callbacks import afterwindow, layout, timing
+from kprof_callbacks import afterwindow, layout, metrics, timing
 from kprof_callbacks.afterwindow import STEPS, AfterWindow
 from kprof_callbacks.analysis.series import read_series
 
@@ -77,8 +76,7 @@ def test_a_session_charges_the_steps_after_its_windows_to_kprof(tmp_path, monkey
     step and 5 ms of kprof's, and the second its own 40 ms."""
     clock = types.SimpleNamespace(now=0.0)
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
-    session_module = importlib.import_module("kprof_callbacks.session")  # the package's `session` is the function
-    monkeypatch.setattr(session_module, "StepTimer", functools.partial(timing.StepTimer, cuda=False))
+    monkeypatch.setattr(metrics, "StepTimer", functools.partial(timing.StepTimer, cuda=False))
     ends = [5, 11]  # wait=2, warmup=1, active=3, repeat=2
     with kprof.session(tmp_path, run="r", wait=2, warmup=1, active=3, repeat=2) as s:
         for step in range(16):
@@ -105,8 +103,7 @@ def test_the_slow_step_trigger_does_not_take_an_export_for_a_slow_step(tmp_path,
     starts no second capture (cooldown=0, so nothing else would stop it)."""
     clock = types.SimpleNamespace(now=0.0)
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
-    session_module = importlib.import_module("kprof_callbacks.session")
-    monkeypatch.setattr(session_module, "StepTimer", functools.partial(timing.StepTimer, cuda=False))
+    monkeypatch.setattr(metrics, "StepTimer", functools.partial(timing.StepTimer, cuda=False))
     options = dict(trigger="slow_step", slow_factor=3.0, slow_min_steps=10, cooldown=0, warmup=1, active=2)
     with kprof.session(tmp_path, run="r", **options) as s:
         for step in range(40):

@@ -23,7 +23,7 @@ from kprof_callbacks.analysis import reader, trends
 from kprof_callbacks.analysis.growth import growth
 from kprof_callbacks.analysis.trends import growing_sites
 from kprof_callbacks.history import KEEP_STEPS
-from kprof_callbacks.session import EARLY_MEMORY_STEPS
+from kprof_callbacks.metrics import EARLY_MEMORY_STEPS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -155,8 +155,8 @@ def test_a_quarter_million_steps_keep_the_sessions_state_flat(tmp_path, monkeypa
     within 256 KB: about a byte a step, less than any object or array slot kept per step."""
     monkeypatch.setattr(scalars.EventFile, "writer", lambda self, rows: lambda: None)  # no 250k events on disk
     with kprof.session(tmp_path, run="r", wait=10**7, trigger="slow_step", peak_tflops=1.0) as s:
-        s._prof.step = lambda: None
-        timer = s._timer
+        s._recorder.prof.step = lambda: None
+        timer = s._metrics.timer
         for _ in range(KEEP_STEPS):
             s.step(samples=8, flops=1e9)
         full = _state_bytes(s, set())

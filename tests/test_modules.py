@@ -186,7 +186,7 @@ def compiled(tmp_path_factory) -> tuple[kprof.Session, Summary, dict]:
     saved = [torch._inductor.config.fx_graph_cache, torch._functorch.config.enable_autograd_cache]
     s = _train(tmp_path_factory.mktemp("log"), torch.compile(model), steps=4)
     assert [torch._inductor.config.fx_graph_cache, torch._functorch.config.enable_autograd_cache] == saved
-    record = json.loads(graphs_path(s.run_dir, s._writer.worker).read_text())
+    record = json.loads(graphs_path(s.run_dir, s._recorder.writer.worker).read_text())
     return s, s.summary(), record
 
 
@@ -262,7 +262,7 @@ def test_without_an_inductor_hook_the_record_says_why(tmp_path, monkeypatch):
     monkeypatch.delattr(debug, "set_kernel_post_grad_provenance_tracing")
     assert "set_kernel_post_grad_provenance_tracing" in torch_compat.record_inductor_kernels(print)
     s = _train(tmp_path, Net(), steps=3)
-    record = json.loads(graphs_path(s.run_dir, s._writer.worker).read_text())
+    record = json.loads(graphs_path(s.run_dir, s._recorder.writer.worker).read_text())
     assert "no set_kernel_post_grad_provenance_tracing" in record["note"] and record["graphs"] == []
 
 

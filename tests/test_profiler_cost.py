@@ -8,7 +8,6 @@ machine runs. What torch.profiler really costs at a window's end is measured by 
 from __future__ import annotations
 
 import functools
-import importlib
 from types import SimpleNamespace
 
 import lightning as L
@@ -20,10 +19,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import kprof_callbacks as kprof
-from kprof_callbacks import layout, timing, torch_compat
+from kprof_callbacks import layout, metrics, timing, torch_compat
 from kprof_callbacks.analysis.fmt import duration
 from kprof_callbacks.analysis.series import read_series
-from kprof_callbacks.session import Session
+from kprof_callbacks.recorder import Recorder
 from kprof_callbacks.timing import StepTimer
 
 SCHEDULE = dict(wait=2, warmup=1, active=3, repeat=3)  # windows end at steps 5, 11 and 17
@@ -56,9 +55,8 @@ def clock(monkeypatch) -> Clock:
     moves by STEP_COST and the hand-off of each finished window by WINDOW_COST: kprof's own work, known exactly."""
     clock = Clock()
     monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock.perf_counter))
-    session_module = importlib.import_module("kprof_callbacks.session")  # the package's `session` is the function
-    monkeypatch.setattr(session_module, "StepTimer", functools.partial(StepTimer, cuda=False))
-    step, ready = torch.profiler.profile.step, Session._trace_ready
+    monkeypatch.setattr(metrics, "StepTimer", functools.partial(StepTimer, cuda=False))
+    step, ready = torch.profiler.profile.step, Recorder._trace_ready
 
     def costly_step(self) -> None:
         clock.advance(STEP_COST)
@@ -69,7 +67,7 @@ def clock(monkeypatch) -> Clock:
         ready(self, prof)
 
     monkeypatch.setattr(torch.profiler.profile, "step", costly_step)
-    monkeypatch.setattr(Session, "_trace_ready", costly_ready)
+    monkeypatch.setattr(Recorder, "_trace_ready", costly_ready)
     return clock
 
 

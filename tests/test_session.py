@@ -73,10 +73,10 @@ def test_trace_only_mode_unless_an_option_needs_the_python_events(tmp_path, need
     with kprof.session(tmp_path, run="r", wait=0, warmup=1, active=2, repeat=1, **options) as s:
         _train(s, 4, region="my-forward")
         if needs_events:
-            assert len(s._prof.events()) > 0
+            assert len(s._recorder.prof.events()) > 0
         else:
             with pytest.raises(RuntimeError, match="trace_only"):
-                s._prof.events()
+                s._recorder.prof.events()
     assert "my-forward" in {e.get("name") for e in _events(s.trace_files[0])}
     assert kprof.summarize(s.trace_files[0]).steps
 
@@ -172,7 +172,7 @@ def test_disabled_session_creates_no_profiler_and_no_files(tmp_path, monkeypatch
     with kprof.session(tmp_path / "log", run="r") as s:
         _train(s, 5)
     assert s.trace_files == [] and s.run_dir is None and not (tmp_path / "log").exists()
-    assert s._prof is None
+    assert s._recorder.prof is None
 
 
 def test_env_overrides_schedule(tmp_path, monkeypatch):
@@ -349,7 +349,7 @@ def test_on_demand_signal_triggers_one_capture_and_chains_the_previous_handler(t
             os.kill(os.getpid(), signal.SIGUSR1)
             _train(s, 6)
         assert got == [signal.SIGUSR1]
-        assert signal.getsignal(signal.SIGUSR1) is not s._trigger._on_signal  # restored
+        assert signal.getsignal(signal.SIGUSR1) is not s._recorder.trigger._on_signal  # restored
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert len(s.trace_files) == 1 and len(_profiler_steps(s.trace_files[0])) == 3
