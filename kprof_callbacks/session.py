@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import numbers
 import os
 import threading
@@ -33,7 +32,6 @@ from .writer import Capture
 if TYPE_CHECKING:
     from .analysis import Summary
 
-log = logging.getLogger(__name__)
 # Each window is written as it ends, so torch's reminder that a new cycle starts empty is noise here.
 warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
 
