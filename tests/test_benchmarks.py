@@ -268,8 +268,10 @@ def test_multi_gpu_quick_runs_every_example_on_four_gloo_ranks_and_checks_its_cl
     for name, r in runs.items():
         assert r["claims"]["every rank"] == "ok" and r["ranks"] == (2 if name == "lightning-2" else 4)
         assert r["timeline"]["ranks"] == r["ranks"] and r["timeline"]["collectives"] > 0
-        if name.endswith("-straggler"):
-            assert r["claims"]["straggler named"] == "ok" and r["named"][0].startswith("Rank 2 ")
+        if name == "hsdp-straggler":  # gloo names no process group: HSDP's two levels cannot be matched apart
+            assert r["claims"]["straggler named"].startswith("not judged: gloo traces name no process group")
+        elif name.endswith("-straggler"):
+            assert r["claims"]["straggler named"] == "ok" and any(n.startswith("Rank 2 ") for n in r["named"])
             assert r["others_wait_for_rank2_ms"] > 0  # the others waited for its longer compute at the collectives
     assert {c["collective"] for c in runs["hsdp"]["collectives"]} == {"all_gather", "reduce_scatter", "all_reduce"}
     assert "all_reduce" not in {c["collective"] for c in runs["fsdp2"]["collectives"]}
