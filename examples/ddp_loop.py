@@ -56,13 +56,13 @@ def main() -> None:
     model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(width, width), nn.GELU())]).to(device)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if gpu else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
-    gen = torch.Generator().manual_seed(rank)
+    gen = torch.Generator(device).manual_seed(rank)  # batches drawn where they are used, as a prefetching loader
     with kprof.session(args.logdir, run=args.name, wait=5, warmup=2, active=5) as s:
         for _ in range(args.steps):
             if rank == args.slow_data[0]:
                 with s.region("data_loading"):
                     time.sleep(args.slow_data[1] / 1000.0)
-            x = torch.randn(args.batch, width, generator=gen).to(device)
+            x = torch.randn(args.batch, width, generator=gen, device=device)
             with s.region("forward"):
                 loss = ddp(x).square().mean()
                 if rank == args.straggler[0]:

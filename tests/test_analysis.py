@@ -276,14 +276,20 @@ def test_cli(tmp_path, run, capsys):
 
 
 _RANK_WORKER = textwrap.dedent("""
-    import datetime, faulthandler, os, sys, torch, torch.distributed as dist
+    import faulthandler, sys, time
+    faulthandler.dump_traceback_later(240, exit=True)  # a hung rank says where (imports too), ends before the test
+    start = time.monotonic()
+    def said(what):  # each phase's time on stderr: a rank the test kills shows how far it got
+        print(f"{time.monotonic() - start:7.1f} s {what}", file=sys.stderr, flush=True)
+    import datetime, os, torch, torch.distributed as dist
     from torch import nn
-    faulthandler.dump_traceback_later(240, exit=True)  # a hung rank says where, and ends before the test's limit
     from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+    said("imported")
     rank, world, logdir, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=200))  # a rank that died fails the other's collective
+    said("joined")
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     handler = tensorboard_trace_handler(logdir, worker_name=f"rank{rank}_host_{os.getpid()}")
@@ -294,8 +300,10 @@ _RANK_WORKER = textwrap.dedent("""
             x = torch.randn(256 * (1 + 31 * rank), 32)  # rank 1 computes 32x more: the straggler
             model(x).sum().backward()
             opt.step(); opt.zero_grad(); prof.step()
+    said("profiled")
     dist.barrier()  # both traces written before either rank tears gloo down
     dist.destroy_process_group()
+    said("done")
 """)
 
 
