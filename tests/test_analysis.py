@@ -304,6 +304,7 @@ _RANK_WORKER = textwrap.dedent("""
     dist.barrier()  # both traces written before either rank tears gloo down
     dist.destroy_process_group()
     said("done")
+    os._exit(0)  # a CUDA build of torch can hang in its own teardown at exit (seen on an H100 host), after this
 """)
 
 
