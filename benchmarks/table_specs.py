@@ -296,6 +296,20 @@ TABLES: dict[str, Table] = {
             Col("load average", "{load_average:.1f}"),
         ),
     ),
+    "memory-h100": Table(
+        "memory-h100.json",
+        (
+            _t("run", "{run}"),
+            Col("highest peak", "{highest_peak}"),
+            Col("explained by the breakdown", "{explained}"),
+            Col("allocator's peak in the same steps", "{measured}"),
+            Col("error", "{error:+.2%}"),
+            Col("activations", "{activations:.0%}"),
+            Col("temporaries", "{temporaries:.0%}"),
+            Col("optimizer state", "{optimizer_state:.0%}"),
+            _t("peak at", "{at}"),
+        ),
+    ),
     "memory-view": Table(
         "memory_view-cpu.json",
         (
