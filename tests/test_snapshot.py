@@ -239,3 +239,18 @@ def test_a_summary_read_by_the_template_is_the_one_the_pickle_machine_reads(tmp_
     assert found[4] == found[2] == found[5]
     in_memory = snapshot.summarize_value(value, tmp_path / "p2.pickle")
     assert {k: v for k, v in in_memory.items() if k not in ("path", "bytes")} == found[2]
+
+
+def test_a_snapshot_read_once_keeps_its_summary_beside_it_where_it_can(tmp_path, monkeypatch):
+    path = tmp_path / "elsewhere.pickle"
+    path.write_bytes(pickle.dumps(_snapshot_value(), protocol=4))
+    first = snapshot.summarize(path)
+    assert (tmp_path / "elsewhere.pickle.summary").is_file()
+    monkeypatch.setattr(pickles, "read", lambda *a: pytest.fail("read again"))
+    assert snapshot.summarize(path) == first
+    monkeypatch.undo()
+    (tmp_path / "elsewhere.pickle.summary").unlink()
+    busy = tmp_path / "elsewhere.pickle.summary"
+    busy.mkdir()  # where the summary would go cannot be written (as a folder kprof may not write to)
+    assert snapshot.summarize(path) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.pickle", "elsewhere.pickle.summary"]

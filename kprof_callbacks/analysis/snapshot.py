@@ -11,8 +11,10 @@ lists as in use; a block alive at the peak was allocated in the history (its fra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 from array import array
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -266,8 +268,9 @@ def _summary(value: Any, histories: dict[int, _History], resolve: Any) -> dict[s
 
 
 def summarize(path: Path) -> dict[str, Any]:
-    """The summary of the snapshot at ``path``: kprof's own saved beside it when that is of this file, else read
-    (streamed). ValueError (a `pickles.PickleError`) for a file that is not a snapshot of plain values."""
+    """The summary of the snapshot at ``path``: the one saved beside it when that is of this file, else read
+    (streamed) and saved beside it where the folder can be written, so that the next reader finds it. ValueError (a
+    `pickles.PickleError`) for a file that is not a snapshot of plain values."""
     stat = path.stat()
     saved = _saved(path, stat)
     if saved is not None:
@@ -281,7 +284,10 @@ def summarize(path: Path) -> dict[str, Any]:
 
     reader: pickles.Reader
     value, reader = pickles.read(path, add, FIELDS)
-    return {"path": str(path), "bytes": stat.st_size, **_summary(value, histories, reader.resolve)}
+    summary = {"path": str(path), "bytes": stat.st_size, **_summary(value, histories, reader.resolve)}
+    with contextlib.suppress(OSError):  # a folder it may not write to: the snapshot is read again next time
+        save_beside(summary, path, stat)
+    return summary
 
 
 def summarize_value(value: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -294,14 +300,19 @@ def summarize_value(value: dict[str, Any], path: Path) -> dict[str, Any]:
     return {"path": str(path), "bytes": path.stat().st_size, **_summary(value, histories, lambda f: f or [])}
 
 
-def save_beside(summary: dict[str, Any], path: Path) -> Path:
-    """Write ``summary`` beside the snapshot at ``path`` (with the snapshot's size and time, so a changed snapshot
-    is read again); the file it wrote."""
-    stat = path.stat()
+def save_beside(summary: dict[str, Any], path: Path, stat: os.stat_result | None = None) -> Path:
+    """Write ``summary`` beside the snapshot at ``path`` with the snapshot's size and time (``stat``, taken before
+    it was read; default: now), so that a changed snapshot is read again; the file it wrote. OSError where it cannot
+    be written (nothing is left behind)."""
+    stat = stat or path.stat()
     out = path.with_name(path.name + SUMMARY_SUFFIX)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps({**summary, "of": [stat.st_size, stat.st_mtime_ns]}), encoding="utf-8")
-    os.replace(tmp, out)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}-{threading.get_ident()}.tmp")  # writers never share one
+    try:
+        tmp.write_text(json.dumps({**summary, "of": [stat.st_size, stat.st_mtime_ns]}), encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return out
 
 
