@@ -67,7 +67,7 @@ class Reader:
         fields: tuple[str, ...],
     ) -> None:
         self.data, self.on_entry, self.fields = data, on_entry, fields
-        self.lists: list[tuple[str, int]] = []  # the template's list fields: name, the group of the new-list mark
+        self.lists: list[tuple[str, int]] = []  # the template's list fields: key, the group of its new-list mark
         self.picks: list[tuple[int, int]] = []  # per field asked for: how to read it, its group
         self.memo: list[Any] = []
         self.strings: dict[str, int] = {}  # memoized strings -> their memo index (keys are matched as references)
@@ -87,23 +87,20 @@ class Reader:
         if self.protocol < 4:  # its memo opcodes carry their index: read by the opcodes
             return
         parts, located, fields, lists = [rb"\}\x94\("], [rb"\}\x94\("], {}, []
-        group = 0
         for key, value in entry.items():
             kind = list if isinstance(value, Lazy) else type(value)
             if key not in self.strings or (kind not in _VALUE and kind is not list):
                 return
             head = re.escape(_ref(self.strings[key]))
-            if kind is list:  # a reference to a list read before, or a new list (its mark captured)
-                parts.append(head + b"(?:(" + _REF + rb")|(\])" + _ITEMS + b")")
+            if kind is list:  # a reference to a list read before, or a new list: the memo counts it (its mark)
+                parts.append(head + b"(?:" + _REF + rb"|(\])" + _ITEMS + b")")
                 located.append(head + b"(?:(" + _REF + rb")|\](" + _ITEMS + b"))")
-                lists.append((key, group + 2))
-                fields[key] = (_LIST_CODE, group + 1)
-                group += 2
-            else:
-                parts.append(head + b"(" + _VALUE[kind] + b")")
+                lists.append((key, len(fields) + 1))
+            else:  # captured only when asked for
+                parts.append(head + (b"(" if key in self.fields else b"(?:") + _VALUE[kind] + b")")
                 located.append(head + b"(?:" + _VALUE[kind] + b")")
-                group += 1
-                fields[key] = (_CODES[kind], group)
+            if kind is list or key in self.fields:
+                fields[key] = (_LIST_CODE if kind is list else _CODES[kind], len(fields) + 1)
         self.lists = lists
         self.picks = [fields.get(name, (_ABSENT, 0)) for name in self.fields]
         prefix = rb"(?:e\()?(?:\x95.{8})?"
