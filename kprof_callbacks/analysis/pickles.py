@@ -149,10 +149,10 @@ class Reader:
 
     def _coded(self, code: int, raw: np.ndarray) -> Coded:
         """A column of values other than numbers: its distinct values and the index of each entry's."""
-        if code == _FLOAT_CODE:
-            keys = np.ascontiguousarray(raw[:, 1:9]).view(">f8")[:, 0]
-            distinct, index = np.unique(keys, return_inverse=True)
-            return Coded([float(v) for v in distinct.tolist()], index)
+        if code == _FLOAT_CODE:  # told apart by their bits (numpy's unique would take -0.0 for 0.0)
+            bits = np.ascontiguousarray(raw[:, 1:9]).view(">u8")[:, 0]
+            distinct, index = np.unique(bits, return_inverse=True)
+            return Coded(distinct.astype(">u8").view(">f8").tolist(), index.reshape(-1))
         word = np.ascontiguousarray(raw[:, 1:5]).view("<u4")[:, 0].astype(np.int64)
         keys = raw[:, 0].astype(np.int64) << 32 | word
         distinct, index = np.unique(keys, return_inverse=True)
