@@ -3,9 +3,10 @@
 entries each carry a new list of memoized frames), beside a small profiled run; TensorBoard serves the logdir, and
 headless Chromium opens the run's page until the memory view (its curve and the snapshot's summary) is drawn.
 
-Two cases: the snapshot as kprof saves it (its summary beside it, `snapshot.save_beside`), and a snapshot from
-elsewhere (no summary: the plugin reads it with kprof's streaming reader, once, then keeps the summary). Also the
-reader on its own: seconds and MB/s, and the resident memory of the process that read it.
+Three cases: the snapshot as kprof saves it (its summary beside it, `snapshot.save_beside`), a snapshot from
+elsewhere opened the first time (no summary: the plugin reads it with kprof's streaming reader and writes the summary
+beside it), and the same opened again by a new TensorBoard (the summary found beside it). Also the reader on its own:
+seconds and MB/s, and the resident memory of the process that read it.
 
     python benchmarks/memory_view.py                      # 1 GB, ~2 min (writing the file, reading it twice)
     python benchmarks/memory_view.py --quick              # 20 MB: the test
@@ -33,6 +34,11 @@ KEYS = ("action", "addr", "size", "stream", "time_us", "frames", "compile_contex
 SEGMENT_WORDS = ("device", "address", "total_size", "blocks", "state", "active_allocated", "inactive")
 FRAMES, DEPTH, POOL = 4000, 100, 512  # distinct frames, frames per entry, distinct stacks
 MB = 2**20
+CASES = (
+    "saved by kprof (summary beside it)",
+    "from elsewhere, first open (read by the plugin)",
+    "from elsewhere, opened again (summary kept beside it)",
+)
 
 
 def _str(text: str) -> bytes:
@@ -249,11 +255,14 @@ def measure(gigabytes: float, chromium: str | None) -> list[dict]:
         entries = synthetic_snapshot(path, int(gigabytes * 2**30))
         written = time.perf_counter() - started
         reader = _reader(path)
-        for case in ("saved by kprof (summary beside it)", "from elsewhere (read by the plugin)"):
-            if case.startswith("saved"):
+        beside = path.with_name(path.name + snapshot.SUMMARY_SUFFIX)
+        for case in CASES:
+            if case == CASES[0]:
                 snapshot.save_beside(snapshot.summarize(path), path)
-            else:
-                path.with_name(path.name + snapshot.SUMMARY_SUFFIX).unlink()
+            elif case == CASES[1]:
+                beside.unlink()
+            elif not beside.is_file():
+                raise RuntimeError(f"the plugin kept no summary beside {path.name}")
             row = {
                 "case": case,
                 "snapshot_mb": round(path.stat().st_size / MB, 1),

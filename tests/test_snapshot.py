@@ -12,7 +12,18 @@ import pytest
 
 from kprof_callbacks.analysis import pickles, snapshot
 
-FIELDS = ("action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata", "device_free")
+FIELDS = (
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+    "frames",
+    "compile_context",
+    "user_metadata",
+    "device_free",
+    "x",
+)
 
 
 def _frames(line: int, own: str = "/home/me/train.py") -> list[dict]:
@@ -31,14 +42,43 @@ def _history(n: int, seed: int = 0) -> list[dict]:
             "action": rng.choice(["alloc", "free_requested", "free_completed", "segment_alloc"]),
             "addr": 0x7F0000000000 + 512 * k,
             "size": rng.randrange(1, 1 << 40),
-            "stream": rng.choice([0, 2**60]),
+            "stream": rng.choice([0, 2**60, 300, 70_000, -7, -(2**40), -(2**63)]),  # each way pickle writes an int
             "time_us": 1_700_000_000_000_000 + k,
+            "x": rng.choice([0.0, -0.0, 1.5, -2.25]),  # a float (not in torch's snapshots): told apart from -0.0
+            "tags": [],  # a list before the frames: the memo counts it
             "frames": list(frames[rng.randrange(60)]) if rng.random() < 0.5 else frames[rng.randrange(60)],
             "compile_context": "",
             "user_metadata": "",
         }
         for k in range(n)
     ]
+
+
+def _entries(got: list, reader: pickles.Reader) -> list:
+    """What the reader handed on, as (device, the values of FIELDS with frames decoded) per entry: runs of entries
+    (`pickles.Run`) taken apart."""
+    out = []
+    for device, values in got:
+        if not isinstance(values, pickles.Run):
+            out.append(
+                (
+                    device,
+                    tuple(reader.resolve(v) if f == "frames" and v is not None else v for f, v in zip(FIELDS, values)),
+                )
+            )
+            continue
+        for i, start in enumerate(values.starts.tolist()):
+            row = []
+            for f in FIELDS:
+                column = values.columns.get(f)
+                if f in values.lists:
+                    row.append(reader.resolve(reader.list_at(start, f)))
+                elif isinstance(column, pickles.Coded):
+                    row.append(column.values[column.index[i]])
+                else:
+                    row.append(None if column is None else int(column[i]))
+            out.append((device, tuple(row)))
+    return out
 
 
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
@@ -57,11 +97,7 @@ def test_the_reader_streams_the_same_values_as_pickle_in_every_protocol(tmp_path
     got = []
     rest, reader = pickles.read(path, lambda device, entry: got.append((device, entry)), FIELDS)
     expected = [(d, tuple(e.get(f) for f in FIELDS)) for d, trace in ((0, history), (1, history[:10])) for e in trace]
-    resolved = [
-        (d, tuple(reader.resolve(v) if f == "frames" and v is not None else v for f, v in zip(FIELDS, e)))
-        for d, e in got
-    ]
-    assert resolved == expected
+    assert repr(_entries(got, reader)) == repr(expected)  # repr: 0.0 and -0.0 differ
     assert rest == {**pickle.loads(path.read_bytes()), "device_traces": [[], [], []]}
     assert reader.fast > (2000 if protocol >= 4 else -1)  # the template reads most entries of protocol 4 and 5
 
@@ -165,11 +201,68 @@ def test_the_benchmarks_synthetic_snapshot_is_a_pickle_torch_could_have_written(
     assert len(history) == n and all(set(e) == set(KEYS) for e in history)
     assert all(isinstance(f, dict) and {"filename", "line", "name"} == set(f) for f in history[3]["frames"])
     got = []
-    _, reader = pickles.read(path, lambda device, entry: got.append(entry), FIELDS)
-    assert [tuple(reader.resolve(v) if f == "frames" else v for f, v in zip(FIELDS, e)) for e in got] == [
-        tuple(e.get(f) for f in FIELDS) for e in history
-    ]
+    _, reader = pickles.read(path, lambda device, entry: got.append((device, entry)), FIELDS)
+    assert _entries(got, reader) == [(0, tuple(e.get(f) for f in FIELDS)) for e in history]
     assert reader.fast == n - 1
     (device,) = snapshot.summarize(path)["devices"]
     in_use = sum(b["size"] for b in value["segments"][0]["blocks"] if b["state"] == "active_allocated")
     assert device["allocated_end"] == in_use and device["peak"] >= in_use
+
+
+def _paired_history(n: int, seed: int = 0) -> list[dict]:
+    """Allocations freed later (some never), segments, an out-of-memory event, as torch lays them out: a block's
+    free shares the frames list of its allocation."""
+    rng = random.Random(seed)
+    stacks = [_frames(k, own=f"/home/me/m{k % 3}.py") for k in range(40)]
+    live: list[dict] = []
+    out = []
+    for k in range(n):
+        t = 1_700_000_000_000_000 + k
+        if k == n // 3:
+            out.append({"action": "oom", "device_free": 3, "size": 2**30, "frames": stacks[0], "time_us": t})
+        elif live and (rng.random() < 0.45 or len(live) > 200):
+            block = live.pop(rng.randrange(len(live)))
+            out.append({**block, "action": rng.choice(["free_requested", "free_completed"]), "time_us": t})
+        else:
+            kind = "segment_alloc" if rng.random() < 0.05 else "alloc"
+            size = rng.randrange(1, 1 << 34)
+            block = {"action": kind, "addr": 0x7F0000000000 + 512 * k, "size": size, "stream": 0, "time_us": t}
+            block["frames"] = list(rng.choice(stacks))
+            out.append(block)
+            live += [block] if kind == "alloc" else []
+    for entry in out:
+        entry.update(compile_context="", user_metadata="")
+    return out
+
+
+def test_a_summary_read_by_the_template_is_the_one_the_pickle_machine_reads(tmp_path):
+    """Protocol 2 is read opcode by opcode, 4 and 5 mostly by the template (runs of entries as columns): the same
+    summary, and the same as the snapshot's value summarized in memory."""
+    history = _paired_history(6000)
+    blocks = [{"size": 2**20, "state": "active_allocated", "frames": history[5]["frames"]}]
+    value = {"segments": [{"device": 0, "total_size": 2**40, "blocks": blocks}], "device_traces": [history]}
+    found = {}
+    for protocol in (2, 4, 5):
+        path = tmp_path / f"p{protocol}.pickle"
+        path.write_bytes(pickle.dumps(value, protocol=protocol))
+        found[protocol] = {k: v for k, v in snapshot.summarize(path).items() if k not in ("path", "bytes")}
+    (device,) = found[2]["devices"]
+    assert device["oom"][0]["site"] == "m0.py:0 in step" and device["growing"] and len(device["blocks"]) == 20
+    assert found[4] == found[2] == found[5]
+    in_memory = snapshot.summarize_value(value, tmp_path / "p2.pickle")
+    assert {k: v for k, v in in_memory.items() if k not in ("path", "bytes")} == found[2]
+
+
+def test_a_snapshot_read_once_keeps_its_summary_beside_it_where_it_can(tmp_path, monkeypatch):
+    path = tmp_path / "elsewhere.pickle"
+    path.write_bytes(pickle.dumps(_snapshot_value(), protocol=4))
+    first = snapshot.summarize(path)
+    assert (tmp_path / "elsewhere.pickle.summary").is_file()
+    monkeypatch.setattr(pickles, "read", lambda *a: pytest.fail("read again"))
+    assert snapshot.summarize(path) == first
+    monkeypatch.undo()
+    (tmp_path / "elsewhere.pickle.summary").unlink()
+    busy = tmp_path / "elsewhere.pickle.summary"
+    busy.mkdir()  # where the summary would go cannot be written (as a folder kprof may not write to)
+    assert snapshot.summarize(path) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.pickle", "elsewhere.pickle.summary"]

@@ -8,6 +8,8 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from .pickles import Reader
 
@@ -28,6 +30,30 @@ class Lazy:
         self.lo, self.hi = lo, hi
 
 
+class Coded:
+    """A column of a `Run` whose values are not numbers (strings, None, booleans, floats): each distinct value once,
+    and per entry the index of its value."""
+
+    __slots__ = ("values", "index")
+
+    def __init__(self, values: list[Any], index: np.ndarray) -> None:
+        self.values, self.index = values, index
+
+
+class Run:
+    """Entries of a history read by the reader's template, as columns: per field asked for, an int64 array (numbers),
+    a `Coded` column, or None (absent); a field in ``lists`` holds a list, found by `Reader.list_at` from the entry's
+    start (``starts``: the byte where each entry's match began)."""
+
+    __slots__ = ("starts", "columns", "lists")
+
+    def __init__(self, starts: np.ndarray, columns: dict[str, np.ndarray | Coded], lists: tuple[str, ...]) -> None:
+        self.starts, self.columns, self.lists = starts, columns, lists
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
 class Outer(list):
     """The list under ``device_traces``: its items (one list per device) are streamed."""
 
@@ -35,11 +61,11 @@ class Outer(list):
 
 
 class Sink:
-    """One device's history: entries go to the callback, nothing is kept."""
+    """One device's history: entries (tuples) and runs of entries (`Run`) go to the callback, nothing is kept."""
 
     __slots__ = ("device", "add")
 
-    def __init__(self, device: int, add: Callable[[int, tuple], None]) -> None:
+    def __init__(self, device: int, add: Callable[[int, tuple | Run], None]) -> None:
         self.device, self.add = device, add
 
 
@@ -165,7 +191,7 @@ def _memo_op(index_of: Callable[[bytes], int], width: int, put: bool) -> Callabl
         if put:
             memoize(reader, index_of(raw), stack[-1])
         else:
-            stack.append(reader.memo[index_of(raw)])
+            stack.append(reader.recall(index_of(raw)))
         return pos
 
     return handler

@@ -11,10 +11,12 @@ lists as in use; a block alive at the peak was allocated in the history (its fra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,22 +43,62 @@ _LIBRARY = ("/site-packages/", "/dist-packages/", "/torch/", "/lib/python", "<fr
 SUMMARY_SUFFIX = ".summary"  # kprof writes the summary beside a snapshot it saves: <snapshot>.summary (JSON)
 
 
+_NUMBERS = (("addr", 0), ("size", 0), ("time_us", -1), ("device_free", -1))  # the numeric fields, their default
+
+
 class _History:
-    """One device's history as columns, filled entry by entry (numbers in arrays: no object kept per number)."""
+    """One device's history as columns: runs of entries the reader's template read (`pickles.Run`) kept as they
+    came, entries read one by one gathered in arrays (no object kept per number); `columns` joins them in order."""
 
-    def __init__(self) -> None:
-        self.action = array("b")
-        self.addr, self.size, self.time, self.free = array("q"), array("q"), array("q"), array("q")
-        self.frames: list[Any] = []
+    def __init__(self, list_at: Callable[[int], Any] | None = None) -> None:
+        self.parts: list[pickles.Run | dict[str, array]] = []
+        self.side: list[Any] = [None]  # the frames of entries read one by one (a handle -k is side[k - 1])
+        self.list_at = list_at  # the frames of a run's entry, from where it starts in the file
 
-    def add(self, values: tuple) -> None:
-        action, addr, size, time_us, frames, device_free = values
-        self.action.append(_CODE.get(action, -1))
-        self.addr.append(addr if isinstance(addr, int) else 0)
-        self.size.append(size if isinstance(size, int) else 0)
-        self.time.append(time_us if isinstance(time_us, int) else -1)
-        self.frames.append(frames)
-        self.free.append(device_free if isinstance(device_free, int) else -1)
+    def add(self, values: tuple | pickles.Run) -> None:
+        if isinstance(values, pickles.Run):
+            self.parts.append(values)
+            return
+        if not self.parts or isinstance(self.parts[-1], pickles.Run):
+            self.parts.append({"action": array("b"), **{k: array("q") for k, _ in _NUMBERS}, "frames": array("q")})
+        part, got = self.parts[-1], dict(zip(FIELDS, values))
+        action = got["action"]
+        part["action"].append(_CODE.get(action, -1) if isinstance(action, str) else -1)
+        for name, default in _NUMBERS:
+            part[name].append(got[name] if isinstance(got[name], int) else default)
+        part["frames"].append(-len(self.side) - 1)
+        self.side.append(got["frames"])
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """action (codes), addr, size, time_us, device_free and frames (handles for `frames`), one row per entry."""
+        out: dict[str, list[np.ndarray]] = {name: [] for name in ("action", *dict(_NUMBERS), "frames")}
+        for part in self.parts:
+            if not isinstance(part, pickles.Run):
+                for name, column in part.items():
+                    out[name].append(np.frombuffer(column, np.int8 if name == "action" else np.int64))
+                continue
+            out["action"].append(_column(part, "action", -1, lambda v: _CODE.get(v, -1) if isinstance(v, str) else -1))
+            for name, default in _NUMBERS:
+                out[name].append(_column(part, name, default, lambda v, d=default: v if isinstance(v, int) else d))
+            out["frames"].append(part.starts if "frames" in part.lists else np.full(len(part), -1, np.int64))
+        return {
+            name: np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+            for name, parts in out.items()
+        }
+
+    def frames(self, handle: int) -> Any:
+        """The frames of an entry, from its handle in `columns`' ``frames``: as read, or a run's entry's list."""
+        return self.side[-handle - 1] if handle < 0 else self.list_at(handle)
+
+
+def _column(run: pickles.Run, name: str, default: int, convert: Callable[[Any], int]) -> np.ndarray:
+    """A run's column as numbers: as read, ``convert`` of each distinct value, or ``default`` where absent."""
+    column = run.columns.get(name)
+    if column is None:
+        return np.full(len(run), default, np.int64)
+    if isinstance(column, pickles.Coded):
+        return np.array([convert(v) for v in column.values], np.int64)[column.index]
+    return column
 
 
 def site_of(frames: Iterable[Any]) -> str:
@@ -108,12 +150,14 @@ def _curve(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> list[list[int]]:
     return [[int(x[i]), int(y[i]), int(z[i])] for i in keep.tolist()]
 
 
-def _device(h: _History, end: _Segments, resolve: Any) -> dict[str, Any]:
+def _device(h: _History, end: _Segments, resolve: Callable[[Any], list]) -> dict[str, Any]:
     """One device's summary: the peak of its history and what was alive then."""
-    action, addr, size = (
-        np.frombuffer(v, np.int8 if v.typecode == "b" else np.int64).astype(np.int64)
-        for v in (h.action, h.addr, h.size)
-    )
+    columns = h.columns()
+    action, addr, size, time = columns["action"], columns["addr"], columns["size"], columns["time_us"]
+
+    def frames_of(i: int) -> list:
+        return resolve(h.frames(int(columns["frames"][i])))
+
     n = action.size
     ends = _ends(action, addr)
     delta = np.where(action == _ALLOC, size, np.where(ends == -1, -size, 0))
@@ -131,7 +175,6 @@ def _device(h: _History, end: _Segments, resolve: Any) -> dict[str, Any]:
     idx = np.arange(n)
     alive = np.flatnonzero(((action == _ALLOC) & (idx <= peak) & (ends > peak)) | ((ends == -1) & (idx > peak)))
     alive = alive[np.argsort(-size[alive], kind="stable")]
-    time = np.frombuffer(h.time, np.int64)
     timed = bool((time >= 0).all())
     out.update(
         peak=int(allocated[peak]),
@@ -144,25 +187,25 @@ def _device(h: _History, end: _Segments, resolve: Any) -> dict[str, Any]:
         oom=[
             {
                 "size": int(size[i]),
-                "device_free": h.free[i],
+                "device_free": int(columns["device_free"][i]),
                 "time_us": int(time[i]) if time[i] >= 0 else None,
-                "site": site_of(resolve(h.frames[i])),
+                "site": site_of(frames_of(i)),
             }
             for i in np.flatnonzero(action == _OOM).tolist()
         ],
-        growing=_growing(h, action, ends, size, resolve),
-        **_alive_detail(h, alive, size, action, resolve),
+        growing=_growing(frames_of, action, ends, size),
+        **_alive_detail(frames_of, alive, size, action),
     )
     return out
 
 
-def _alive_detail(h: _History, alive: np.ndarray, size: np.ndarray, action: np.ndarray, resolve: Any) -> dict:
+def _alive_detail(frames_of: Callable[[int], list], alive: np.ndarray, size: np.ndarray, action: np.ndarray) -> dict:
     """The largest blocks alive at the peak and the allocation sites holding the most then."""
     sites: dict[str, list[int]] = {}
     blocks = []
     for i in alive.tolist():
         allocated_here = action[i] == _ALLOC
-        frames = resolve(h.frames[i]) if allocated_here else []
+        frames = frames_of(i) if allocated_here else []
         site = site_of(frames) if allocated_here else "(allocated before the history)"
         held = sites.setdefault(site, [0, 0])
         held[0] += int(size[i])
@@ -173,13 +216,13 @@ def _alive_detail(h: _History, alive: np.ndarray, size: np.ndarray, action: np.n
     return {"blocks": blocks, "sites": [{"site": s, "bytes": b, "blocks": c} for s, (b, c) in ranked]}
 
 
-def _growing(h: _History, action: np.ndarray, ends: np.ndarray, size: np.ndarray, resolve: Any) -> list[dict]:
+def _growing(frames_of: Callable[[int], list], action: np.ndarray, ends: np.ndarray, size: np.ndarray) -> list[dict]:
     """Sites of blocks alive at the end of the history allocated after its first GROWTH_AFTER (leaks)."""
     start = int(action.size * GROWTH_AFTER)
     late = np.flatnonzero((action == _ALLOC) & (ends == action.size) & (np.arange(action.size) >= start))
     held: dict[str, list[int]] = {}
     for i in late.tolist():
-        site = site_of(resolve(h.frames[i]))
+        site = site_of(frames_of(i))
         if site:
             entry = held.setdefault(site, [0, 0])
             entry[0] += int(size[i])
@@ -225,19 +268,26 @@ def _summary(value: Any, histories: dict[int, _History], resolve: Any) -> dict[s
 
 
 def summarize(path: Path) -> dict[str, Any]:
-    """The summary of the snapshot at ``path``: kprof's own saved beside it when that is of this file, else read
-    (streamed). ValueError (a `pickles.PickleError`) for a file that is not a snapshot of plain values."""
+    """The summary of the snapshot at ``path``: the one saved beside it when that is of this file, else read
+    (streamed) and saved beside it where the folder can be written, so that the next reader finds it. ValueError (a
+    `pickles.PickleError`) for a file that is not a snapshot of plain values."""
     stat = path.stat()
     saved = _saved(path, stat)
     if saved is not None:
         return saved
     histories: dict[int, _History] = {}
 
-    def add(device: int, values: tuple) -> None:
-        histories.setdefault(device, _History()).add(values)
+    def add(device: int, values: tuple | pickles.Run) -> None:
+        if device not in histories:
+            histories[device] = _History(lambda start: reader.list_at(start, "frames"))
+        histories[device].add(values)
 
+    reader: pickles.Reader
     value, reader = pickles.read(path, add, FIELDS)
-    return {"path": str(path), "bytes": stat.st_size, **_summary(value, histories, reader.resolve)}
+    summary = {"path": str(path), "bytes": stat.st_size, **_summary(value, histories, reader.resolve)}
+    with contextlib.suppress(OSError):  # a folder it may not write to: the snapshot is read again next time
+        save_beside(summary, path, stat)
+    return summary
 
 
 def summarize_value(value: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -250,14 +300,19 @@ def summarize_value(value: dict[str, Any], path: Path) -> dict[str, Any]:
     return {"path": str(path), "bytes": path.stat().st_size, **_summary(value, histories, lambda f: f or [])}
 
 
-def save_beside(summary: dict[str, Any], path: Path) -> Path:
-    """Write ``summary`` beside the snapshot at ``path`` (with the snapshot's size and time, so a changed snapshot
-    is read again); the file it wrote."""
-    stat = path.stat()
+def save_beside(summary: dict[str, Any], path: Path, stat: os.stat_result | None = None) -> Path:
+    """Write ``summary`` beside the snapshot at ``path`` with the snapshot's size and time (``stat``, taken before
+    it was read; default: now), so that a changed snapshot is read again; the file it wrote. OSError where it cannot
+    be written (nothing is left behind)."""
+    stat = stat or path.stat()
     out = path.with_name(path.name + SUMMARY_SUFFIX)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps({**summary, "of": [stat.st_size, stat.st_mtime_ns]}), encoding="utf-8")
-    os.replace(tmp, out)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}-{threading.get_ident()}.tmp")  # writers never share one
+    try:
+        tmp.write_text(json.dumps({**summary, "of": [stat.st_size, stat.st_mtime_ns]}), encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return out
 
 
