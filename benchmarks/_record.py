@@ -6,6 +6,7 @@ benchmarks/tables.py refuses a results file without them; every benchmark that w
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import shlex
 import subprocess
@@ -16,7 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def commit() -> str | None:
-    """The full hash of the checkout's HEAD, or None outside a git checkout."""
+    """The full hash of the checkout's HEAD, or None outside a git checkout; ``KPROF_COMMIT`` when set, for a copy of
+    the tree whose ``.git`` is not its own (a machine that receives the working tree but an older repository)."""
+    if os.environ.get("KPROF_COMMIT"):
+        return os.environ["KPROF_COMMIT"]
     try:
         done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, timeout=10)
     except OSError:
