@@ -399,3 +399,33 @@ def test_attribution_quick_runs_eager_compiled_and_a_graph_break_on_the_cpu(tmp_
     names = {name for name, _, _ in rows["eager"]["top_modules"]}
     assert {"", "blocks", "lm_head", "(optimizer)"} <= names
     assert json.loads(out.read_text())["command"] == "python benchmarks/attribution.py --quick --out " + str(out)
+
+
+_SUITE_LOG = """\
+created: 56/56 workers
+FAILED tests/test_x.py::test_y
+===== 1 failed, 1649 passed, 39 skipped, 488 warnings, 2 errors in 209.36s (0:03:29) =====
+---- the tests marked serial (cores 56-63, 2 lane(s), run beside the others) ----
+================ 3 passed, 1690 deselected in 120.10s (0:02:00) ================
+---- the second lane: run_all.py --quick ----
+collected 1693 items / 1692 deselected / 1 selected
+"""
+
+
+def test_gpu_suite_reads_each_part_and_a_part_cut_off_fails(tmp_path):
+    import gpu_suite
+
+    parts = gpu_suite.parts(_SUITE_LOG)
+    assert [(p["part"], p["passed"], p["failed"], p["skipped"], p["deselected"], p["seconds"]) for p in parts] == [
+        ("parallel (56 workers)", 1649, 3, 39, 0, 209.36),  # errors count as failures
+        ("serial", 3, 0, 0, 1690, 120.1),
+        ("serial, second lane", 0, 1, 0, 0, None),  # no summary line: killed or cut off
+    ]
+    green = tmp_path / "green.log"
+    green.write_text("created: 12/12 workers\n=== 1650 passed, 39 skipped in 300.0s ===\n")
+    (tmp_path / "red.log").write_text(_SUITE_LOG)
+    out = tmp_path / "suite.json"
+    runs = [["--run", str(tmp_path / name), "H100", "a" * 40, "320"] for name in ("green.log", "red.log")]
+    assert gpu_suite.main(["--out", str(out), "--versions", "torch=2.11", *sum(runs, [])]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["green_runs"] == [1] and doc["versions"] == {"torch": "2.11"} and len(doc["rows"]) == 4
