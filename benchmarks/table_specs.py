@@ -148,6 +148,7 @@ _HOST_OVERHEAD = (
 )
 
 _MODULE_OVERHEAD = (
+    _t("model", "{model}"),
     Col("round", "{round}"),
     Col("step ms", "{step_ms:.2f}"),
     Col("module calls a step", "{module_calls}"),

@@ -134,9 +134,12 @@ def compiled_at_root(module: torch.nn.Module) -> bool:
     return is_compiled(module) or getattr(module, "_compiled_call_impl", None) is not None
 
 
-# True while Dynamo traces the code that asks (a module hook must then do nothing, or it joins the graph); bound
-# directly, since module hooks call it twice per module call
-is_compiling = torch.compiler.is_compiling
+# ``torch.compiler.is_compiling()`` for module hooks, at half its cost (they ask on every module call):
+# ``is_dynamo_compiling()`` is the constant True where Dynamo traces the hook (nothing after it is traced, no guard)
+# and a bare ``return False`` elsewhere; then the flag ``is_compiling()`` itself reads (true in a compile session's own
+# calls of modules, on fake tensors), without its ``torch.jit.is_scripting()`` call:
+#     if is_dynamo_compiling() or COMPILER._is_compiling_flag: ...
+is_dynamo_compiling, COMPILER = torch.compiler.is_dynamo_compiling, torch.compiler
 
 # A profiler range (enter and exit it): torch's C++ ``_RecordFunctionFast``, 0.5 us a range against 7 us for
 # ``record_function`` (its category is ``cpu_op``); ``record_function`` where this torch lacks it

@@ -367,8 +367,10 @@ def test_module_overhead_quick_measures_the_module_view_in_and_after_a_window(tm
     out = tmp_path / "module_overhead.json"
     result = module_overhead.main(["--quick", "--out", str(out)])
     assert json.loads(out.read_text()) == result
-    (row,) = result["rows"]
-    assert row["module_calls"] == 13 and row["step_ms"] > 0 and len(row["inside"]) == 3
+    mlp, gpt = result["rows"]
+    assert (mlp["model"], mlp["module_calls"], gpt["model"], gpt["module_calls"]) == ("mlp", 13, "gpt", 30)
+    assert all(r["step_ms"] > 0 and len(r["inside"]) == 3 for r in (mlp, gpt))
+    assert set(result["verdicts"]) == {"mlp", "gpt"} and "gpt: in a window" in module_overhead.render(result)
     assert {"date", "device", "versions", "command", "commit"} <= set(result)
 
 

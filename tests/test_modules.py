@@ -8,6 +8,10 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import threading
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -16,7 +20,7 @@ from test_callback import TinyModel, loader, trainer
 from torch import nn
 
 import kprof_callbacks as kprof
-from kprof_callbacks import graph_record, torch_compat
+from kprof_callbacks import graph_record, module_ranges, torch_compat
 from kprof_callbacks.analysis import Summary, attribution, summarize
 from kprof_callbacks.layout import graphs_path
 
@@ -284,3 +288,88 @@ def test_a_data_parallel_wrapper_is_seen_through(tmp_path):
 )
 def test_a_line_names_the_call_it_makes_as_the_user_wrote_it(frame, call):
     assert attribution._callee(frame) == call
+
+
+class _Range:
+    """Stands for the profiler's range in the hooks: notes (thread, "enter" or "exit", name) in ``seen``."""
+
+    seen: list[tuple[int, str, str]] = []
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        self.seen.append((threading.get_ident(), "enter", self.name))
+
+    def __exit__(self, *exc: object) -> None:
+        self.seen.append((threading.get_ident(), "exit", self.name))
+
+
+def _ranges_of(run: Callable[[nn.Module], None], monkeypatch) -> list[tuple[int, str, str]]:
+    """What the hooks of ``ModuleRanges`` do with their ranges while ``run`` calls a Net."""
+    monkeypatch.setattr(torch_compat, "FastRange", _Range)
+    monkeypatch.setattr(_Range, "seen", [])
+    model = Net()
+    ranges = module_ranges.ModuleRanges(model)
+    ranges.start()
+    try:
+        run(model)
+    finally:
+        ranges.stop()
+    return _Range.seen
+
+
+def test_a_compile_sessions_own_module_calls_get_no_range(monkeypatch):
+    """Inside a compile session (the flag ``torch.compiler.is_compiling()`` reads), modules called on fake tensors
+    open no range, as in code Dynamo traces."""
+    x = torch.randn(2, 8)
+    assert len(_ranges_of(lambda model: model(x), monkeypatch)) == 8
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    assert torch.compiler.is_compiling()
+    assert _ranges_of(lambda model: model(x), monkeypatch) == []
+
+
+def test_modules_called_on_many_threads_each_get_their_ranges_nested_on_their_thread(monkeypatch):
+    """Each thread keeps its own open ranges: every call of every thread is recorded, each range closed on its
+    thread after the ranges it holds, none closed for another thread."""
+    x = torch.randn(2, 8)
+
+    def run(model: nn.Module) -> None:
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda _: model(x), range(16)))
+
+    seen = _ranges_of(run, monkeypatch)
+    assert Counter(name for _, what, name in seen if what == "enter") == {
+        f"kprof.module:{n}": 16 for n in ("", "fast", "spin", "head")
+    }
+    open_ranges: dict[int, list[str]] = {}
+    for thread, what, name in seen:
+        stack = open_ranges.setdefault(thread, [])
+        if what == "enter":
+            stack.append(name)
+        else:
+            assert stack.pop() == name
+    assert len(open_ranges) > 1 and not any(open_ranges.values())
+
+
+def test_a_compiled_step_of_an_eager_model_records_no_inner_range_no_break_and_compiles_once(tmp_path):
+    """The session holds the eager model, training calls its torch.compile wrapper: the model's own call runs the
+    hooks as they are (its range is around the compiled frame), Dynamo traces them in its modules' calls and finds
+    nothing to do, and the hooks coming and going between windows recompile nothing."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = Net()
+    step_model = torch.compile(model, backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 8)
+    with kprof.session(tmp_path, run="c", model=model, wait=1, warmup=1, active=2, repeat=2) as s:
+        for _ in range(10):
+            step_model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            s.step()
+    counters = torch._dynamo.utils.counters
+    assert counters["frames"]["ok"] == 1 and not counters["graph_break"] and not counters["recompiles"]
+    for trace in s.trace_files:
+        names = {e.get("name", "") for e in json.loads(trace.read_text())["traceEvents"]}
+        assert {n for n in names if n.startswith("kprof.module:")} == {"kprof.module:"}
