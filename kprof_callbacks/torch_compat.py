@@ -139,7 +139,17 @@ def compiled_at_root(module: torch.nn.Module) -> bool:
 # and a bare ``return False`` elsewhere; then the flag ``is_compiling()`` itself reads (true in a compile session's own
 # calls of modules, on fake tensors), without its ``torch.jit.is_scripting()`` call:
 #     if is_dynamo_compiling() or COMPILER._is_compiling_flag: ...
-is_dynamo_compiling, COMPILER = torch.compiler.is_dynamo_compiling, torch.compiler
+# (a torch without that private flag gets an object whose flag asks ``is_compiling()``: slower, never an error)
+
+
+class _CompilingFlag:
+    @property
+    def _is_compiling_flag(self) -> bool:
+        return torch.compiler.is_compiling()
+
+
+is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+COMPILER = torch.compiler if hasattr(torch.compiler, "_is_compiling_flag") else _CompilingFlag()
 
 # A profiler range (enter and exit it): torch's C++ ``_RecordFunctionFast``, 0.5 us a range against 7 us for
 # ``record_function`` (its category is ``cpu_op``); ``record_function`` where this torch lacks it

@@ -329,6 +329,15 @@ def test_a_compile_sessions_own_module_calls_get_no_range(monkeypatch):
     assert _ranges_of(lambda model: model(x), monkeypatch) == []
 
 
+def test_a_torch_without_the_private_compiling_flag_asks_is_compiling(monkeypatch):
+    """The hooks read ``torch.compiler._is_compiling_flag``; where a torch lacks it, the stand-in asks the public
+    ``is_compiling()``, so a hook never raises in the user's step."""
+    flag = torch_compat._CompilingFlag()
+    assert flag._is_compiling_flag is False
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert flag._is_compiling_flag is True
+
+
 def test_modules_called_on_many_threads_each_get_their_ranges_nested_on_their_thread(monkeypatch):
     """Each thread keeps its own open ranges: every call of every thread is recorded, each range closed on its
     thread after the ranges it holds, none closed for another thread."""
