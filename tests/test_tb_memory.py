@@ -67,3 +67,38 @@ def test_screenshot_of_the_memory_view(tb, chromium, tmp_path):
     shot = tmp_path / "memory.png"
     chromium(f"{tb.url}data/plugin_entry.html?name=kprof#run=mem", f"--screenshot={shot}", "--window-size=1280,2600")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_a_big_snapshot_is_shown_by_its_end_state_until_its_history_is_read(logdir, tmp_path, monkeypatch):
+    """A snapshot over the threshold, its read held: /memory answers at once with its end state marked partial (what
+    the full read says of the end, no peak); once the read ends, the full summary takes its place."""
+    import shutil
+    import threading
+
+    from tensorboard.plugins import base_plugin
+    from werkzeug.test import Client
+    from werkzeug.wrappers import Response
+
+    from kprof_callbacks.analysis import snapshot
+    from kprof_callbacks.tensorboard import plugin, snapshots
+
+    run = tmp_path / "log" / "mem"
+    shutil.copytree(logdir / "mem", run, ignore=shutil.ignore_patterns("*" + snapshot.SUMMARY_SUFFIX))
+    monkeypatch.setattr(snapshots, "PROGRESS_BYTES", 0)
+    release, real = threading.Event(), snapshot.summarize
+    monkeypatch.setattr(snapshot, "summarize", lambda path, progress=None: release.wait(60) and real(path, progress))
+    route = plugin.KprofPlugin(base_plugin.TBContext(logdir=str(run.parent), data_provider=None)).get_plugin_apps()
+
+    def memory() -> dict:
+        return json.loads(Client(route["/memory"], Response).get("/memory", query_string={"run": "mem"}).data)
+
+    (first,) = memory()["memory"]["snapshots"]
+    assert first["partial"] and first["reading"] == {"done": 0, "total": first["bytes"]}
+    assert "peak" not in first["devices"][0] and first["devices"][0]["end_sites"]
+    release.set()
+    for thread in [t for t in threading.enumerate() if t.name.startswith("kprof w.memory_snapshot")]:
+        thread.join(60)
+    (full,) = memory()["memory"]["snapshots"]
+    assert "reading" not in full and "partial" not in full and full["devices"][0]["peak"] > 0
+    end = {k: v for k, v in full["devices"][0].items() if k in first["devices"][0]}
+    assert first["devices"][0] == end  # the end state drawn first is what the full read says of the end
