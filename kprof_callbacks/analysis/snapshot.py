@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 from array import array
 from collections.abc import Callable, Iterable
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import shell
 from . import pickles
 
 FIELDS = ("action", "addr", "size", "time_us", "frames", "device_free")
@@ -315,18 +318,24 @@ def summarize(path: Path, progress: Callable[[int], None] | None = None) -> dict
     try:
         save_beside(summary, path, stat)
     except OSError:  # a folder it may not write to: kept by this process instead
-        _KEPT[str(path)] = ([stat.st_size, stat.st_mtime_ns], summary)
-        while len(_KEPT) > _KEEP:
-            _KEPT.pop(next(iter(_KEPT)))
+        keep(path, [stat.st_size, stat.st_mtime_ns], summary)
     return summary
 
 
-def known(path: Path) -> bool:
+def keep(path: Path, of: list[int], summary: dict[str, Any]) -> None:
+    """Keep ``summary`` in this process for `summarize` to answer with while the snapshot at ``path`` is the file of
+    ``of`` ([size, mtime in ns]): where it could not be saved beside it, or was read by another process."""
+    _KEPT[str(path)] = (of, summary)
+    while len(_KEPT) > _KEEP:
+        _KEPT.pop(next(iter(_KEPT)))
+
+
+def snapshot_known(path: Path) -> bool:
     """Whether `summarize` answers for the snapshot at ``path`` without reading it (its summary saved or kept)."""
     return _saved(path, path.stat()) is not None
 
 
-def end_state(path: Path) -> dict[str, Any] | None:
+def snapshot_end_state(path: Path) -> dict[str, Any] | None:
     """The snapshot at ``path`` at its end (per device: memory in use and reserved, the blocks in use and the lines
     that allocated them), from its ``segments`` alone, which torch writes before the history: a summary marked
     ``partial`` (no history, no peak), read in a fraction of the time. None where the history comes first."""
@@ -386,3 +395,43 @@ def summaries(paths: list[Path]) -> list[dict[str, Any]]:
         except (OSError, ValueError) as exc:
             out.append({"path": str(path), "error": f"{type(exc).__name__}: {exc}"})
     return out
+
+
+def summarize_apart(path: Path, progress: Callable[[int], None]) -> dict[str, Any]:
+    """`summarize` of the snapshot at ``path`` in a fresh interpreter (`main`), so that this process's threads
+    keep answering meanwhile; ``progress`` is told the bytes read as it goes. The summary, also kept by this process
+    (`keep`); ValueError with the reader's reason where it fails."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    command = [*shell.module_command(__name__), str(path)]
+    found, said = None, []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        for line in proc.stdout or ():
+            if line.strip().isdigit():
+                progress(int(line))
+            elif line.startswith("{"):
+                found = json.loads(line)
+            else:
+                said.append(line.strip())
+    if proc.returncode != 0 or found is None:
+        raise ValueError(next((s for s in reversed(said) if s), f"the reader exited with {proc.returncode}"))
+    keep(path, found["of"], found["summary"])
+    return found["summary"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kprof_callbacks.analysis.snapshot PATH``: `summarize` PATH in this process (the kprof tab runs
+    it apart, so that its own threads keep answering), a line with the bytes read so far as it goes, then one line
+    of JSON: ``{"of": [size, mtime in ns], "summary": ...}``. A file it cannot read: the reason on stderr, exit 1."""
+    path = Path((sys.argv[1:] if argv is None else argv)[0])
+    try:
+        stat = path.stat()
+        summary = summarize(path, lambda done: print(done, flush=True))
+    except (OSError, ValueError) as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"of": [stat.st_size, stat.st_mtime_ns], "summary": summary}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

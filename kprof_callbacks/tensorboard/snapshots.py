@@ -1,6 +1,7 @@
-"""The run's big CUDA allocator snapshots that the tab has not read yet: each is read on a thread of its own (kprof's
-streaming reader, `snapshot.summarize`, which saves the summary beside it), and meanwhile shown by its end state
-(`snapshot.end_state`: the blocks in use at its end and the lines that allocated them, read from the ``segments``
+"""The run's big CUDA allocator snapshots that the tab has not read yet: each is read in a process of its own (kprof's
+streaming reader, `summarize_apart`, which saves the summary beside it; apart, so that reading does not hold the
+interpreter lock TensorBoard's request threads need), and meanwhile shown by its end state
+(`snapshot_end_state`: the blocks in use at its end and the lines that allocated them, read from the ``segments``
 torch writes before the history), marked partial with how much of the history has been read. The run's summary
 leaves such a snapshot out until its read ends, then takes it in (its fingerprint names the snapshots left out)."""
 
@@ -11,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..analysis import PROGRESS_BYTES, snapshot
+from ..analysis import PROGRESS_BYTES, snapshot_end_state, snapshot_known, summarize_apart
 from . import logdir
 from .cache import FileCache
 
@@ -31,7 +32,7 @@ class SnapshotReads:
         """The names of the run's snapshots over PROGRESS_BYTES whose summary is not at hand (not saved beside them):
         those the run's summary leaves out for now."""
         return tuple(
-            f.name for f in run.snapshots if f.bytes > PROGRESS_BYTES and not snapshot.known(run.folder / f.name)
+            f.name for f in run.snapshots if f.bytes > PROGRESS_BYTES and not snapshot_known(run.folder / f.name)
         )
 
     def partial(self, run: logdir.RunFiles) -> list[dict[str, Any]]:
@@ -60,15 +61,15 @@ class SnapshotReads:
 
     @staticmethod
     def _read(path: Path, state: dict[str, Any]) -> None:
-        """Summarize the snapshot (saved beside it, or kept by this process), its progress into ``state``."""
+        """Summarize the snapshot apart (saved beside it, or kept by this process), its progress into ``state``."""
         try:
-            snapshot.summarize(path, lambda done: state.__setitem__("done", done))
+            summarize_apart(path, lambda done: state.__setitem__("done", done))
         except (OSError, ValueError) as exc:
             log.warning("reading the memory snapshot %s failed: %s", path, exc)
             state["error"] = f"{type(exc).__name__}: {exc}"
 
 
 def _end_state(path: Path) -> dict[str, Any]:
-    """`snapshot.end_state`; where the history comes before the segments, a partial summary with no device."""
-    found = snapshot.end_state(path)
+    """`snapshot_end_state`; where the history comes before the segments, a partial summary with no device."""
+    found = snapshot_end_state(path)
     return found or {"path": str(path), "bytes": path.stat().st_size, "partial": True, "devices": []}
