@@ -1,16 +1,17 @@
 """How fast does the kprof tab show the memory of a run with a big CUDA allocator snapshot? A synthetic snapshot of
 --gigabytes (1 by default) is written as torch writes one (a pickle of plain dicts: an allocation history whose
 entries each carry a new list of memoized frames), beside a small profiled run; TensorBoard serves the logdir, and
-headless Chromium opens the run's page until the memory view (its curve and the snapshot's summary) is drawn.
+headless Chromium opens the run's page: the first memory view drawn (a big snapshot from elsewhere: its end state,
+marked partial, while the plugin reads its history), and the full view (its curve and the snapshot's summary).
 
 Three cases: the snapshot as kprof saves it (its summary beside it, `snapshot.save_beside`), a snapshot from
-elsewhere opened the first time (no summary: the plugin reads it with kprof's streaming reader and writes the summary
-beside it), and the same opened again by a new TensorBoard (the summary found beside it). Also the reader on its own:
-seconds and MB/s, and the resident memory of the process that read it.
+elsewhere opened the first time (no summary: the plugin reads it with kprof's streaming reader in a process of its
+own and writes the summary beside it), and the same opened again by a new TensorBoard (the summary found beside it).
+Also the reader on its own: seconds and MB/s, and the resident memory of the process that read it.
 
     python benchmarks/memory_view.py                      # 1 GB, ~2 min (writing the file, reading it twice)
     python benchmarks/memory_view.py --quick              # 20 MB: the test
-    python benchmarks/memory_view.py --out benchmarks/results/memory_view-cpu.json
+    python benchmarks/memory_view.py --gigabytes 1.1 --out benchmarks/results/memory_view-cpu.json  # over 1 GiB
 """
 
 from __future__ import annotations
