@@ -1,16 +1,17 @@
 """How fast does the kprof tab show the memory of a run with a big CUDA allocator snapshot? A synthetic snapshot of
 --gigabytes (1 by default) is written as torch writes one (a pickle of plain dicts: an allocation history whose
 entries each carry a new list of memoized frames), beside a small profiled run; TensorBoard serves the logdir, and
-headless Chromium opens the run's page until the memory view (its curve and the snapshot's summary) is drawn.
+headless Chromium opens the run's page: the first memory view drawn (a big snapshot from elsewhere: its end state,
+marked partial, while the plugin reads its history), and the full view (its curve and the snapshot's summary).
 
 Three cases: the snapshot as kprof saves it (its summary beside it, `snapshot.save_beside`), a snapshot from
-elsewhere opened the first time (no summary: the plugin reads it with kprof's streaming reader and writes the summary
-beside it), and the same opened again by a new TensorBoard (the summary found beside it). Also the reader on its own:
-seconds and MB/s, and the resident memory of the process that read it.
+elsewhere opened the first time (no summary: the plugin reads it with kprof's streaming reader in a process of its
+own and writes the summary beside it), and the same opened again by a new TensorBoard (the summary found beside it).
+Also the reader on its own: seconds and MB/s, and the resident memory of the process that read it.
 
     python benchmarks/memory_view.py                      # 1 GB, ~2 min (writing the file, reading it twice)
     python benchmarks/memory_view.py --quick              # 20 MB: the test
-    python benchmarks/memory_view.py --out benchmarks/results/memory_view-cpu.json
+    python benchmarks/memory_view.py --gigabytes 1.1 --out benchmarks/results/memory_view-cpu.json  # over 1 GiB
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ import numpy as np
 
 from _record import command, header
 
-KEYS = ("action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata")
-SEGMENT_WORDS = ("device", "address", "total_size", "blocks", "state", "active_allocated", "inactive")
+KEYS = ("action", "addr", "size", "stream", "time_us", "compile_context", "user_metadata", "frames")  # torch's order
+SEGMENT_WORDS = ("device", "address", "total_size", "blocks", "requested_size", "state", "active_allocated")
+SEGMENT_WORDS += ("inactive", "allocator_settings", "expandable_segments")
 FRAMES, DEPTH, POOL = 4000, 100, 512  # distinct frames, frames per entry, distinct stacks
 MB = 2**20
+PAGE_BUDGET_MS = 900  # virtual ms Chromium gives the page: under memory.js's 1 s between asks for a partial view
 CASES = (
     "saved by kprof (summary beside it)",
     "from elsewhere, first open (read by the plugin)",
@@ -71,123 +74,122 @@ class _Pickle:
             self.memo += 1
 
     def entry(self, i: int, action: str, addr: int, size: int, frames: bytes) -> bytes:
-        """A history entry as torch writes it; ``frames``: the items of its new list of frames."""
+        """A history entry as torch writes it (its frames last); ``frames``: the references of its new list."""
         r = self.refs
         self.memo += 2  # the entry, its list of frames
         numbers = r["addr"] + _long(addr) + r["size"] + _long(size) + r["stream"] + b"K\x00"
-        tail = r["compile_context"] + r[""] + r["user_metadata"] + r[""] + b"u"
-        return (
-            b"}\x94("
-            + r["action"]
-            + r[action]
-            + numbers
-            + r["time_us"]
-            + _long(1_700_000_000_000_000 + i)
-            + r["frames"]
-            + b"]\x94("
-            + frames
-            + b"e"
-            + tail
-        )
+        tail = r["compile_context"] + r[""] + r["user_metadata"] + r[""]
+        head = b"}\x94(" + r["action"] + r[action] + numbers + r["time_us"] + _long(1_700_000_000_000_000 + i)
+        return head + tail + r["frames"] + b"]\x94(" + frames + b"eu"
 
     def frames(self) -> tuple[bytes, list[int]]:
-        """FRAMES new frame dicts (every 40th in the program's own train.py) and the memo index each will have, in the
-        list of the entry written next."""
-        made, ids, start = [], [], self.memo + 2  # after that entry and its list
+        """FRAMES new frame dicts (every 40th in the program's own train.py), memoized from here on, and the memo
+        index of each."""
+        made, ids = [], []
         for k in range(FRAMES):
             file = "/home/me/train.py" if k % 40 == 0 else f"/usr/lib/python3/site-packages/torch/nn/mod{k % 97}.py"
             r = self.refs
-            made.append(
-                b"}\x94("
-                + r["filename"]
-                + _str(file)
-                + r["line"]
-                + b"J"
-                + k.to_bytes(4, "little")
-                + r["name"]
-                + _str(f"fn{k}")
-                + b"u"
-            )
-            ids.append(start + 3 * k)
+            ids.append(self.memo)
+            name = _str(f"fn{k}")
+            made.append(b"}\x94(" + r["filename"] + _str(file) + r["line"] + b"J" + k.to_bytes(4, "little"))
+            made.append(r["name"] + name + b"u")
+            self.memo += 3
         return b"".join(made), ids
+
+
+def _history(entries: int, seed: int):
+    """The history's events (index, action, address, size): blocks allocated and freed at random, up to 256 alive;
+    ends with the blocks alive at its end as its last item (a list of (index, address, size))."""
+    rng = np.random.default_rng(seed)
+    sizes = (rng.integers(1, 64, 4096) * 512 * 1024).tolist()
+    live: list[tuple[int, int, int]] = []
+    for i in range(entries):
+        if not live or (len(live) < 256 and rng.random() < 0.5):
+            live.append((i, 0x7F0000000000 + 4096 * i, sizes[i % 4096]))
+            yield i, "alloc", *live[-1][1:]
+        else:
+            yield i, "free_requested", *live.pop(int(rng.integers(len(live))))[1:]
+    yield live
 
 
 def synthetic_snapshot(path: Path, target_bytes: int, seed: int = 0) -> int:
     """Write a protocol-4 snapshot of about ``target_bytes`` as torch's ``_dump_snapshot`` lays one out: a top dict
-    with ``device_traces`` and ``segments``, one device whose history allocates and frees blocks, each entry with a
-    new list of 100 memoized frames (the first entry makes them all). Returns the number of entries."""
-    rng = np.random.default_rng(seed)
+    with ``segments`` (one segment holding the blocks alive at the end, each with its frames), ``device_traces`` (one
+    device whose history allocates and frees blocks, each entry with a new list of 100 memoized frames) and
+    ``allocator_settings``, in that order; the frame dicts are made where first pickled, in the segments. Returns the
+    number of entries."""
+    entries = max(2, target_bytes // (85 + 5 * DEPTH))
+    allocated = peak = 0
+    *events, live = _history(entries, seed)
+    for _, action, _, size in events:
+        allocated += size if action == "alloc" else -size
+        peak = max(peak, allocated)
+    del events
     p = _Pickle()
     p.strings(*KEYS, "filename", "line", "name", "alloc", "free_requested", "", *SEGMENT_WORDS)
+    p.strings("segments", keep=True)
+    segments, stacks = _segments(p, live, reserved=peak + peak // 4)  # a quarter more cached than the peak
+    p.out.extend(segments)
     p.strings("device_traces", keep=True)
     p.out.extend(b"]\x94]\x94(")  # the list of devices, device 0's history, the mark of its first batch
     p.memo += 2
-    made, ids = p.frames()
-    p.out.extend(p.entry(0, "alloc", 0x7E0000000000, 512, made))
-    p.memo += 3 * FRAMES
-    stacks = [b"".join(_ref(ids[i]) for i in rng.choice(FRAMES, DEPTH, replace=False)) for _ in range(POOL)]
-    entries = max(2, (target_bytes - len(p.out)) // (80 + len(stacks[0])))
-    sizes = (rng.integers(1, 64, 4096) * 512 * 1024).tolist()
-    live: list[tuple[int, int]] = []
-    allocated = peak = 0
     with path.open("wb") as f:
         f.write(p.out)
-        for i in range(1, entries):
-            if not live or (len(live) < 256 and rng.random() < 0.5):
-                live.append((0x7F0000000000 + 4096 * i, sizes[i % 4096]))
-                action, (addr, size) = "alloc", live[-1]
-            else:
-                action, (addr, size) = "free_requested", live.pop(int(rng.integers(len(live))))
-            allocated += size if action == "alloc" else -size
-            peak = max(peak, allocated)
+        for i, action, addr, size in _history(entries, seed):
             f.write(p.entry(i, action, addr, size, stacks[i % POOL]) + (b"e(" if i % 1000 == 999 else b""))
-        reserved = peak + peak // 4  # the allocator's cache: a quarter more than the history's peak
-        f.write(b"ea" + _segments(live, p.refs, reserved) + b"u.")  # the last batch, the history, the segments
+            if i == entries - 1:
+                break
+        settings = b"}\x94" + p.refs["expandable_segments"] + b"\x89s"
+        f.write(b"ea" + _str("allocator_settings") + settings + b"u.")  # the last batch, the history, the settings
     return entries
 
 
-def _segments(live: list[tuple[int, int]], ref: dict[str, bytes], reserved: int) -> bytes:
-    """The ``segments`` key and its list: one segment of ``reserved`` bytes holding the blocks alive at the end, the
-    rest of it free (its words memoized before)."""
-    in_use = ref["state"] + ref["active_allocated"] + b"u"
-    blocks = b"".join(b"}(" + ref["size"] + _long(size) + in_use for _, size in live)
-    free = reserved - sum(size for _, size in live)
-    blocks += b"}(" + ref["size"] + _long(free) + ref["state"] + ref["inactive"] + b"u"
-    segment = (
-        b"}("
-        + ref["device"]
-        + b"K\x00"
-        + ref["address"]
-        + _long(0x7F0000000000)
-        + ref["total_size"]
-        + _long(reserved)
-        + ref["blocks"]
-        + b"]("
-        + blocks
-        + b"eu"
-    )
-    return _str("segments") + b"]" + segment + b"a"
+def _segments(p: _Pickle, live: list[tuple[int, int, int]], reserved: int) -> tuple[bytes, list[bytes]]:
+    """The list under ``segments``: one segment of ``reserved`` bytes holding the blocks alive at the end, each with
+    the frames of the entry that allocated it (the first block's list makes every frame dict; with no block alive,
+    the free one's), the rest of it free; and the POOL stacks the history's entries draw from."""
+    ref, rng = p.refs, np.random.default_rng(len(live))
+    p.memo += 3  # the list of segments, the segment, its list of blocks
+    blocks, stacks = [], []
+    for i, addr, size in [*live, (-1, 0, reserved - sum(size for _, _, size in live))]:
+        p.memo += 2  # the block, its list of frames
+        frames = b""
+        if not stacks:
+            frames, ids = p.frames()
+            stacks = [b"".join(_ref(ids[k]) for k in rng.choice(FRAMES, DEPTH, replace=False)) for _ in range(POOL)]
+        state = ref["inactive"] if i < 0 else ref["active_allocated"]
+        frames = frames or (b"" if i < 0 else stacks[i % POOL])
+        head = b"}\x94(" + ref["address"] + _long(addr) + ref["size"] + _long(size) + ref["requested_size"]
+        blocks.append(head + _long(size) + ref["state"] + state + ref["frames"] + b"]\x94(" + frames + b"eu")
+    total = ref["total_size"] + _long(reserved)
+    segment = b"}\x94(" + ref["device"] + b"K\x00" + ref["address"] + _long(0x7F0000000000) + total + ref["blocks"]
+    return b"]\x94" + segment + b"]\x94(" + b"".join(blocks) + b"eua", stacks
 
 
-def _summarized(tb) -> float:
-    """Seconds until the plugin has the run summarized (its /memory route no longer pending): what a page waits
-    for, in real time (a headless page's timers run in virtual time)."""
+def _until(tb, full: bool) -> float:
+    """Seconds until the plugin's /memory route has a view for the page (``full``: one with every snapshot read,
+    none still shown by its end state): what a page waits for, in real time (a headless page's timers run in
+    virtual time)."""
     started = time.perf_counter()
-    while tb.get_json("data/plugin/kprof/memory", run="run").get("pending"):
+    while True:
+        data = tb.get_json("data/plugin/kprof/memory", run="run")
+        reading = not data.get("pending") and any("reading" in s for s in data["memory"]["snapshots"])
+        if not data.get("pending") and not (full and reading):
+            return time.perf_counter() - started
         time.sleep(0.1)
-    return time.perf_counter() - started
 
 
 def _page_seconds(url: str, chromium: str, profile: Path) -> tuple[float, str]:
-    """Seconds from Chromium's start until it printed the page with the memory view drawn (the run summarized
-    already), and that page."""
+    """Seconds from Chromium's start until it printed the page with the memory view the plugin answered first
+    drawn, and that page: it prints the page once PAGE_BUDGET_MS of virtual time passed with no request pending,
+    before the page asks again (a view still partial is asked for every second)."""
     flags = [
         "--headless",
         "--no-sandbox",
         "--disable-gpu",
         "--no-first-run",
         f"--user-data-dir={profile}",
-        "--virtual-time-budget=600000",
+        f"--virtual-time-budget={PAGE_BUDGET_MS}",
         "--dump-dom",
     ]
     started = time.perf_counter()
@@ -243,7 +245,6 @@ def _profiled_run(folder: Path) -> None:
 def measure(gigabytes: float, chromium: str | None) -> list[dict]:
     """Each case's row: the snapshot's size, the reader's time, and the page's time to draw the memory view."""
     from kprof_callbacks.analysis import snapshot
-    from kprof_callbacks.tensorboard.launch import TensorBoardServer
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -274,21 +275,38 @@ def measure(gigabytes: float, chromium: str | None) -> list[dict]:
                 "reader_memory_mb": round(reader["anon_mb"], 1),
             }
             if chromium:
-                with TensorBoardServer(logdir) as tb:
-                    summarized = _summarized(tb)
-                    url = f"{tb.url}data/plugin_entry.html?name=kprof#run=run"
-                    seconds, dom = _page_seconds(url, chromium, logdir / f"profile-{len(rows)}")
-                drawn = 'class="snapshot-curve"' in dom and 'id="memory-curve"' in dom
-                row.update(summary_s=round(summarized, 2), page_s=round(summarized + seconds, 2), drawn=drawn)
+                row.update(_views(logdir, chromium, len(rows)))
             rows.append(row)
             print(_line(row), flush=True)
     return rows
 
 
+def _views(logdir: Path, chromium: str, k: int) -> dict:
+    """Seconds from TensorBoard's start until the page drew its first memory view (``first_s``: a snapshot still
+    being read shown by its end state, ``partial``), and until it drew the full one (``full_s``: the plugin done
+    reading, then a page drawn; the same as first_s when the first view was full)."""
+    from kprof_callbacks.tensorboard.launch import TensorBoardServer
+
+    with TensorBoardServer(logdir) as tb:
+        url = f"{tb.url}data/plugin_entry.html?name=kprof#run=run"
+        first = _until(tb, full=False)
+        page, dom = _page_seconds(url, chromium, logdir / f"profile-{k}-first")
+        partial = 'class="meta snapshot-partial"' in dom
+        out = {"first_s": round(first + page, 2), "partial": partial, "drawn": 'id="memory-curve"' in dom}
+        out["first_view"] = "end state (partial)" if partial else "full"
+        if not partial:
+            return {**out, "full_s": out["first_s"], "drawn": out["drawn"] and 'class="snapshot-curve"' in dom}
+        full = first + page + _until(tb, full=True)
+        page, dom = _page_seconds(url, chromium, logdir / f"profile-{k}-full")
+        drawn = out["drawn"] and 'class="snapshot-curve"' in dom and 'id="memory-curve"' in dom
+        return {**out, "full_s": round(full + page, 2), "drawn": drawn}
+
+
 def _line(row: dict) -> str:
     page = "no chromium"
-    if "page_s" in row:
-        page = f"{row['page_s']:.2f} s ({row['summary_s']:.2f} s summarizing){'' if row['drawn'] else ' NOT drawn'}"
+    if "first_s" in row:
+        first = f"{row['first_s']:.2f} s ({'end state, partial' if row['partial'] else 'full'})"
+        page = f"{first}, full view {row['full_s']:.2f} s{'' if row['drawn'] else ' NOT drawn'}"
     return (
         f"| {row['case']} | {row['snapshot_mb']:.0f} MB, {row['entries']:,} entries | {row['reader_s']:.2f} s "
         f"({row['reader_cpu_s']:.2f} s CPU, {row['reader_mb_per_s']:.0f} MB/s; {row['reader_memory_mb']:.0f} MB "
@@ -303,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
     chromium = shutil.which("chromium")
-    print("| case | snapshot | kprof's reader | page until the memory view is drawn |")
+    print("| case | snapshot | kprof's reader | first memory view drawn, full view drawn |")
     print("|---|---:|---:|---:|")
     rows = measure(0.02 if args.quick else args.gigabytes, chromium)
     if args.out:

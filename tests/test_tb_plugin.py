@@ -477,11 +477,11 @@ def test_a_big_run_is_summarized_in_the_background_with_progress_while_other_req
     monkeypatch.setattr(reading, "_POOL_BYTES", 0)
     release, real = threading.Event(), plugin_module.summarize_run
 
-    def held_back(run, progress=None):
+    def held_back(run, progress=None, unread=()):
         if run.name == "big":
             progress(123, sum(f.bytes for f in run.traces))
             release.wait(60)
-        return real(run, progress)
+        return real(run, progress, unread)
 
     monkeypatch.setattr(plugin_module, "summarize_run", held_back)
     routes = plugin_module.KprofPlugin(base_plugin.TBContext(logdir=str(tmp_path / "log"), data_provider=None))

@@ -26,6 +26,7 @@ _NAMES = {
     **dict.fromkeys(("fragment", "table"), ".html"),  # report pieces for compare's report
     **dict.fromkeys(("markdown_table", "md_text", "text_table"), ".report_table"),
     **dict.fromkeys(("save_beside", "site_of", "summarize_value"), ".snapshot"),  # memory snapshots, OOM reports
+    **dict.fromkeys(("snapshot_end_state", "snapshot_known", "summarize_apart"), ".snapshot"),  # the tab's big ones
     "fmt": ".fmt",  # one rounding for every report (fmt.js writes the same)
     **dict.fromkeys(
         ("Diagnostic", "KernelStats", "LabelStats", "OpStats", "Problem", "RankStats", "StepSkew", "StepStats"),

@@ -21,6 +21,11 @@ class PickleError(ValueError):
     """A file that is not a pickle of plain values (or is cut short); the message says what was found."""
 
 
+class Reached(Exception):
+    """Raised where a reader that reads only the head (`Reader.head_only`) meets ``device_traces``: the stack and
+    marks as they are then."""
+
+
 class Lazy:
     """A list of memoized values kept as the byte range of its items in the file: decoded by `Reader.resolve`."""
 
@@ -141,6 +146,8 @@ def _empty_list(reader: Reader, pos: int, stack: list, marks: list) -> int:
     """A list; the one under ``device_traces`` is an `Outer`, and each list that goes into it a `Sink`."""
     outer = reader.outer
     if stack and isinstance(stack[-1], str) and stack[-1] == TRACES_KEY and outer is None:
+        if reader.head_only:
+            raise Reached(stack, marks)
         reader.outer = Outer()
         stack.append(reader.outer)
     elif outer is not None and stack and (stack[-1] is outer or marks and stack[marks[-1] - 1] is outer):

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from .pickle_ops import HANDLERS, TRACES_KEY, Coded, Lazy, Outer, PickleError, Run, Sink, pop_mark
+from .pickle_ops import HANDLERS, TRACES_KEY, Coded, Lazy, Outer, PickleError, Reached, Run, Sink, pop_mark
 
-__all__ = ["TRACES_KEY", "Coded", "Lazy", "PickleError", "Reader", "Run", "read"]
+__all__ = ["TRACES_KEY", "Coded", "Lazy", "PickleError", "Reader", "Run", "read", "read_head"]
 
 _REF = rb"h.|j...."
 _INT = rb"K.|M..|J....|" + b"|".join(rb"\x8a" + bytes([n]) + b"." * n for n in range(1, 9))
@@ -78,6 +78,7 @@ class Reader:
         self.protocol = 0
         self.outer: Outer | None = None
         self.fast = 0  # entries read by the template
+        self.head_only = False  # stop at ``device_traces`` (`head`)
 
     # -- the fast path ----------------------------------------------------------------------------------------
     def _learn(self, entry: dict[str, Any]) -> None:
@@ -227,6 +228,18 @@ class Reader:
             pos = self._op(op, pos, stack, marks)
         raise PickleError("the pickle is cut short (no STOP)")
 
+    def head(self) -> Any:
+        """The top-level dict's items pickled before its ``device_traces``, the history itself not read (the whole
+        value when there is none)."""
+        self.head_only = True
+        try:
+            return self.run()
+        except Reached as reached:
+            stack, marks = reached.args
+        items = stack[marks[0] : -1] if marks else []
+        top = stack[0] if stack and isinstance(stack[0], dict) else {}
+        return {**top, **dict(zip(items[::2], items[1::2]))}
+
     @staticmethod
     def _batch_of(stack: list, marks: list) -> Sink | None:
         """The device history whose batch (MARK ... APPENDS) is being read, if any."""
@@ -264,10 +277,8 @@ class Reader:
             raise PickleError(f"a broken pickle at byte {pos - 1} ({type(exc).__name__}: {exc})") from None
 
 
-def read(path: Path, on_entry: Callable[[int, tuple | Run], None], fields: tuple[str, ...]) -> tuple[Any, Reader]:
-    """Run the pickle at ``path`` (memory-mapped), each history entry to ``on_entry`` as the tuple of its
-    ``fields`` (None where absent); the value and the reader (whose `Reader.resolve` decodes the frame lists kept
-    as byte ranges). PickleError for anything but a pickle of plain values."""
+def _mapped(path: Path) -> mmap.mmap:
+    """The file at ``path`` memory-mapped; PickleError when it is empty or no pickle."""
     with path.open("rb") as f:
         try:
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -275,5 +286,18 @@ def read(path: Path, on_entry: Callable[[int, tuple | Run], None], fields: tuple
             raise PickleError("empty file") from None
     if data[:1] != b"\x80":
         raise PickleError("not a pickle (no PROTO opcode at its start)")
-    reader = Reader(data, on_entry, fields)
+    return data
+
+
+def read(path: Path, on_entry: Callable[[int, tuple | Run], None], fields: tuple[str, ...]) -> tuple[Any, Reader]:
+    """Run the pickle at ``path`` (memory-mapped), each history entry to ``on_entry`` as the tuple of its
+    ``fields`` (None where absent); the value and the reader (whose `Reader.resolve` decodes the frame lists kept
+    as byte ranges). PickleError for anything but a pickle of plain values."""
+    reader = Reader(_mapped(path), on_entry, fields)
     return reader.run(), reader
+
+
+def read_head(path: Path) -> Any:
+    """What the pickle at ``path`` holds before its ``device_traces`` (`Reader.head`): torch writes a snapshot's
+    ``segments`` first, so its end state is read without its history. PickleError as `read`."""
+    return Reader(_mapped(path), lambda device, values: None, ()).head()

@@ -11,9 +11,10 @@ lists as in use; a block alive at the peak was allocated in the history (its fra
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import subprocess
+import sys
 import threading
 from array import array
 from collections.abc import Callable, Iterable
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import shell
 from . import pickles
 
 FIELDS = ("action", "addr", "size", "time_us", "frames", "device_free")
@@ -40,6 +42,8 @@ _CODE = {name: i for i, name in enumerate(ACTIONS)}
 TOP_BLOCKS, TOP_SITES, CURVE_POINTS, FRAMES = 20, 15, 400, 4
 GROWTH_AFTER = 0.2  # growing sites: blocks alive at the end allocated after this share of the history
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/torch/", "/lib/python", "<frozen", "<string>")
+_KEPT: dict[str, tuple[list[int], dict[str, Any]]] = {}  # summaries that could not be saved beside: [size, mtime]
+_KEEP = 16
 SUMMARY_SUFFIX = ".summary"  # kprof writes the summary beside a snapshot it saves: <snapshot>.summary (JSON)
 
 
@@ -168,7 +172,7 @@ def _device(h: _History, end: _Segments, resolve: Callable[[Any], list]) -> dict
     growth = np.isin(action, (_SEG_ALLOC, _SEG_MAP)).astype(np.int64) - np.isin(action, (_SEG_FREE, _SEG_UNMAP))
     seg_running = np.cumsum(growth * size)
     reserved = end.reserved - (seg_running[-1] if n else 0) + seg_running
-    out: dict[str, Any] = {"entries": int(n), "allocated_end": end.allocated, "reserved_end": end.reserved}
+    out: dict[str, Any] = {"entries": int(n)}
     if not n:
         return out
     peak = int(np.argmax(allocated))
@@ -201,19 +205,26 @@ def _device(h: _History, end: _Segments, resolve: Callable[[Any], list]) -> dict
 
 def _alive_detail(frames_of: Callable[[int], list], alive: np.ndarray, size: np.ndarray, action: np.ndarray) -> dict:
     """The largest blocks alive at the peak and the allocation sites holding the most then."""
+    return _holders((int(size[i]), frames_of(i) if action[i] == _ALLOC else None) for i in alive.tolist())
+
+
+def _holders(held: Iterable[tuple[int, list | None]], prefix: str = "") -> dict[str, list[dict]]:
+    """``blocks`` (the largest, largest first) and ``sites`` (the allocation sites holding the most) of blocks given
+    as (size, frames; None for one allocated before the history), largest first; keys after ``prefix``."""
     sites: dict[str, list[int]] = {}
     blocks = []
-    for i in alive.tolist():
-        allocated_here = action[i] == _ALLOC
-        frames = frames_of(i) if allocated_here else []
-        site = site_of(frames) if allocated_here else "(allocated before the history)"
-        held = sites.setdefault(site, [0, 0])
-        held[0] += int(size[i])
-        held[1] += 1
+    for size, frames in held:
+        site = "(allocated before the history)" if frames is None else site_of(frames)
+        entry = sites.setdefault(site, [0, 0])
+        entry[0] += size
+        entry[1] += 1
         if len(blocks) < TOP_BLOCKS:
-            blocks.append({"size": int(size[i]), "site": site, "frames": _frame_lines(frames)})
+            blocks.append({"size": size, "site": site, "frames": _frame_lines(frames or [])})
     ranked = sorted(sites.items(), key=lambda kv: -kv[1][0])[:TOP_SITES]
-    return {"blocks": blocks, "sites": [{"site": s, "bytes": b, "blocks": c} for s, (b, c) in ranked]}
+    return {
+        f"{prefix}blocks": blocks,
+        f"{prefix}sites": [{"site": s, "bytes": b, "blocks": c} for s, (b, c) in ranked],
+    }
 
 
 def _growing(frames_of: Callable[[int], list], action: np.ndarray, ends: np.ndarray, size: np.ndarray) -> list[dict]:
@@ -231,20 +242,36 @@ def _growing(frames_of: Callable[[int], list], action: np.ndarray, ends: np.ndar
 
 
 class _Segments:
-    """One device's segments at the end of the history: bytes in use, bytes reserved, count, largest free block."""
+    """One device's segments at the end of the history: bytes in use, bytes reserved, count, largest free block, and
+    the blocks in use (size, frames)."""
 
     def __init__(self) -> None:
         self.allocated = self.reserved = self.count = self.largest_free = 0
+        self.held: list[tuple[int, list]] = []
 
     def add(self, segment: dict) -> None:
         self.count += 1
         self.reserved += int(segment.get("total_size", 0) or 0)
         for block in segment.get("blocks", []):
             if isinstance(block, dict):
+                size = int(block.get("size", 0) or 0)
                 if block.get("state") == "active_allocated":
-                    self.allocated += int(block.get("size", 0) or 0)
+                    self.allocated += size
+                    frames = block.get("frames")
+                    self.held.append((size, frames if isinstance(frames, list) else []))
                 elif block.get("state") == "inactive":
-                    self.largest_free = max(self.largest_free, int(block.get("size", 0) or 0))
+                    self.largest_free = max(self.largest_free, size)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The device's end state: what the summary's device has whether or not its history was read."""
+        held = sorted(self.held, key=lambda b: -b[0])
+        return {
+            "segments": self.count,
+            "largest_free": self.largest_free,
+            "allocated_end": self.allocated,
+            "reserved_end": self.reserved,
+            **_holders(held, "end_"),
+        }
 
 
 def _segments(value: Any) -> dict[int, _Segments]:
@@ -263,14 +290,15 @@ def _summary(value: Any, histories: dict[int, _History], resolve: Any) -> dict[s
     for device in sorted(set(segments) | set(histories)):
         end = segments.get(device, _Segments())
         found = _device(histories.get(device, _History()), end, resolve)
-        devices.append({"device": device, "segments": end.count, "largest_free": end.largest_free, **found})
+        devices.append({"device": device, **end.to_dict(), **found})
     return {"devices": devices}
 
 
-def summarize(path: Path) -> dict[str, Any]:
-    """The summary of the snapshot at ``path``: the one saved beside it when that is of this file, else read
-    (streamed) and saved beside it where the folder can be written, so that the next reader finds it. ValueError (a
-    `pickles.PickleError`) for a file that is not a snapshot of plain values."""
+def summarize(path: Path, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """The summary of the snapshot at ``path``: the one saved beside it (or kept by this process where it could not
+    be saved) when that is of this file, else read (streamed, ``progress`` told the bytes read so far) and saved
+    beside it, so that the next reader finds it. ValueError (a `pickles.PickleError`) for a file that is not a
+    snapshot of plain values."""
     stat = path.stat()
     saved = _saved(path, stat)
     if saved is not None:
@@ -281,13 +309,41 @@ def summarize(path: Path) -> dict[str, Any]:
         if device not in histories:
             histories[device] = _History(lambda start: reader.list_at(start, "frames"))
         histories[device].add(values)
+        if progress is not None and isinstance(values, pickles.Run):
+            progress(int(values.starts[-1]))
 
     reader: pickles.Reader
     value, reader = pickles.read(path, add, FIELDS)
     summary = {"path": str(path), "bytes": stat.st_size, **_summary(value, histories, reader.resolve)}
-    with contextlib.suppress(OSError):  # a folder it may not write to: the snapshot is read again next time
+    try:
         save_beside(summary, path, stat)
+    except OSError:  # a folder it may not write to: kept by this process instead
+        keep(path, [stat.st_size, stat.st_mtime_ns], summary)
     return summary
+
+
+def keep(path: Path, of: list[int], summary: dict[str, Any]) -> None:
+    """Keep ``summary`` in this process for `summarize` to answer with while the snapshot at ``path`` is the file of
+    ``of`` ([size, mtime in ns]): where it could not be saved beside it, or was read by another process."""
+    _KEPT[str(path)] = (of, summary)
+    while len(_KEPT) > _KEEP:
+        _KEPT.pop(next(iter(_KEPT)))
+
+
+def snapshot_known(path: Path) -> bool:
+    """Whether `summarize` answers for the snapshot at ``path`` without reading it (its summary saved or kept)."""
+    return _saved(path, path.stat()) is not None
+
+
+def snapshot_end_state(path: Path) -> dict[str, Any] | None:
+    """The snapshot at ``path`` at its end (per device: memory in use and reserved, the blocks in use and the lines
+    that allocated them), from its ``segments`` alone, which torch writes before the history: a summary marked
+    ``partial`` (no history, no peak), read in a fraction of the time. None where the history comes first."""
+    head = pickles.read_head(path)
+    if not isinstance(head, dict) or not isinstance(head.get("segments"), list):
+        return None
+    devices = [{"device": device, **end.to_dict()} for device, end in sorted(_segments(head).items())]
+    return {"path": str(path), "bytes": path.stat().st_size, "partial": True, "devices": devices}
 
 
 def summarize_value(value: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -317,7 +373,10 @@ def save_beside(summary: dict[str, Any], path: Path, stat: os.stat_result | None
 
 
 def _saved(path: Path, stat: os.stat_result) -> dict[str, Any] | None:
-    """The summary kprof saved beside the snapshot, if it is of the file as it is now."""
+    """The summary kprof saved beside the snapshot (or this process kept), if it is of the file as it is now."""
+    kept = _KEPT.get(str(path))
+    if kept is not None and kept[0] == [stat.st_size, stat.st_mtime_ns]:
+        return kept[1]
     try:
         data = json.loads(path.with_name(path.name + SUMMARY_SUFFIX).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -336,3 +395,43 @@ def summaries(paths: list[Path]) -> list[dict[str, Any]]:
         except (OSError, ValueError) as exc:
             out.append({"path": str(path), "error": f"{type(exc).__name__}: {exc}"})
     return out
+
+
+def summarize_apart(path: Path, progress: Callable[[int], None]) -> dict[str, Any]:
+    """`summarize` of the snapshot at ``path`` in a fresh interpreter (`main`), so that this process's threads
+    keep answering meanwhile; ``progress`` is told the bytes read as it goes. The summary, also kept by this process
+    (`keep`); ValueError with the reader's reason where it fails."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    command = [*shell.module_command(__name__), str(path)]
+    found, said = None, []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        for line in proc.stdout or ():
+            if line.strip().isdigit():
+                progress(int(line))
+            elif line.startswith("{"):
+                found = json.loads(line)
+            else:
+                said.append(line.strip())
+    if proc.returncode != 0 or found is None:
+        raise ValueError(next((s for s in reversed(said) if s), f"the reader exited with {proc.returncode}"))
+    keep(path, found["of"], found["summary"])
+    return found["summary"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kprof_callbacks.analysis.snapshot PATH``: `summarize` PATH in this process (the kprof tab runs
+    it apart, so that its own threads keep answering), a line with the bytes read so far as it goes, then one line
+    of JSON: ``{"of": [size, mtime in ns], "summary": ...}``. A file it cannot read: the reason on stderr, exit 1."""
+    path = Path((sys.argv[1:] if argv is None else argv)[0])
+    try:
+        stat = path.stat()
+        summary = summarize(path, lambda done: print(done, flush=True))
+    except (OSError, ValueError) as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"of": [stat.st_size, stat.st_mtime_ns], "summary": summary}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

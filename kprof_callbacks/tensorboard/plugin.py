@@ -55,6 +55,7 @@ from ..analysis import (
 )
 from . import logdir
 from .cache import FileCache
+from .snapshots import SnapshotReads
 
 log = logging.getLogger(__name__)
 
@@ -85,15 +86,20 @@ class RunSummary:
     transient: bool = False  # a file is a problem because the process reading it died: not to be kept
 
 
-def summarize_run(run: logdir.RunFiles, progress: Callable[[int, int], None] | None = None) -> RunSummary:
-    """`summarize` of the run's files (big runs in worker processes; ``progress`` gets bytes done, bytes in all);
+def summarize_run(
+    run: logdir.RunFiles, progress: Callable[[int, int], None] | None = None, unread: tuple[str, ...] = ()
+) -> RunSummary:
+    """`summarize` of the run's files but the snapshots named in ``unread`` (big runs in worker processes;
+    ``progress`` gets bytes done, bytes in all);
     the body has its `to_dict()`, its problems as (file name, reason) pairs for
     the page, when it was made (`summarized_at`, epoch seconds) and how long it took (`seconds`): a client tells
     fresh from stored."""
     start = time.perf_counter()
     outside = [{"file": name, "problem": _OUTSIDE} for name in run.outside]
     try:
-        summary = summarize_contents(run.folder.name, run.contents(), progress=progress or False, jobs=default_jobs())
+        contents = run.contents()
+        contents = dataclasses.replace(contents, snapshots=[p for p in contents.snapshots if p.name not in unread])
+        summary = summarize_contents(run.folder.name, contents, progress=progress or False, jobs=default_jobs())
     except ValueError as exc:  # not one readable trace file: the message names each file and why
         summary, result = None, {"summary": None, "error": str(exc), "problems": outside}
         transient = isinstance(exc, Unreadable) and any(p.transient for p in exc.problems)
@@ -140,6 +146,7 @@ class KprofPlugin(base_plugin.TBPlugin):
         self._rank_runs: FileCache[RunSlices] = FileCache(_RANK_RUNS)
         self._busy: dict[tuple, list[int]] = {}  # (run, fingerprint) being summarized in the background: [done, total]
         self._busy_guard = threading.Lock()
+        self._snapshots = SnapshotReads()
 
     def is_active(self) -> bool:
         return self._logdir is not None and logdir.has_data(self._logdir)
@@ -212,10 +219,14 @@ class KprofPlugin(base_plugin.TBPlugin):
         """The run's memory at the peak and its allocator snapshots' summaries (`Summary.memory`, null when the traces
         hold no memory events), from its stored summary; pending, as `/summary`, while a big run is read."""
         run = self._run(request)
+        partial = self._snapshots.partial(run)  # big snapshots not read yet: their end state, while they are read
         if self._in_background(run) is not None:
             return http_util.Respond(request, {"run": run.name, "pending": True}, _JSON)
         summary = self._summary(run).summary
         memory = None if summary is None or summary.memory is None else summary.memory.to_dict()
+        if partial:
+            memory = memory or {"shown": None, "snapshots": []}
+            memory["snapshots"] = [*memory["snapshots"], *partial]
         return http_util.Respond(request, {"run": run.name, "memory": memory}, _JSON)
 
     @wrappers.Request.application
@@ -363,16 +374,21 @@ class KprofPlugin(base_plugin.TBPlugin):
 
     # -- request helpers ---------------------------------------------------------------------------------------
     def _summary(self, run: logdir.RunFiles, progress: Callable[[int, int], None] | None = None) -> RunSummary:
+        unread = self._snapshots.unread(run)
         return self._summaries.get(
-            run.name, run.fingerprint, lambda: summarize_run(run, progress), keep=lambda r: not r.transient
+            run.name,
+            (run.fingerprint, unread),
+            lambda: summarize_run(run, progress, unread),
+            keep=lambda r: not r.transient,
         )
 
     def _in_background(self, run: logdir.RunFiles) -> tuple[int, int] | None:
         """For a run over PROGRESS_BYTES not summarized yet: start summarizing it on a thread of its own (once) and
         return (bytes done, bytes in all); None when the summary is stored (or the run is small: served at once)."""
-        key = (run.name, run.fingerprint)
-        total = sum(f.bytes for f in run.traces) + sum(f.bytes for f in run.snapshots)  # snapshots: read with it
-        if total <= PROGRESS_BYTES or self._summaries.has(run.name, run.fingerprint):
+        unread = self._snapshots.unread(run)  # read on their own (`SnapshotReads`)
+        key = (run.name, (run.fingerprint, unread))
+        total = sum(f.bytes for f in run.traces) + sum(f.bytes for f in run.snapshots if f.name not in unread)
+        if total <= PROGRESS_BYTES or self._summaries.has(*key):
             return None
         with self._busy_guard:
             if key not in self._busy:

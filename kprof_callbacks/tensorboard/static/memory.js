@@ -1,7 +1,9 @@
 // The tab's memory view: what fills memory at the peak of the median step (the allocated-memory curve over the
 // step, what was alive at the peak by kind and by module, the largest blocks), and each CUDA allocator snapshot's
 // summary (its history's peak, the lines holding memory then, out-of-memory events), from the plugin's /memory route.
-// The snapshot is summarized by the plugin (kprof's own reader): the page never loads the pickle.
+// The snapshot is summarized by the plugin (kprof's own reader): the page never loads the pickle. A big snapshot
+// the plugin is still reading comes first as its end state, marked partial; the page asks again every second and
+// draws the full view in its place once the read ends.
 
 import {num, svg} from './charts.js';
 import {getJSON, h, mb, note, pct, query, section, shorten, table} from './dom.js';
@@ -9,7 +11,8 @@ import {getJSON, h, mb, note, pct, query, section, shorten, table} from './dom.j
 const PHASE_FILL = {forward: '#e8f0fa', backward: '#fbeee0', optimizer: '#e6f4f1', zero_grad: '#e6f4f1'};
 const WIDTH = 1000;
 
-/** The section, filled once the plugin answers (a run still being summarized is asked again every second). */
+/** The section, filled once the plugin answers (a run still being summarized, or a snapshot still being read, is
+ * asked again every second). */
 export function memorySection(run, legend) {
   const body = h('div', {id: 'memory'}, note('Loading memory…'));
   (async () => {
@@ -23,7 +26,7 @@ export function memorySection(run, legend) {
       }
       if (!data.pending) {
         body.replaceChildren(...memoryView(data.memory, legend).flat(Infinity).filter(Boolean));
-        return;
+        if (!(data.memory && data.memory.snapshots.some((s) => s.reading))) return;
       }
       await new Promise((resolve) => setTimeout(resolve, 1000));
     }
@@ -135,6 +138,7 @@ function peakView(m, kinds) {
 function snapshotView(s) {
   const name = s.path.split('/').pop();
   if (s.error) return [h('h3', {}, `Snapshot ${name}`), note(s.error, 'error')];
+  if (s.reading) return partialView(s, name);
   return [h('h3', {}, `CUDA allocator snapshot ${name} (${mb(s.bytes)})`), ...s.devices.map((d) => deviceView(d))];
 }
 
@@ -166,4 +170,27 @@ function deviceView(d) {
       {label: 'site', get: (r) => shorten(r.site, 80), title: (r) => r.frames.join('\n'), cls: 'name', keep: true},
     ], d.blocks, 10),
   ];
+}
+
+/** A snapshot whose history is still being read: what is in use at its end (not the peak), and how far the read is. */
+function partialView(s, name) {
+  const read = h('p', {class: 'meta snapshot-partial'}, `History still being read: ${pct(s.reading.done / (s.reading.total || 1))}. `
+    + 'Shown meanwhile: the end state of the snapshot (the blocks in use when it was taken), not the peak of its history.');
+  if (!s.devices.length) {
+    return [h('h3', {}, `CUDA allocator snapshot ${name} (${mb(s.bytes)})`), read,
+      note('This file holds its history before its segments: nothing to show until the history is read.')];
+  }
+  return [h('h3', {}, `CUDA allocator snapshot ${name} (${mb(s.bytes)})`), read, ...s.devices.map((d) => [
+    h('p', {class: 'meta'}, `Device ${d.device} at the end: ${mb(d.allocated_end)} allocated, ${mb(d.reserved_end)} reserved; `
+      + `${d.segments} segment${d.segments === 1 ? '' : 's'}, the largest free block ${mb(d.largest_free)}.`),
+    table([
+      {label: 'allocation site at the end (not the peak)', get: (r) => shorten(r.site || '(no stack recorded)', 100), title: (r) => r.site, keep: true},
+      {label: 'bytes', get: (r) => r.bytes, fmt: mb, keep: true},
+      {label: 'blocks', get: (r) => r.blocks, fmt: String, keep: true},
+    ], d.end_sites),
+    table([
+      {label: 'largest blocks at the end', get: (r) => mb(r.size), cls: 'num', keep: true},
+      {label: 'site', get: (r) => shorten(r.site || '(no stack recorded)', 80), title: (r) => r.frames.join('\n'), cls: 'name', keep: true},
+    ], d.end_blocks, 10),
+  ])];
 }
