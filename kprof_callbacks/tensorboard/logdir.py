@@ -1,8 +1,8 @@
 """Find kprof runs and comparisons under a TensorBoard logdir by listing folders and stat-ing files only.
 
 A run is a folder holding at least one finished trace file; files still being written never make a folder a run.
-A comparison is a ``compare.json`` written by ``kprof.compare``. ``layout`` says which file is which. Nothing here
-opens a trace, so listing a logdir with a hundred runs stays quick.
+A comparison is a ``compare.json`` written by ``kprof.compare`` (``read_comparison`` checks one). ``layout`` says
+which file is which. Nothing here opens a trace, so listing a logdir with a hundred runs stays quick.
 
 The tab serves what is below the logdir and nothing else: every file is resolved, and a link that leads out of the
 logdir is refused (listed by name, never read), as are names with NUL bytes or longer than the file system allows.
@@ -11,7 +11,9 @@ logdir is refused (listed by name, never read), as are names with NUL bytes or l
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
+from typing import Any
 
 from .. import layout
 
@@ -150,3 +152,23 @@ def inside(logdir: Path, name: str) -> Path | None:
         return None
     folder = folder.resolve()
     return folder if folder.is_dir() else None
+
+
+def read_comparison(path: Path) -> dict[str, Any]:
+    """A `compare.json`, checked to have what the page reads (variants with names); ValueError says what is wrong."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path.name} is not readable JSON: {exc}") from exc
+    variants = data.get("variants") if isinstance(data, dict) else None
+    if not isinstance(variants, list) or not all(
+        isinstance(v, dict) and isinstance(v.get("name"), str) for v in variants
+    ):
+        raise ValueError(f"{path.name} is not a kprof.compare result: it needs a list of variants, each with a name")
+    for v in variants:
+        trace_dir = v.get("trace_dir")
+        if trace_dir is not None and not isinstance(trace_dir, str):
+            raise ValueError(f"{path.name}: variant {v['name']!r} has a trace_dir that is not a string")
+        if trace_dir:
+            check_name(Path(trace_dir).name, f"{path.name}: the trace_dir of variant {v['name']!r}")
+    return data

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import re
 import threading
@@ -90,10 +89,9 @@ def summarize_run(
     run: logdir.RunFiles, progress: Callable[[int, int], None] | None = None, unread: tuple[str, ...] = ()
 ) -> RunSummary:
     """`summarize` of the run's files but the snapshots named in ``unread`` (big runs in worker processes;
-    ``progress`` gets bytes done, bytes in all);
-    the body has its `to_dict()`, its problems as (file name, reason) pairs for
-    the page, when it was made (`summarized_at`, epoch seconds) and how long it took (`seconds`): a client tells
-    fresh from stored."""
+    ``progress`` gets bytes done, bytes in all); the body has its `to_dict()`, its problems as (file name, reason)
+    pairs for the page, when it was made (`summarized_at`, epoch seconds) and how long it took (`seconds`): a client
+    tells fresh from stored."""
     start = time.perf_counter()
     outside = [{"file": name, "problem": _OUTSIDE} for name in run.outside]
     try:
@@ -109,26 +107,6 @@ def summarize_run(
         transient = any(p.transient for p in summary.problems)
     body = dict(result, summarized_at=time.time(), seconds=time.perf_counter() - start)
     return RunSummary(summary, body, transient)
-
-
-def read_comparison(path: Path) -> dict[str, Any]:
-    """A `compare.json`, checked to have what the page reads (variants with names); ValueError says what is wrong."""
-    try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path.name} is not readable JSON: {exc}") from exc
-    variants = data.get("variants") if isinstance(data, dict) else None
-    if not isinstance(variants, list) or not all(
-        isinstance(v, dict) and isinstance(v.get("name"), str) for v in variants
-    ):
-        raise ValueError(f"{path.name} is not a kprof.compare result: it needs a list of variants, each with a name")
-    for v in variants:
-        trace_dir = v.get("trace_dir")
-        if trace_dir is not None and not isinstance(trace_dir, str):
-            raise ValueError(f"{path.name}: variant {v['name']!r} has a trace_dir that is not a string")
-        if trace_dir:
-            logdir.check_name(Path(trace_dir).name, f"{path.name}: the trace_dir of variant {v['name']!r}")
-    return data
 
 
 class KprofPlugin(base_plugin.TBPlugin):
@@ -266,7 +244,7 @@ class KprofPlugin(base_plugin.TBPlugin):
         if not logdir.is_below(self._logdir, path):
             raise errors.PermissionDeniedError(f"{layout.COMPARE_FILE} in {name!r}: {_OUTSIDE}")
         try:
-            data = read_comparison(path)
+            data = logdir.read_comparison(path)
         except ValueError as exc:
             return _unprocessable(request, f"{name}/{exc}")
         runs = {}
