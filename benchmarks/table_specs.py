@@ -413,8 +413,12 @@ TABLES: dict[str, Table] = {
     "calibration-load": _calibration("calibration-load-cpu.json", noise=False),
     "calibration-real-gpu": _calibration("calibration-real-h200.json", noise=False),
     "gpu-suite": Table(
-        "test_suite-h200.json",
+        "test_suite-h100.json",
         (
+            Col("run", "{run}"),
+            _t("machine", "{device}"),
+            _t("commit", "{commit}"),
+            Col("run's wall s", "{wall_s:.0f}"),
             _t("part", "{part}"),
             Col("passed", "{passed}"),
             Col("failed", "{failed}"),
