@@ -380,6 +380,7 @@ TABLES: dict[str, Table] = {
     "fsdp2": Table("fsdp2-h100x2.json", _FSDP2),
     "fsdp2-h200": Table("fsdp2-h200x2.json", _FSDP2),
     "module_overhead": Table("module_overhead-cpu.json", _MODULE_OVERHEAD),
+    "module_overhead-h100": Table("module_overhead-h100.json", _MODULE_OVERHEAD),
     "attribution": Table(
         "attribution-h100.json",
         (
