@@ -137,6 +137,17 @@ def test_the_rank_the_others_wait_for_is_named_once_and_consistently():
     assert [d.kind for d in found] == ["late_rank"]
 
 
+def test_a_late_rank_that_neither_computation_nor_host_explains_is_not_sent_to_its_data_loading():
+    """Four H100s, FSDP2: rank 0 is waited for 23 ms a step, computes 1.6 ms longer and its host idles its GPU as
+    long as the others' do: the wait built up at many collectives, and the advice is about its GPU, not its host."""
+    ranks_ = [_rank(0, 138.0, 23.0, host_ms=1.52)] + [_rank(r, 136.4, 3.0, host_ms=1.50) for r in (1, 2, 3)]
+    (found,) = ranks.findings(ranks_, _skew(0, 138.0, 136.4))
+    assert found.kind == "late_rank" and found.message.startswith("Rank 0 ")
+    assert "neither its computation explains it (it computes only 1.60 ms longer than they do)" in found.message
+    assert "nor its host (its host works while its GPU is idle 1.52 ms per step, against 1.50 ms" in found.message
+    assert "data loading" not in found.message and "clocks, temperature" in found.message
+
+
 def test_the_overlap_finding_gives_fsdp_advice_on_fsdp_runs():
     steps = [dataclasses.replace(s, rank=s.step % 2, comm_us=60e3) for s in _steps([125.0] * 4, [0.0] * 4)]
     per_step = PerStep([], [], np.zeros((0, 4)), np.zeros((0, 4)), steps)

@@ -338,20 +338,32 @@ def _late_rank(ranks: list[RankStats]) -> tuple[int, Diagnostic] | None:
     ):
         return None
     hosts = len({r.clock_offset_us for r in shared})
-    host = (
-        f" Its host works while its GPU is idle {fmt.duration(late.host_only_us)} per step, against "
-        f"{fmt.duration(float(np.median([r.host_only_us for r in shared if r is not late])))} on the others."
-        if late.host_only_us
-        else ""
+    waited = (
+        f"Rank {late.rank} is the one the others wait for: {fmt.duration(late.late_us)} per step "
+        f"({fmt.share(late.late_us / step)} of the step, {fmt.share(late.late_us / blame)} of all waiting for "
+        f"a last rank; clocks aligned across {hosts} host clock{'s' * (hosts != 1)})"
     )
-    return late.rank, Diagnostic(
-        "late_rank",
-        "warning",
-        (
-            f"Rank {late.rank} is the one the others wait for: {fmt.duration(late.late_us)} per step "
-            f"({fmt.share(late.late_us / step)} of the step, {fmt.share(late.late_us / blame)} of all waiting for "
-            f"a last rank; clocks aligned across {hosts} host clock{'s' * (hosts != 1)}), but it computes only "
-            f"{fmt.duration(max(compute_lag, 0.0))} longer than they do: its time goes outside computation.{host} "
-            "Look at its data loading, host-side work between steps and its CPU (other processes, fewer cores)."
-        ),
+    return late.rank, Diagnostic("late_rank", "warning", waited + _late_cause(late, shared, compute_lag))
+
+
+_HOST_ADVICE = "Look at its data loading, host-side work between steps and its CPU (other processes, fewer cores)."
+
+
+def _late_cause(late: RankStats, shared: list[RankStats], compute_lag: float) -> str:
+    """What the late rank's own numbers say of where its time goes: host-side work while its GPU idles (data loading,
+    its CPU), or, where its host explains no more than its computation does, a wait built up at many collectives."""
+    computes = f"it computes only {fmt.duration(max(compute_lag, 0.0))} longer than they do"
+    if not late.host_only_us:  # no GPU: nothing tells host work from the rest
+        return f", but {computes}: its time goes outside computation. {_HOST_ADVICE}"
+    others = float(np.median([r.host_only_us for r in shared if r is not late]))
+    host = (
+        f"its host works while its GPU is idle {fmt.duration(late.host_only_us)} per step, against "
+        f"{fmt.duration(others)} on the others"
+    )
+    if late.host_only_us - others >= late.late_us / 2:
+        return f", but {computes}: its time goes outside computation. {host[0].upper()}{host[1:]}. {_HOST_ADVICE}"
+    return (
+        f", but neither its computation explains it ({computes}) nor its host ({host}): the wait builds up a little "
+        "at many collectives, each reached a little later. Look at its GPU between collectives (clocks, temperature, "
+        "other processes on it) and at work queued on its other streams."
     )
