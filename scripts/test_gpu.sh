@@ -36,8 +36,8 @@ run_part() {  # run_part CORES_OR_EMPTY ARGS...: pytest on those cores (all when
   [ "$rc" -eq 5 ] && rc=0
   return "$rc"
 }
-# On 32 cores or more the serial tests take two lanes of $serial_cores cores each: run_all.py --quick (the longest)
-# in one, the others one after another in the other.
+# On 32 cores or more the serial tests take two lanes of $serial_cores cores each: run_all.py --quick (one of the two
+# longest) in one, the others one after another in the other.
 lanes=1
 [ "$cores" -ge $((8 * serial_cores)) ] && lanes=2
 status=0
