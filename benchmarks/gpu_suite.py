@@ -26,29 +26,32 @@ _WORKERS = re.compile(r"created: (\d+)/\d+ workers")
 
 
 def parts(log: str) -> list[dict]:
-    """Each pytest part of one test_gpu.sh output: its name, counts and seconds (a part without a summary line, cut
-    off or killed, counts as failed)."""
-    segments, name = [], "parallel"
-    for line in log.splitlines(keepends=True):
+    """Each pytest part of one test_gpu.sh output: its name, counts and seconds. A part ends at pytest's summary
+    line; one that started (a marker or pytest's banner) and has none, cut off or killed, counts as failed."""
+    found, text, name, started = [], "", "parallel", False
+    for line in log.splitlines():
         began = next((part for marker, part in _PARTS if line.startswith(marker)), None)
-        if began or not segments:
-            segments.append([began or name, ""])
-        segments[-1][1] += line
-    out = []
-    for name, text in segments:
-        workers = _WORKERS.search(text)
-        summary = [m for m in map(_SUMMARY.match, text.splitlines()) if m]
-        row = {"part": f"{name} ({workers[1]} workers)" if workers else name}
-        counts = {k: 0 for k in ("passed", "failed", "skipped", "deselected")}
+        if began:
+            name, started = began, True
+        started = started or "test session starts" in line
+        text += line + "\n"
+        summary = _SUMMARY.match(line)
         if summary:
-            for n, kind in _COUNT.findall(summary[-1]["counts"]):
-                counts["failed" if kind.startswith("error") else kind] += int(n)
-            row["seconds"] = float(summary[-1]["seconds"])
-        else:
-            counts["failed"] += 1
-            row["seconds"] = None
-        out.append(row | counts)
-    return out
+            found.append(_part(name, text, summary))
+            text, name, started = "", "serial", False  # on a small host the serial part follows unannounced
+    if started:
+        found.append(_part(name, text, None))
+    return found
+
+
+def _part(name: str, text: str, summary: re.Match | None) -> dict:
+    workers = _WORKERS.search(text)
+    counts = {k: 0 for k in ("passed", "failed", "skipped", "deselected")}
+    for n, kind in _COUNT.findall(summary["counts"] if summary else ""):
+        counts["failed" if kind.startswith("error") else kind] += int(n)
+    counts["failed"] += summary is None
+    seconds = float(summary["seconds"]) if summary else None
+    return {"part": f"{name} ({workers[1]} workers)" if workers else name, "seconds": seconds, **counts}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -423,6 +423,11 @@ def test_gpu_suite_reads_each_part_and_a_part_cut_off_fails(tmp_path):
         ("serial", 3, 0, 0, 1690, 120.1),
         ("serial, second lane", 0, 1, 0, 0, None),  # no summary line: killed or cut off
     ]
+    small = "=== 1650 passed, 39 skipped in 300.0s ===\n=== 4 passed, 1689 deselected in 90.0s ===\ntest_gpu.sh rc=0\n"
+    assert [(p["part"], p["passed"], p["failed"]) for p in gpu_suite.parts(small)] == [
+        ("parallel", 1650, 0),
+        ("serial", 4, 0),  # a small host's serial part follows unannounced; a line after the parts is no part
+    ]
     green = tmp_path / "green.log"
     green.write_text("created: 12/12 workers\n=== 1650 passed, 39 skipped in 300.0s ===\n")
     (tmp_path / "red.log").write_text(_SUITE_LOG)
