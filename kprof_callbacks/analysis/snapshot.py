@@ -42,7 +42,7 @@ _CODE = {name: i for i, name in enumerate(ACTIONS)}
 TOP_BLOCKS, TOP_SITES, CURVE_POINTS, FRAMES = 20, 15, 400, 4
 GROWTH_AFTER = 0.2  # growing sites: blocks alive at the end allocated after this share of the history
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/torch/", "/lib/python", "<frozen", "<string>")
-_KEPT: dict[str, tuple[list[int], dict[str, Any]]] = {}  # summaries that could not be saved beside: [size, mtime]
+_KEPT: dict[str, tuple[list[int], dict[str, Any]]] = {}  # summaries at hand in this process: [size, mtime]
 _KEEP = 16
 SUMMARY_SUFFIX = ".summary"  # kprof writes the summary beside a snapshot it saves: <snapshot>.summary (JSON)
 
@@ -324,7 +324,8 @@ def summarize(path: Path, progress: Callable[[int], None] | None = None) -> dict
 
 def keep(path: Path, of: list[int], summary: dict[str, Any]) -> None:
     """Keep ``summary`` in this process for `summarize` to answer with while the snapshot at ``path`` is the file of
-    ``of`` ([size, mtime in ns]): where it could not be saved beside it, or was read by another process."""
+    ``of`` ([size, mtime in ns]): where it could not be saved beside it, was read by another process, or was read
+    from beside it once."""
     _KEPT[str(path)] = (of, summary)
     while len(_KEPT) > _KEEP:
         _KEPT.pop(next(iter(_KEPT)))
@@ -373,7 +374,8 @@ def save_beside(summary: dict[str, Any], path: Path, stat: os.stat_result | None
 
 
 def _saved(path: Path, stat: os.stat_result) -> dict[str, Any] | None:
-    """The summary kprof saved beside the snapshot (or this process kept), if it is of the file as it is now."""
+    """The summary this process kept, or kprof saved beside the snapshot (then kept), if it is of the file as it is
+    now."""
     kept = _KEPT.get(str(path))
     if kept is not None and kept[0] == [stat.st_size, stat.st_mtime_ns]:
         return kept[1]
@@ -381,8 +383,10 @@ def _saved(path: Path, stat: os.stat_result) -> dict[str, Any] | None:
         data = json.loads(path.with_name(path.name + SUMMARY_SUFFIX).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.pop("of", None) != [stat.st_size, stat.st_mtime_ns]:
+    of = [stat.st_size, stat.st_mtime_ns]
+    if not isinstance(data, dict) or data.pop("of", None) != of:
         return None
+    keep(path, of, data)  # the tab asks on every request: the next answer is a lookup, not a parse
     return data
 
 
